@@ -1,0 +1,42 @@
+"""The Backend interface: a runner with one lifecycle, in the spirit of Polygraphy's runners.
+
+    with OnnxRuntimeBackend(cfg) as backend:    # load() on enter, close() on exit
+        logits = backend.infer(tensor)         # (1, 3, H, W) float32 -> (1, num_classes) float32
+
+GPU backends accept, besides a NumPy array, the device tensor their paired GPU preprocessor wrote.
+"""
+
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+INPUT_NAME = "input"  # 1x3x224x224 float32, RGB, ImageNet-normalised
+OUTPUT_NAME = "logits"  # 1x1000 float32, before softmax
+
+
+class Backend:
+    name = "base"
+
+    def load(self) -> None:
+        raise NotImplementedError
+
+    def infer(self, tensor: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def describe(self) -> Dict[str, Any]:
+        """What the startup log line and reports say about this backend (name, precision, model, ...)."""
+        raise NotImplementedError
+
+    @property
+    def input_shape(self) -> Tuple[int, ...]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what load() allocated; safe to call twice."""
+
+    def __enter__(self) -> "Backend":
+        self.load()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,39 @@
+"""The JSON sidecar written beside every model artifact (`<model>.json`): what it is and whether it is trained.
+
+The runtime reads it without torch: every report and log line says so when the weights are not trained.
+"""
+
+import json
+import os
+from typing import Any, Dict
+
+from .errors import EdgeError
+
+UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
+
+
+def info_path(model_path: str) -> str:
+    return os.path.splitext(model_path)[0] + ".json"
+
+
+def read_model_info(model_path: str) -> Dict[str, Any]:
+    """The sidecar's contents; a model without one is treated as of unknown (so untrained) provenance."""
+    path = info_path(model_path)
+    if not os.path.isfile(path):
+        return {"weights": "unknown (no {})".format(os.path.basename(path)), "trained": False}
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            info = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise EdgeError("{}: unreadable model info: {}".format(path, exc)) from None
+    if not isinstance(info, dict) or not isinstance(info.get("trained"), bool):
+        raise EdgeError("{}: model info must be a JSON object with a boolean 'trained'".format(path))
+    return info
+
+
+def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
