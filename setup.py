@@ -16,7 +16,7 @@ setup(
         "export": ["torch>=1.12", "torchvision>=0.13"],
         "service": ["prometheus-client>=0.12", "sdnotify>=0.3.2", "psutil>=5.8"],
         "check": ["matplotlib>=3.3"],
-        "dev": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.0",
+        "dev": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.0", "jetson-stats>=4.2",
                 "ruff>=0.4", "vermin>=1.5", "tqdm>=4"],
     },
     entry_points={"console_scripts": ["edge=edge.cli:main"]},

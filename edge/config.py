@@ -160,7 +160,7 @@ def _build(cls: Any, data: Any, where: str, prefix: str = "") -> Any:
         data = {}
     if not isinstance(data, dict):
         raise EdgeError("{}: '{}' must be a mapping, got {!r}".format(where, prefix or "<top level>", data))
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not (cls is Config and f.name == "path")}
     values = {}
     for key, value in data.items():
         dotted = prefix + "." + str(key) if prefix else str(key)

@@ -1,0 +1,82 @@
+"""The `edge` command: one subcommand per use. Errors are one line on stderr and an exit code."""
+
+import argparse
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from . import __version__
+from .errors import EXIT_OK, EdgeError
+
+
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that runs the pipeline; each overrides one config key."""
+    p.add_argument("--config", help="YAML config (see configs/example.yaml)")
+    p.add_argument("--source", help="source.uri: synthetic | FILE | FOLDER | /dev/videoN | csi://N | rtsp://...")
+    p.add_argument("--model", help="model.path: .onnx (ONNX Runtime) or .engine (TensorRT)")
+    p.add_argument("--budget-ms", type=float, help="runtime.budget_ms (default 30)")
+    p.add_argument("--backend", choices=("auto", "onnxruntime", "tensorrt"), help="backend.kind")
+    p.add_argument("--preprocess", choices=("auto", "cpu", "cuda"), help="preprocess.device")
+
+
+def config_from_args(args: argparse.Namespace, extra: Optional[Dict[str, Any]] = None):
+    from .config import load_config
+
+    flags = {"source.uri": args.source, "model.path": args.model, "runtime.budget_ms": args.budget_ms,
+             "backend.kind": args.backend, "preprocess.device": args.preprocess}
+    flags.update(extra or {})
+    return load_config(args.config, {k: v for k, v in flags.items() if v is not None})
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runtime import run
+
+    run(config_from_args(args, {"runtime.frames": args.frames}))
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_mobilenet
+
+    export_mobilenet(args.arch, args.weights, args.out, args.seed)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge", description=__doc__)
+    parser.add_argument("--version", action="version", version="jetson-edge " + __version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser("run", help="run the camera -> preprocess -> infer -> postprocess loop")
+    add_config_flags(run)
+    run.add_argument("--frames", type=int, help="runtime.frames: stop after N timed frames (0: until stopped)")
+    run.set_defaults(func=cmd_run)
+
+    export = sub.add_parser("export", help="write MobileNetV3 to ONNX with its labels and model info")
+    export.add_argument("--arch", default="mobilenet_v3_large", choices=("mobilenet_v3_large", "mobilenet_v3_small"))
+    export.add_argument("--weights", default="auto", help="auto | imagenet | random | PATH to a checkpoint")
+    export.add_argument("--out", help="output .onnx (default engines/<arch>.onnx)")
+    export.add_argument("--seed", type=int, default=0, help="seed for random weights")
+    export.set_defaults(func=cmd_export)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    # FFmpeg and OpenCV would print their own lines for a bad file; our error line says what matters.
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except EdgeError as exc:
+        print("edge {}: error: {}".format(args.command, exc), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("edge {}: interrupted".format(args.command), file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Frame sources: a URI -> a capture, and a grabber thread that keeps only the newest frame.
+
+URIs (config `source.uri`, flag `--source`):
+  synthetic                generated frames, paced at `source.fps`, `source.width`x`source.height`
+  PATH.mp4 | PATH/         a video file or a folder of images, paced at `source.fps`, looping if `source.loop`
+  /dev/videoN | v4l2://N   a V4L2 (USB) camera
+  csi://N                  a MIPI CSI camera through GStreamer (nvarguscamerasrc -> nvvidconv -> BGR appsink)
+  rtsp://...               an RTSP stream through a low-latency GStreamer pipeline
+
+The grabber reads in its own thread and overwrites a single slot, so no queue builds up: the pipeline
+always gets the newest frame, frames it never saw are counted as skipped.
+"""
+
+import glob
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .config import SourceConfig
+from .errors import EdgeError, require
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+@dataclass
+class Frame:
+    image: np.ndarray  # HxWx3 uint8 BGR
+    seq: int  # 1, 2, 3... in capture order; a gap between two frames the pipeline saw = skipped frames
+    captured: float  # time.monotonic() when the frame was in memory
+    capture_ms: float  # time spent in the read (decode for files and streams)
+
+
+class SourceEnded(Exception):
+    """A file or folder without `loop` has no more frames."""
+
+
+class SourceTimeout(Exception):
+    """No new frame within `source.timeout_s`."""
+
+
+class Capture:
+    """One device or file: open(), read() -> BGR image or None at the end, close()."""
+
+    description = ""
+    pacer: Optional["_Pacer"] = None  # generated and file frames are paced like a camera
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def pace(self) -> None:
+        """Wait until the next frame is due (not counted as capture time)."""
+        if self.pacer is not None:
+            self.pacer.wait()
+
+    def read(self) -> Optional[np.ndarray]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _Pacer:
+    """Sleeps so that successive reads happen at `fps` (camera-like pacing for generated and file frames)."""
+
+    def __init__(self, fps: float):
+        self.period = 1.0 / fps
+        self.next_at = 0.0
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        if self.next_at > now:
+            time.sleep(self.next_at - now)
+            now = self.next_at
+        self.next_at = max(self.next_at + self.period, now)
+
+
+class SyntheticCapture(Capture):
+    """Moving colour gradients with a bright square: cheap to produce, non-trivial to classify."""
+
+    def __init__(self, width: int, height: int, fps: float, variants: int = 16):
+        self.description = "synthetic {}x{}@{:g}".format(width, height, fps)
+        self.width, self.height, self.variants = width, height, variants
+        self.pacer = _Pacer(fps)
+        self.frames: List[np.ndarray] = []
+        self.index = 0
+
+    def open(self) -> None:
+        ys, xs = np.mgrid[0:self.height, 0:self.width].astype(np.float32)
+        for k in range(self.variants):
+            phase = 2 * np.pi * k / self.variants
+            img = np.empty((self.height, self.width, 3), np.uint8)
+            img[:, :, 0] = 127 + 120 * np.sin(xs / 97.0 + phase)
+            img[:, :, 1] = 127 + 120 * np.sin(ys / 71.0 - phase)
+            img[:, :, 2] = 127 + 120 * np.sin((xs + ys) / 131.0 + 2 * phase)
+            size = max(8, min(self.width, self.height) // 5)
+            x0 = int((self.width - size) * (0.5 + 0.4 * np.cos(phase)))
+            y0 = int((self.height - size) * (0.5 + 0.4 * np.sin(phase)))
+            img[y0:y0 + size, x0:x0 + size] = 255
+            self.frames.append(img)
+
+    def read(self) -> Optional[np.ndarray]:
+        frame = self.frames[self.index % self.variants]
+        self.index += 1
+        return frame
+
+
+class ImageFolderCapture(Capture):
+    def __init__(self, folder: str, fps: float, loop: bool):
+        self.description = "images " + folder
+        self.folder, self.loop = folder, loop
+        self.pacer = _Pacer(fps)
+        self.files: List[str] = []
+        self.index = 0
+
+    def open(self) -> None:
+        self.files = sorted(f for f in glob.glob(os.path.join(self.folder, "*"))
+                            if f.lower().endswith(IMAGE_EXTENSIONS))
+        if not self.files:
+            raise EdgeError("{}: image folder has no images ({})".format(self.folder, " ".join(IMAGE_EXTENSIONS)))
+
+    def read(self) -> Optional[np.ndarray]:
+        cv2 = require("cv2")
+        for _ in range(len(self.files)):
+            if self.index >= len(self.files):
+                if not self.loop:
+                    return None
+                self.index = 0
+            path = self.files[self.index]
+            self.index += 1
+            image = cv2.imread(path, cv2.IMREAD_COLOR)
+            if image is not None:
+                return image
+        raise EdgeError("{}: no readable image in the folder".format(self.folder))
+
+
+class OpenCVCapture(Capture):
+    """cv2.VideoCapture on a file, a V4L2 device or a GStreamer pipeline."""
+
+    def __init__(self, target: Any, api: int, description: str, fps: float = 0.0, loop: bool = False,
+                 size: Optional[tuple] = None, is_file: bool = False):
+        self.target, self.api, self.description = target, api, description
+        self.loop, self.size, self.is_file = loop, size, is_file
+        self.pacer = _Pacer(fps) if is_file else None
+        self.cap: Any = None
+
+    def open(self) -> None:
+        cv2 = require("cv2")
+        self.cap = cv2.VideoCapture(self.target, self.api)
+        if self.size and not self.is_file and self.api == cv2.CAP_V4L2:
+            self.cap.set(cv2.CAP_PROP_FRAME_WIDTH, self.size[0])
+            self.cap.set(cv2.CAP_PROP_FRAME_HEIGHT, self.size[1])
+            self.cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
+        if not self.cap.isOpened():
+            raise EdgeError("{}: cannot open {}".format(self.description, "video file" if self.is_file else "source"))
+
+    def read(self) -> Optional[np.ndarray]:
+        ok, image = self.cap.read()
+        if not ok and self.is_file and self.loop:
+            self.cap.set(require("cv2").CAP_PROP_POS_FRAMES, 0)
+            ok, image = self.cap.read()
+        if not ok:
+            return None
+        return image if image.ndim == 3 else np.ascontiguousarray(np.dstack([image] * 3))
+
+    def close(self) -> None:
+        if self.cap is not None:
+            self.cap.release()
+            self.cap = None
+
+
+def csi_pipeline(sensor_id: int, width: int, height: int, fps: float) -> str:
+    return (
+        "nvarguscamerasrc sensor-id={} ! video/x-raw(memory:NVMM),width={},height={},framerate={}/1,format=NV12 ! "
+        "nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! video/x-raw,format=BGR ! "
+        "appsink drop=true max-buffers=1 sync=false".format(sensor_id, width, height, int(round(fps)))
+    )
+
+
+def rtsp_pipeline(uri: str, on_jetson: bool) -> str:
+    decode = ("rtph264depay ! h264parse ! nvv4l2decoder ! nvvidconv ! video/x-raw,format=BGRx ! videoconvert"
+              if on_jetson else "decodebin ! videoconvert")
+    return ("rtspsrc location={} latency=0 drop-on-latency=true ! {} ! video/x-raw,format=BGR ! "
+            "appsink drop=true max-buffers=1 sync=false".format(uri, decode))
+
+
+def _has_gstreamer(cv2: Any) -> bool:
+    info = cv2.getBuildInformation()
+    return any("GStreamer" in line and "YES" in line for line in info.splitlines())
+
+
+def _device_index(uri: str, prefix: str) -> int:
+    tail = uri[len(prefix):]
+    if not tail.isdigit():
+        raise EdgeError("source.uri: expected {}N with N a number, got {!r}".format(prefix, uri))
+    return int(tail)
+
+
+def open_capture(cfg: SourceConfig) -> Capture:
+    """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError."""
+    uri = cfg.uri
+    if uri == "synthetic":
+        return SyntheticCapture(cfg.width, cfg.height, cfg.fps)
+    if os.path.isdir(uri):
+        return ImageFolderCapture(uri, cfg.fps, cfg.loop)
+    cv2 = require("cv2")
+    if uri.startswith("csi://"):
+        sensor_id = _device_index(uri, "csi://")
+        if not _has_gstreamer(cv2):
+            raise EdgeError("source.uri {}: this OpenCV has no GStreamer (PyPI's opencv-python does not); "
+                            "on a Jetson use JetPack's python3-opencv".format(uri))
+        pipeline = csi_pipeline(sensor_id, cfg.width, cfg.height, cfg.fps)
+        return OpenCVCapture(pipeline, cv2.CAP_GSTREAMER, uri)
+    if uri.startswith("rtsp://"):
+        if _has_gstreamer(cv2):
+            on_jetson = os.path.exists("/etc/nv_tegra_release")
+            return OpenCVCapture(rtsp_pipeline(uri, on_jetson), cv2.CAP_GSTREAMER, uri)
+        return OpenCVCapture(uri, cv2.CAP_FFMPEG, uri)
+    if uri.startswith("v4l2://") or uri.startswith("/dev/video"):
+        index = _device_index(uri, "v4l2://" if uri.startswith("v4l2://") else "/dev/video")
+        return OpenCVCapture(index, cv2.CAP_V4L2, uri, size=(cfg.width, cfg.height))
+    if "://" in uri:
+        raise EdgeError("source.uri: unsupported scheme in {!r} (synthetic, file, folder, /dev/videoN, v4l2://N, "
+                        "csi://N, rtsp://)".format(uri))
+    if not os.path.isfile(uri):
+        raise EdgeError("{}: video file or image folder not found".format(uri))
+    if uri.lower().endswith(IMAGE_EXTENSIONS):
+        raise EdgeError("{}: a single image is not a video source; put images in a folder".format(uri))
+    return OpenCVCapture(uri, cv2.CAP_ANY, uri, fps=cfg.fps, loop=cfg.loop, is_file=True)
+
+
+class LatestFrameGrabber:
+    """Reads a Capture in a thread; `get()` returns the newest frame the caller has not seen yet."""
+
+    def __init__(self, capture: Capture, timeout_s: float = 2.0):
+        self.capture = capture
+        self.timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._latest: Optional[Frame] = None
+        self._delivered_seq = 0
+        self._ended = False
+        self._error: Optional[BaseException] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.produced = 0
+        self.skipped = 0
+
+    def start(self) -> "LatestFrameGrabber":
+        self.capture.open()
+        self._thread = threading.Thread(target=self._run, name="edge-grabber", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.capture.pace()
+                started = time.monotonic()
+                image = self.capture.read()
+                now = time.monotonic()
+                with self._cond:
+                    if image is None:
+                        self._ended = True
+                        self._cond.notify_all()
+                        return
+                    self.produced += 1
+                    if self._latest is not None and self._latest.seq > self._delivered_seq:
+                        self.skipped += 1  # overwritten before the pipeline took it
+                    self._latest = Frame(image, self.produced, now, (now - started) * 1e3)
+                    self._cond.notify_all()
+        except BaseException as exc:  # surfaced to the consumer by get()
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def get(self, timeout_s: Optional[float] = None) -> Frame:
+        """Newest unseen frame; raises SourceEnded, SourceTimeout or the capture's own error."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        with self._cond:
+            while True:
+                if self._latest is not None and self._latest.seq > self._delivered_seq:
+                    self._delivered_seq = self._latest.seq
+                    return self._latest
+                if self._error is not None:
+                    raise self._error
+                if self._ended:
+                    raise SourceEnded(self.capture.description)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SourceTimeout("{}: no frame for {:.1f} s".format(self.capture.description, self.timeout_s))
+                self._cond.wait(remaining)
+
+    def stats(self) -> Dict[str, int]:
+        with self._cond:
+            return {"produced": self.produced, "skipped": self.skipped}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self.capture.close()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up .venv/ in the repo root with jetson-edge and the extras a CPU machine can use.
+#   scripts/bootstrap.sh         runtime: cpu, export, service, check extras
+#   scripts/bootstrap.sh --dev   also test tools, tensorrt-stubs, and (as root) Debian's systemd,
+#                                prometheus (promtool) and chromium for the tests that use them
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras="cpu,export,service,check"
+if [ "${1:-}" = "--dev" ]; then extras="$extras,dev"; fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -e ".[${extras}]"
+
+if [ "${1:-}" = "--dev" ]; then
+  # tensorrt-stubs depends on tensorrt, whose PyPI package only downloads from NVIDIA's index.
+  .venv/bin/pip install -q --no-deps tensorrt-stubs
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    missing=()
+    command -v systemd-analyze >/dev/null || missing+=(systemd)
+    command -v promtool >/dev/null || missing+=(prometheus)
+    command -v chromium >/dev/null || missing+=(chromium)
+    if [ ${#missing[@]} -gt 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+    fi
+  fi
+fi

@@ -1,0 +1,52 @@
+"""Shared fixtures: a real exported MobileNetV3 and real video files written with OpenCV."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory):
+    """MobileNetV3-Small with seeded random weights, exported by the real `edge export` code."""
+    from edge.export import export_mobilenet
+
+    out = str(tmp_path_factory.mktemp("model") / "mobilenet_v3_small.onnx")
+    export_mobilenet("mobilenet_v3_small", "random", out, log=lambda *a: None)
+    return out
+
+
+def write_video(path, frames=30, size=(320, 240), fps=30.0):
+    """An MJPG AVI with a moving bright square; returns the frames written (BGR)."""
+    import cv2
+
+    w, h = size
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (w, h))
+    assert writer.isOpened(), "OpenCV cannot write MJPG here"
+    written = []
+    for i in range(frames):
+        img = np.full((h, w, 3), 40, np.uint8)
+        x = (i * 7) % (w - 20)
+        img[20:40, x:x + 20] = (0, 200, 255)
+        writer.write(img)
+        written.append(img)
+    writer.release()
+    return written
+
+
+@pytest.fixture
+def video_file(tmp_path):
+    path = tmp_path / "clip.avi"
+    write_video(path)
+    return str(path)
+
+
+def run_edge(*args, timeout=120, env=None):
+    """Run the real CLI in a subprocess (as a user would)."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "edge"] + [str(a) for a in args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=full_env)

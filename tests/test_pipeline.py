@@ -1,0 +1,145 @@
+"""The batch-1 pipeline and `edge run` end to end on a real ONNX Runtime session and real video files."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from edge.backends.onnxruntime_backend import OnnxRuntimeBackend
+from edge.config import SourceConfig, labels_path, load_config
+from edge.latency import LatencyRecorder
+from edge.pipeline import Pipeline, TooManyErrors
+from edge.postprocess import TopK, load_labels
+from edge.preprocess import CpuPreprocessor
+from edge.sources import LatestFrameGrabber, SourceEnded, open_capture
+
+from conftest import REPO, run_edge
+
+
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_topk_matches_numpy_softmax():
+    logits = np.random.default_rng(0).normal(size=(1, 10)).astype(np.float32)
+    pred = TopK(["c{}".format(i) for i in range(10)], k=3)(logits)
+    probs = np.exp(logits[0] - logits[0].max())
+    probs /= probs.sum()
+    order = np.argsort(-probs)[:3]
+    assert pred.indices == list(order)
+    assert pred.labels == ["c{}".format(i) for i in order]
+    assert np.allclose(pred.scores, probs[order], atol=1e-6)
+
+
+def test_onnxruntime_backend_runs_the_exported_model(small_model):
+    with OnnxRuntimeBackend(small_model) as backend:
+        assert backend.input_shape == (1, 3, 224, 224)
+        logits = backend.infer(np.zeros((1, 3, 224, 224), np.float32))
+        assert logits.shape == (1, 1000) and np.isfinite(logits).all()
+        assert backend.describe()["precision"] == "fp32"
+
+
+def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
+    cfg = load_config(None)
+    backend = backend or OnnxRuntimeBackend(model)
+    backend.load()
+    grabber = LatestFrameGrabber(open_capture(SourceConfig(uri=video, fps=1000, loop=loop))).start()
+    labels = load_labels(labels_path(model))
+    return Pipeline(grabber, CpuPreprocessor(cfg.preprocess), backend, TopK(labels), LatencyRecorder(30.0),
+                    max_consecutive_errors=max_errors)
+
+
+def test_pipeline_times_every_stage(small_model, video_file):
+    pipeline = make_pipeline(small_model, video_file, loop=False)
+    results = []
+    try:
+        while True:
+            results.append(pipeline.step())
+    except SourceEnded:
+        pass
+    finally:
+        pipeline.grabber.stop()
+    assert results and all(r.status in ("ok", "miss") for r in results)
+    r = results[-1]
+    assert set(r.stage_ms) == {"capture", "frame_age", "preprocess", "infer", "postprocess", "end_to_end"}
+    assert r.stage_ms["end_to_end"] >= r.stage_ms["preprocess"] + r.stage_ms["infer"] + r.stage_ms["postprocess"]
+    assert len(r.prediction.labels) == 5
+    assert pipeline.recorder.frames == len(results)
+
+
+class FlakyBackend(OnnxRuntimeBackend):
+    def __init__(self, model, fail_every):
+        super().__init__(model)
+        self.calls, self.fail_every = 0, fail_every
+
+    def infer(self, tensor):
+        self.calls += 1
+        if self.calls % self.fail_every == 0:
+            raise RuntimeError("injected inference failure")
+        return super().infer(tensor)
+
+
+def test_a_failed_frame_is_counted_and_the_loop_continues(small_model, video_file):
+    pipeline = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=3))
+    statuses = []
+    try:
+        for _ in range(9):
+            statuses.append(pipeline.step().status)
+    finally:
+        pipeline.grabber.stop()
+    assert statuses.count("error") == 3 and pipeline.errors == 3
+    assert pipeline.recorder.frames == 6
+
+
+def test_too_many_consecutive_failures_raise(small_model, video_file):
+    pipeline = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=1), max_errors=2)
+    try:
+        pipeline.step()
+        pipeline.step()
+        with pytest.raises(TooManyErrors, match="3 consecutive frames failed"):
+            pipeline.step()
+    finally:
+        pipeline.grabber.stop()
+
+
+def test_edge_run_on_a_video_file(small_model, video_file):
+    proc = run_edge("run", "--model", small_model, "--source", video_file, "--frames", 20,
+                    "--backend", "onnxruntime", "--preprocess", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    lines = json_lines(proc.stdout)
+    assert lines[0]["event"] == "start" and lines[0]["backend"] == "onnxruntime"
+    report = lines[-1]
+    assert report["event"] == "report" and report["frames"] == 20
+    assert report["stages_ms"]["end_to_end"]["p99"] <= report["stages_ms"]["end_to_end"]["max"]
+    # random weights: every line says so, and so does the human report
+    assert all("UNTRAINED" in line["warning"] for line in lines)
+    assert "UNTRAINED WEIGHTS" in proc.stderr and "end_to_end" in proc.stderr
+
+
+def test_edge_run_auto_falls_back_to_cpu_and_says_why(small_model, video_file):
+    proc = run_edge("run", "--model", small_model, "--source", video_file, "--frames", 3)
+    assert proc.returncode == 0, proc.stderr
+    start = json_lines(proc.stdout)[0]
+    assert start["backend"] == "onnxruntime" and start["preprocess"] == "cpu"
+    assert start["chosen_because"]
+
+
+def test_sigint_finishes_with_a_report(small_model):
+    proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--model", small_model, "--source", "synthetic",
+                             "--backend", "onnxruntime", "--preprocess", "cpu"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert json.loads(first)["event"] == "start"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    report = json_lines(out)[-1]
+    assert report["event"] == "report" and report["ended_by"] == "signal 2" and report["frames"] > 0

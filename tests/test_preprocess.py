@@ -1,0 +1,81 @@
+"""The CPU preprocessor against torchvision's eval transform on real photographs."""
+
+import numpy as np
+import pytest
+
+from edge.config import PreprocessConfig
+from edge.preprocess import CpuPreprocessor, axis_weights, crop_geometry
+
+PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "cat"]
+
+
+def torchvision_reference(rgb):
+    import torchvision.transforms as T
+    from PIL import Image
+
+    tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(),
+                    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    return tf(Image.fromarray(rgb)).numpy()
+
+
+@pytest.mark.parametrize("name", PHOTOS)
+def test_matches_torchvision_on_photographs(name):
+    import skimage.data
+
+    rgb = getattr(skimage.data, name)()
+    out = CpuPreprocessor(PreprocessConfig())(np.ascontiguousarray(rgb[:, :, ::-1]))
+    diff = np.abs(out[0] - torchvision_reference(rgb))
+    # PIL rounds to uint8 after each pass; one grey level is ~0.017 in normalised units.
+    assert diff.mean() < 0.01
+    assert diff.max() < 0.05
+
+
+def test_matches_torchvision_on_a_720p_frame():
+    import cv2
+    import skimage.data
+
+    bgr = cv2.resize(np.ascontiguousarray(skimage.data.astronaut()[:, :, ::-1]), (1280, 720),
+                     interpolation=cv2.INTER_CUBIC)
+    out = CpuPreprocessor(PreprocessConfig())(bgr)
+    diff = np.abs(out[0] - torchvision_reference(np.ascontiguousarray(bgr[:, :, ::-1])))
+    assert diff.mean() < 0.01
+
+
+@pytest.mark.parametrize("w,h", [(1280, 720), (720, 1280), (3840, 2160), (451, 300), (224, 224), (7, 5), (1, 1)])
+def test_geometry_matches_torchvision(w, h):
+    import torch
+    import torchvision.transforms.functional as F
+
+    g = crop_geometry(w, h, 256, 224)
+    new_h, new_w = F.resize(torch.zeros(1, h, w), 256, antialias=True).shape[1:]
+    assert (g.src_w / g.scale_x, g.src_h / g.scale_y) == pytest.approx((new_w, new_h))
+    assert g.offset_y == int(round((new_h - 224) / 2.0)) and g.offset_x == int(round((new_w - 224) / 2.0))
+
+
+@pytest.mark.parametrize("w,h", [(720, 1280), (3840, 2160), (7, 5), (1, 1), (300, 100)])
+def test_odd_sizes_give_finite_normalised_output(w, h):
+    frame = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    out = CpuPreprocessor(PreprocessConfig())(frame)
+    assert out.shape == (1, 3, 224, 224) and out.dtype == np.float32
+    assert np.isfinite(out).all()
+    assert out.min() >= (0 - 0.485) / 0.229 - 1e-4 and out.max() <= (1 - 0.406) / 0.225 + 1e-4
+
+
+def test_constant_frame_gives_exact_normalised_value():
+    out = CpuPreprocessor(PreprocessConfig())(np.full((480, 640, 3), (10, 20, 30), np.uint8))
+    expected = (np.array([30, 20, 10]) / 255.0 - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+    assert np.abs(out[0] - expected[:, None, None]).max() < 1e-5  # RGB order, weights sum to 1
+
+
+def test_weights_rows_sum_to_one():
+    matrix, first = axis_weights(224, 116, 1280 / 455, 1280)
+    assert np.allclose(matrix.sum(axis=1), 1.0, atol=1e-6)
+    assert first >= 0
+
+
+def test_rejects_wrong_frames():
+    pre = CpuPreprocessor(PreprocessConfig())
+    with pytest.raises(ValueError, match="HxWx3 uint8"):
+        pre(np.zeros((10, 10), np.uint8))
+    with pytest.raises(ValueError, match="HxWx3 uint8"):
+        pre(np.zeros((10, 10, 3), np.float32))
