@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from edge.config import load_config
@@ -85,3 +88,13 @@ def test_cli_bad_inputs_exit_2(tmp_path, small_model, case, expected):
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_optional_dependency_names_the_extra(small_model):
+    code = ("import sys; sys.modules['onnxruntime'] = None; from edge.cli import main; "
+            "sys.exit(main(['run', '--model', {!r}, '--backend', 'onnxruntime', '--preprocess', 'cpu']))".format(
+                small_model))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "missing dependency 'onnxruntime'" in proc.stderr and "jetson-edge[cpu]" in proc.stderr
+    assert "Traceback" not in proc.stderr
