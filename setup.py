@@ -7,7 +7,7 @@ setup(
                 "INT8 TensorRT build with calibration, timed runtime daemon, jtop telemetry.",
     python_requires=">=3.8",
     packages=find_packages(include=["edge", "edge.*"]),
-    package_data={"edge": ["cuda/*.cuh", "cuda/*.cu", "data/*", "data/**/*"]},
+    package_data={"edge": ["cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp"]},
     install_requires=["numpy>=1.19", "pyyaml>=5.3", "onnx>=1.12"],
     extras_require={
         "cpu": ["onnxruntime>=1.12", "opencv-python-headless>=4.5"],
@@ -16,7 +16,7 @@ setup(
         "export": ["torch>=1.12", "torchvision>=0.13"],
         "service": ["prometheus-client>=0.12", "sdnotify>=0.3.2", "psutil>=5.8"],
         "check": ["matplotlib>=3.3"],
-        "dev": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.0", "jetson-stats>=4.2",
+        "dev": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.14", "jetson-stats>=4.2",
                 "ruff>=0.4", "vermin>=1.5", "tqdm>=4"],
     },
     entry_points={"console_scripts": ["edge=edge.cli:main"]},

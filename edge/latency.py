@@ -53,7 +53,10 @@ class LatencyRecorder:
     def record(self, stage_ms: Dict[str, float]) -> bool:
         """Record one frame's stage times (ms); returns True when the frame missed the budget."""
         for name, ms in stage_ms.items():
-            self.stages[name].add(ms)
+            stats = self.stages.get(name)
+            if stats is None:  # e.g. the GPU path's CUDA-event stages
+                stats = self.stages[name] = StageStats(self.window)
+            stats.add(ms)
         self.frames += 1
         missed = stage_ms["end_to_end"] > self.budget_ms
         self.misses += missed

@@ -34,6 +34,9 @@ class Sink:
         pass
 
 
+_DEVICE_TIMINGS = (("preprocess_gpu", "last_preprocess_ms"), ("infer_gpu", "last_infer_ms"))
+
+
 class TooManyErrors(Exception):
     """More consecutive frame failures than `runtime.max_consecutive_errors`."""
 
@@ -82,6 +85,10 @@ class Pipeline:
             "postprocess": (t3 - t2) * 1e3,
             "end_to_end": (t3 - frame.captured) * 1e3,
         }
+        for stage, attribute in _DEVICE_TIMINGS:  # CUDA-event times of the GPU path's device work
+            device_ms = getattr(self.backend, attribute, None)
+            if device_ms is not None:
+                stage_ms[stage] = device_ms
         self.frame_id += 1
         missed = self.recorder.record(stage_ms) if record else False
         result = Result(self.frame_id, frame.seq, stage_ms, prediction, "miss" if missed else "ok", None, frame.image)

@@ -1,0 +1,300 @@
+"""Stand-ins for pycuda and tensorrt that run on the CPU, for tests/device/test_simulated.py.
+
+"Device memory" is host memory, so pointers are real addresses. The kernel launch calls the host build of
+edge/cuda/preprocess.cuh (edge/cuda/host_preprocess.cpp) with the arguments the launcher packed, after
+checking them against the prepared format; nvcc really compiles the kernel. The fake TensorRT engine
+computes a fixed linear map of the input. The fakes record the context stack and live allocations.
+"""
+
+import ctypes
+import os
+import subprocess
+import tempfile
+import types
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "edge", "cuda")
+NUM_CLASSES = 10
+
+
+def address(buffer: Any) -> int:
+    return int(np.frombuffer(buffer, np.uint8).ctypes.data)
+
+
+class Allocation(bytearray):
+    """Device or pinned host memory: the numpy array's base, with pycuda's methods."""
+
+    live: Dict[int, "Allocation"] = {}
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__(max(nbytes, 1))
+        Allocation.live[id(self)] = self
+
+    def __int__(self) -> int:
+        return address(self)
+
+    def get_device_pointer(self) -> int:
+        return address(self)
+
+    def free(self) -> None:
+        Allocation.live.pop(id(self), None)
+
+
+def view(ptr: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
+    count = int(np.prod(shape))
+    raw = (ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(ptr)
+    return np.frombuffer(raw, dtype, count).reshape(shape)
+
+
+class Sim:
+    """Per-test state: the fake modules, the context stack, compile calls, kernel launches."""
+
+    def __init__(self, host_lib: ctypes.CDLL, nvcc: str, integrated: bool) -> None:
+        self.host_lib, self.nvcc, self.integrated = host_lib, nvcc, integrated
+        self.stack: List[Any] = []
+        self.compiles = 0
+        self.launches: List[Tuple[str, Tuple[Any, ...]]] = []
+        Allocation.live.clear()
+        self.driver = self._driver()
+        self.compiler = types.ModuleType("pycuda.compiler")
+        self.compiler.compile = self._compile
+
+    # pycuda.compiler.compile: nvcc for real, with the launcher's options
+    def _compile(self, source: str, nvcc: str, options: List[str], no_extern_c: bool, arch: str,
+                 include_dirs: List[str], cache_dir: Any) -> bytes:
+        assert no_extern_c and cache_dir is False
+        self.compiles += 1
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.cubin")
+            with open(src, "w") as fh:
+                fh.write(source)
+            cmd = [self.nvcc, "--cubin", "-arch", arch, *options, *("-I" + d for d in include_dirs), "-o", out, src]
+            subprocess.run(cmd, check=True)
+            with open(out, "rb") as fh:
+                return fh.read()
+
+    def _launch(self, name: str, fmt: str, grid: Tuple[int, ...], block: Tuple[int, ...],
+                args: Tuple[Any, ...]) -> None:
+        kinds = {"P": int, "i": int, "d": float, "f": float}
+        assert len(args) == len(fmt) and all(isinstance(a, kinds[c]) for a, c in zip(args, fmt)), (fmt, args)
+        src, w, h, stride, sx, sy, ox, oy, crop = args[:9]
+        mul, add, dst = args[9:12], args[12:15], args[15]
+        assert grid[0] * block[0] >= crop and grid[1] * block[1] >= crop
+        self.launches.append((name, args))
+        out = np.empty((1, 3, crop, crop), np.float32)
+        fp = ctypes.POINTER(ctypes.c_float)
+        self.host_lib.edge_preprocess_host(
+            ctypes.c_void_p(src), w, h, stride, ctypes.c_double(sx), ctypes.c_double(sy), ox, oy, crop,
+            np.asarray(mul, np.float32).ctypes.data_as(fp), np.asarray(add, np.float32).ctypes.data_as(fp),
+            out.ctypes.data_as(fp))
+        dtype = np.float16 if name.endswith("f16") else np.float32
+        view(dst, out.shape, dtype)[...] = out
+
+    def _driver(self) -> types.ModuleType:
+        sim = self
+        drv = types.ModuleType("pycuda.driver")
+
+        class Context:
+            def __init__(self) -> None:
+                self.detached = False
+
+            def push(self) -> None:
+                sim.stack.append(self)
+
+            @staticmethod
+            def pop() -> None:
+                sim.stack.pop()
+
+            def detach(self) -> None:
+                assert self not in sim.stack
+                self.detached = True
+
+        class Device:
+            @staticmethod
+            def count() -> int:
+                return 1
+
+            def __init__(self, index: int) -> None:
+                self.index = index
+
+            def make_context(self, flags: int) -> Context:
+                ctx = Context()
+                ctx.push()
+                sim.context = ctx
+                return ctx
+
+            def get_attribute(self, attribute: str) -> int:
+                return int(sim.integrated) if attribute == "INTEGRATED" else 1
+
+            def compute_capability(self) -> Tuple[int, int]:
+                return (8, 7)
+
+            def name(self) -> str:
+                return "Simulated Orin"
+
+        class Stream:
+            handle = 1234
+
+            def synchronize(self) -> None:
+                assert sim.stack, "stream used without a current context"
+
+        class Event:
+            def record(self, stream: Any = None) -> "Event":
+                assert sim.stack, "event recorded without a current context"
+                return self
+
+            def synchronize(self) -> "Event":
+                return self
+
+            def query(self) -> bool:
+                return True
+
+            def time_till(self, other: "Event") -> float:
+                return 0.25
+
+        class Function:
+            def __init__(self, name: str) -> None:
+                self.name, self.fmt = name, ""
+
+            def prepare(self, fmt: str) -> "Function":
+                self.fmt = fmt
+                return self
+
+            def prepared_async_call(self, grid: Tuple[int, ...], block: Tuple[int, ...], stream: Any,
+                                    *args: Any) -> None:
+                assert sim.stack, "kernel launched without a current context"
+                sim._launch(self.name, self.fmt, grid, block, args)
+
+        class Module:
+            def __init__(self, cubin: bytes) -> None:
+                assert cubin[:4] == b"\x7fELF"
+                self.cubin = cubin
+
+            def get_function(self, name: str) -> Function:
+                assert name.encode() in self.cubin, name
+                return Function(name)
+
+        def pagelocked_empty(shape: Sequence[int], dtype: Any, order: str = "C", mem_flags: int = 0) -> np.ndarray:
+            return np.ndarray(shape, dtype, buffer=Allocation(int(np.prod(shape)) * np.dtype(dtype).itemsize))
+
+        def memcpy(dst: int, src: int, size: int) -> None:
+            assert sim.stack, "copy without a current context"
+            ctypes.memmove(dst, src, size)
+
+        drv.init = lambda: None
+        drv.Device, drv.Context, drv.Stream, drv.Event = Device, Context, Stream, Event
+        drv.ctx_flags = types.SimpleNamespace(MAP_HOST=8)
+        drv.device_attribute = types.SimpleNamespace(INTEGRATED="INTEGRATED")
+        drv.host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)
+        drv.CompileError = RuntimeError
+        drv.get_version = lambda: (11, 4, 0)
+        drv.get_driver_version = lambda: 11040
+        drv.module_from_buffer = Module
+        drv.mem_alloc = Allocation
+        drv.pagelocked_empty = pagelocked_empty
+        drv.memcpy_htod_async = lambda dst, src, stream=None: memcpy(int(dst), src.ctypes.data, src.nbytes)
+        drv.memcpy_dtoh_async = lambda dst, src, stream=None: memcpy(dst.ctypes.data, int(src), dst.nbytes)
+        drv.memcpy_dtod_async = lambda dst, src, size, stream=None: memcpy(int(dst), int(src), size)
+        return drv
+
+
+ENGINE_MAGIC = b"SIMULATED-ENGINE"
+WEIGHTS = np.random.default_rng(0).standard_normal((NUM_CLASSES, 3)).astype(np.float32)
+
+
+def reference_logits(tensor: np.ndarray) -> np.ndarray:
+    """What the fake engine computes: a fixed linear map of the per-channel means."""
+    return (WEIGHTS @ tensor.reshape(3, -1).astype(np.float32).mean(axis=1))[None, :]
+
+
+def fake_tensorrt(input_dtype: Any = np.float32, legacy: bool = False, crop: int = 224) -> types.ModuleType:
+    """A `tensorrt` module: the named-tensor API with execute_async_v3 (8.5+), or, with `legacy`, the
+    binding-index API with execute_async_v2 only (8.4)."""
+    trt = types.ModuleType("tensorrt")
+    trt.__file__ = __file__
+    trt.__version__ = "8.4.1" if legacy else "10.3.0"
+    trt.Builder = object  # edge.artifacts.tensorrt_version: a real (not stub-only) package
+    trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
+    trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", INT8="INT8", INT32="INT32", BOOL="BOOL")
+    trt_dtype = "HALF" if np.dtype(input_dtype) == np.float16 else "FLOAT"
+    tensors = [("input", "INPUT", (1, 3, crop, crop), trt_dtype), ("logits", "OUTPUT", (1, NUM_CLASSES), "FLOAT")]
+    dtypes = {"FLOAT": np.float32, "HALF": np.float16}
+
+    def run(addresses: Dict[str, int]) -> bool:
+        x = view(addresses["input"], tensors[0][2], dtypes[trt_dtype])
+        view(addresses["logits"], tensors[1][2], np.float32)[...] = reference_logits(x)
+        return True
+
+    class Context:
+        def __init__(self) -> None:
+            self.addresses: Dict[str, int] = {}
+
+        def set_tensor_address(self, name: str, ptr: int) -> bool:
+            self.addresses[name] = ptr
+            return True
+
+        def execute_async_v3(self, stream_handle: int) -> bool:
+            return run(self.addresses)
+
+    class LegacyContext:
+        def execute_async_v2(self, bindings: List[int], stream_handle: int) -> bool:
+            return run({t[0]: ptr for t, ptr in zip(tensors, bindings)})
+
+    class Engine:
+        num_io_tensors = len(tensors)
+
+        def get_tensor_name(self, i: int) -> str:
+            return tensors[i][0]
+
+        def _find(self, name: str) -> Tuple[str, str, Tuple[int, ...], str]:
+            return next(t for t in tensors if t[0] == name)
+
+        def get_tensor_mode(self, name: str) -> str:
+            return self._find(name)[1]
+
+        def get_tensor_shape(self, name: str) -> Tuple[int, ...]:
+            return self._find(name)[2]
+
+        def get_tensor_dtype(self, name: str) -> str:
+            return self._find(name)[3]
+
+        def create_execution_context(self) -> Context:
+            return Context()
+
+    class LegacyEngine:
+        num_bindings = len(tensors)
+
+        def get_binding_name(self, i: int) -> str:
+            return tensors[i][0]
+
+        def binding_is_input(self, i: int) -> bool:
+            return tensors[i][1] == "INPUT"
+
+        def get_binding_shape(self, i: int) -> Tuple[int, ...]:
+            return tensors[i][2]
+
+        def get_binding_dtype(self, i: int) -> str:
+            return tensors[i][3]
+
+        def create_execution_context(self) -> LegacyContext:
+            return LegacyContext()
+
+    class Logger:
+        WARNING = "WARNING"
+
+        def __init__(self, severity: str) -> None:
+            self.severity = severity
+
+    class Runtime:
+        def __init__(self, logger: Logger) -> None:
+            self.logger = logger
+
+        def deserialize_cuda_engine(self, data: bytes) -> Optional[Any]:
+            if not data.startswith(ENGINE_MAGIC):
+                return None
+            return LegacyEngine() if legacy else Engine()
+
+    trt.Logger, trt.Runtime = Logger, Runtime
+    return trt

@@ -1,0 +1,50 @@
+"""select_devices without a GPU (not marked jetson: runs everywhere). The probe is replaced where a test
+needs the GPU path to look available."""
+
+import pytest
+
+from edge.config import load_config
+from edge.errors import EdgeError
+from edge.gpu import select
+
+
+@pytest.fixture
+def gpu_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(select, "gpu_unavailable", lambda: None)
+
+
+@pytest.fixture
+def gpu_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(select, "gpu_unavailable", lambda: "no CUDA device")
+
+
+def test_probe_is_importable_without_tensorrt_or_pycuda() -> None:
+    reason = select.gpu_unavailable()
+    assert reason is None or reason.startswith(("tensorrt not importable", "pycuda", "no CUDA device"))
+
+
+def test_auto_picks_gpu_for_an_engine(gpu_present: None) -> None:
+    assert select.select_devices(load_config(None, {"model.path": "m.engine"}))[:2] == ("cuda", "tensorrt")
+
+
+def test_auto_falls_back_with_the_reason(gpu_absent: None) -> None:
+    pre, kind, reason = select.select_devices(load_config(None, {"model.path": "m.onnx"}))
+    assert (pre, kind) == ("cpu", "onnxruntime") and ".engine" in reason
+
+
+def test_cpu_preprocessing_with_tensorrt(gpu_present: None) -> None:
+    cfg = load_config(None, {"model.path": "m.engine", "preprocess.device": "cpu"})
+    assert select.select_devices(cfg)[:2] == ("cpu", "tensorrt")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.path": "m.engine", "backend.kind": "tensorrt"}, "backend.kind tensorrt is not available: no CUDA"),
+    ({"model.path": "m.onnx", "backend.kind": "tensorrt"}, "needs a TensorRT .engine"),
+    ({"model.path": "m.engine"}, "is a TensorRT engine, but the GPU path is unavailable: no CUDA device"),
+    ({"model.path": "m.engine", "preprocess.device": "cuda"}, "GPU path is unavailable"),
+    ({"preprocess.device": "cuda", "backend.kind": "onnxruntime"}, "preprocess.device cuda needs backend.kind"),
+])
+def test_explicit_gpu_choice_that_cannot_work_raises(gpu_absent: None, overrides: dict, message: str) -> None:
+    with pytest.raises(EdgeError, match=message) as info:
+        select.select_devices(load_config(None, overrides))
+    assert "\n" not in str(info.value)

@@ -1,0 +1,230 @@
+"""The GPU modules' Python logic without a GPU (not marked jetson: runs in CI).
+
+pycuda and tensorrt are replaced by the CPU stand-ins in sim_gpu.py: the launcher's packed kernel arguments
+drive the host build of the kernel math, nvcc compiles the real kernel, and the fake engine is a linear map.
+This checks argument order, geometry, strides, dtype, context push/pop, the integrated (zero-copy) and
+discrete (copy) paths, kernel caching, manifest refusal, the execute_async_v2 fallback and cleanup. It does
+not check CUDA semantics (asynchrony, real device memory), which only tests/device on a GPU can.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import types
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from edge.config import PreprocessConfig
+from edge.errors import EdgeError
+from edge.preprocess import CpuPreprocessor
+
+from . import sim_gpu
+
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.isfile("/usr/local/cuda/bin/nvcc") else None)
+
+
+@pytest.fixture(scope="module")
+def host_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cxx = shutil.which("g++")
+    if cxx is None or NVCC is None:
+        pytest.skip("needs g++ and nvcc")
+    lib = str(tmp_path_factory.mktemp("sim") / "libhost_preprocess.so")
+    subprocess.run([cxx, "-std=c++14", "-O2", "-shared", "-fPIC", "-o", lib,
+                    os.path.join(sim_gpu.CUDA_DIR, "host_preprocess.cpp")], check=True)
+    return ctypes.CDLL(lib)
+
+
+def install(monkeypatch: pytest.MonkeyPatch, sim: sim_gpu.Sim, trt: Any = None) -> None:
+    pycuda = types.ModuleType("pycuda")
+    pycuda.driver, pycuda.compiler = sim.driver, sim.compiler
+    for name, module in (("pycuda", pycuda), ("pycuda.driver", sim.driver), ("pycuda.compiler", sim.compiler),
+                         ("tensorrt", trt)):
+        if module is not None:
+            monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.fixture(params=[True, False], ids=["integrated", "discrete"])
+def sim(request: Any, host_lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[sim_gpu.Sim]:
+    monkeypatch.setenv("EDGE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    s = sim_gpu.Sim(host_lib, NVCC, integrated=request.param)
+    install(monkeypatch, s)
+    yield s
+    assert not s.stack, "context left pushed"
+
+
+def frame(h: int, w: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim) -> None:
+    from edge.gpu.cuda_preprocess import CudaPreprocessor
+
+    pre = CudaPreprocessor(PreprocessConfig())
+    cpu = CpuPreprocessor(PreprocessConfig())
+    padded = frame(720, 1344, 3)
+    for f in (frame(720, 1280), frame(1280, 720, 1), frame(5, 7, 2), padded[:, 16:1296], frame(720, 1280, 4)):
+        tensor = pre(f)
+        assert tensor.shape == (1, 3, 224, 224) and not tensor.pending
+        assert float(np.abs(tensor.download() - cpu(f)).max()) <= 1e-4
+    assert pre.device_ms() == 0.25
+    name, args = sim.launches[-1]
+    assert name == "edge_preprocess_f32" and args[1:4] == (1280, 720, 1280 * 3)  # width, height, row stride
+    assert sim.compiles == 1  # one nvcc run, then the loaded module is reused
+    pre.close()
+    pre.close()
+    assert not sim_gpu.Allocation.live and sim.context.detached
+
+
+def test_kernel_binary_cached_per_arch(sim: sim_gpu.Sim) -> None:
+    from edge.gpu.cuda_preprocess import CudaPreprocessor, kernel_cache_dir
+
+    for _ in range(2):
+        pre = CudaPreprocessor(PreprocessConfig())
+        pre(frame(48, 64))
+        pre.close()
+    assert sim.compiles == 1
+    (cached,) = os.listdir(kernel_cache_dir())
+    assert cached.startswith("preprocess-sm_87-cuda11.4.0-driver11040-") and cached.endswith(".cubin")
+
+
+def test_float16_output(sim: sim_gpu.Sim) -> None:
+    from edge.gpu.cuda_preprocess import CudaPreprocessor
+
+    pre = CudaPreprocessor(PreprocessConfig(), dtype=np.float16)
+    f = frame(480, 640)
+    got = pre(f).download()
+    assert got.dtype == np.float16 and sim.launches[-1][0] == "edge_preprocess_f16"
+    assert float(np.abs(got.astype(np.float32) - CpuPreprocessor(PreprocessConfig())(f)).max()) <= 4e-3
+    pre.close()
+
+
+def write_engine(path: str) -> str:
+    from edge.artifacts import current_system, make_manifest
+    from edge.modelinfo import info_path, write_json_atomic
+
+    with open(path, "wb") as fh:
+        fh.write(sim_gpu.ENGINE_MAGIC)
+    onnx = path + ".onnx"
+    with open(onnx, "wb") as fh:
+        fh.write(b"onnx")
+    write_json_atomic(info_path(path), make_manifest(path, {}, onnx, "tensorrt-engine", "fp16", None, None,
+                                                     current_system(), {}))
+    return path
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["execute_async_v3", "execute_async_v2"])
+@pytest.mark.parametrize("input_dtype", [np.float32, np.float16])
+def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                        legacy: bool, input_dtype: Any) -> None:
+    from edge.gpu.cuda_preprocess import CudaPreprocessor
+    from edge.gpu.tensorrt_backend import TensorRTBackend
+
+    def no_driver() -> None:
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr("edge.gpu.tensorrt_backend._GraphApi", no_driver)
+    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt(input_dtype, legacy))
+    engine = write_engine(str(tmp_path / "model.engine"))
+    backend = TensorRTBackend(engine, cuda_graph=True)
+    pre = CudaPreprocessor(PreprocessConfig(), backend)  # before load(), as edge.factory does
+    cpu = CpuPreprocessor(PreprocessConfig())
+    with backend:
+        assert backend.input_shape == (1, 3, 224, 224)
+        info = backend.describe()
+        assert (info["backend"], info["precision"], info["gpu"]) == ("tensorrt", "fp16", "Simulated Orin")
+        for seed in range(3):
+            f = frame(720, 1280, seed)
+            tensor = pre(f)
+            assert tensor.ptr == int(backend._device["input"]) and tensor.dtype == np.dtype(input_dtype)
+            expected = sim_gpu.reference_logits(cpu(f))
+            tol = 1e-4 if input_dtype == np.float32 else 1e-2
+            np.testing.assert_allclose(backend.infer(tensor), expected, atol=tol, rtol=tol)
+            assert (backend.last_preprocess_ms, backend.last_infer_ms) == (0.25, 0.25)
+            np.testing.assert_allclose(backend.infer(cpu(f)), expected, atol=tol, rtol=tol)  # NumPy: copied in
+            assert backend.last_preprocess_ms is None
+        assert backend.graph_status == "off (capture failed: libcuda.so.1: cannot open shared object file)"
+    assert not sim_gpu.Allocation.live and sim.context.detached  # closing the backend closed its preprocessor
+
+
+def test_manifest_mismatch_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from edge.gpu.tensorrt_backend import TensorRTBackend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
+    engine = write_engine(str(tmp_path / "model.engine"))
+    monkeypatch.setattr(sys.modules["tensorrt"], "__version__", "10.4.0")  # the device was upgraded
+    with pytest.raises(EdgeError, match="system.tensorrt"):
+        TensorRTBackend(engine).load()
+
+
+def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from edge.gpu.tensorrt_backend import TensorRTBackend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
+    engine = write_engine(str(tmp_path / "model.engine"))
+    with open(engine, "wb") as fh:
+        fh.write(b"garbage")
+    monkeypatch.setattr("edge.gpu.tensorrt_backend.check_engine_manifest", lambda path: {})
+    backend = TensorRTBackend(engine)
+    with pytest.raises(EdgeError, match="cannot deserialise") as info:
+        backend.load()
+    assert "\n" not in str(info.value)
+    assert not sim_gpu.Allocation.live and sim.context.detached
+
+
+def test_stub_only_tensorrt_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from edge.gpu.tensorrt_backend import TensorRTBackend
+
+    stub = types.ModuleType("tensorrt")  # what tensorrt-stubs alone imports as: no __file__
+    monkeypatch.setitem(sys.modules, "tensorrt", stub)
+    with pytest.raises(EdgeError, match="only type stubs"):
+        TensorRTBackend(str(tmp_path / "x.engine")).load()
+
+
+class ReplayGraphs:
+    """_GraphApi stand-in: capture records what was queued, launch replays it (as a CUDA graph would)."""
+
+    def __init__(self) -> None:
+        self.graphs: dict = {}
+        self.launches = 0
+
+    def capture(self, stream: int, enqueue: Any) -> int:
+        self.graphs[len(self.graphs) + 1] = enqueue
+        return len(self.graphs)
+
+    def launch(self, graph_exec: int, stream: int) -> None:
+        self.launches += 1
+        self.graphs[graph_exec]()
+
+    def destroy(self, graph_exec: int) -> None:
+        del self.graphs[graph_exec]
+
+
+@pytest.mark.parametrize("graph_ms,kept", [(0.5, True), (0.99, False)])
+def test_cuda_graph_kept_only_when_faster(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                          graph_ms: float, kept: bool) -> None:
+    from edge.gpu import tensorrt_backend
+    from edge.gpu.cuda_preprocess import CudaPreprocessor
+
+    graphs = ReplayGraphs()
+    timings = iter([1.0, graph_ms] * 2)  # direct, then graph: per frame size tried
+    monkeypatch.setattr(tensorrt_backend, "_GraphApi", lambda: graphs)
+    monkeypatch.setattr(tensorrt_backend.TensorRTBackend, "_time_launches", lambda self, launch: next(timings))
+    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
+    backend = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), cuda_graph=True)
+    pre = CudaPreprocessor(PreprocessConfig(), backend)
+    cpu = CpuPreprocessor(PreprocessConfig())
+    with backend:
+        for i, (h, w) in enumerate([(720, 1280)] * 4 + [(480, 640)] * 3):
+            f = frame(h, w, i)
+            tensor = pre(f)
+            np.testing.assert_allclose(backend.infer(tensor), sim_gpu.reference_logits(cpu(f)), atol=1e-4)
+            if i in (1, 2, 3, 6) and kept:  # replayed: the kernel ran inside the graph, not in pre()
+                assert tensor.pending and backend.last_preprocess_ms is None
+        assert backend.graph_status.startswith("on" if kept else "off (no gain")
+        assert graphs.launches == (4 if kept else 0) and pre.deferred == kept
+        assert len(graphs.graphs) == (1 if kept else 0)  # the 720p graph was dropped when the size changed
+    assert not graphs.graphs

@@ -1,0 +1,112 @@
+"""mypy on edge/gpu against tensorrt-stubs (mypy.ini): the GPU code is checked without a GPU.
+
+tensorrt-stubs 10.13.0.35.1 has five lines Python cannot parse (a parameter named `in`, a
+non-default parameter after defaults); mypy stops at them. A copy with those lines repaired is
+put on MYPYPATH, which mypy reads before site-packages. Nothing else in the stubs is changed.
+"""
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Dict, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STUB_PACKAGES = ("tensorrt", "tensorrt_bindings")
+
+
+def _repair(text: str) -> str:
+    text = re.sub(r"\bin: ", "in_: ", text)  # `in` is a keyword
+    return text.replace("power: Weights = None, channel_axis: int)", "power: Weights = None, channel_axis: int = ...)")
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, str]:
+    """(MYPYPATH holding the repaired stubs, tensorrt-stubs version)."""
+    try:
+        stub_version = version("tensorrt-stubs")
+    except PackageNotFoundError:
+        pytest.skip("tensorrt-stubs not installed (pip install tensorrt-stubs; Python >= 3.10)")
+    import tensorrt_stubs  # installed with the stubs: locates site-packages
+
+    site = Path(tensorrt_stubs.__file__).resolve().parent.parent
+    out = tmp_path_factory.mktemp("typings")
+    for package in STUB_PACKAGES:
+        for src in (site / package).glob("*.pyi"):
+            text = _repair(src.read_text(encoding="utf-8"))
+            ast.parse(text)  # every stub parses after the repair
+            (out / package).mkdir(exist_ok=True)
+            (out / package / src.name).write_text(text, encoding="utf-8")
+    return out, stub_version
+
+
+def mypy(mypy_path: Path, *targets: str, cwd: Path = ROOT) -> "subprocess.CompletedProcess[str]":
+    env: Dict[str, str] = dict(os.environ, MYPYPATH=str(mypy_path))
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(cwd / "mypy.ini"),
+                           "--no-incremental", *targets], cwd=str(cwd), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+
+
+def test_stubs_describe_tensorrt_10(stubs: Tuple[Path, str]) -> None:
+    path, stub_version = stubs
+    text = (path / "tensorrt" / "__init__.pyi").read_text(encoding="utf-8")
+    match = re.search(r"__version__: str = '([^']+)'", text)
+    assert match is not None
+    print("tensorrt-stubs", stub_version, "describes TensorRT", match.group(1))
+    assert stub_version.startswith("10.")
+
+
+def test_edge_gpu_typechecks(stubs: Tuple[Path, str]) -> None:
+    proc = mypy(stubs[0], "edge/gpu")
+    assert proc.returncode == 0, proc.stdout
+
+
+PROBE = '''
+import tensorrt as trt
+
+def probe(engine: trt.ICudaEngine, context: trt.IExecutionContext, stream: int) -> None:
+    name: str = engine.get_tensor_name(engine.num_io_tensors - 1)
+    mode: trt.TensorIOMode = engine.get_tensor_mode(name)
+    dtype: trt.DataType = engine.get_tensor_dtype(name)
+    shape: trt.Dims = engine.get_tensor_shape(name)
+    ok: bool = context.set_tensor_address(name, 0) and context.execute_async_v3(stream)
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    again: trt.ICudaEngine = runtime.deserialize_cuda_engine(b"")
+    wrong: int = engine.get_tensor_name(0)
+    {call}
+'''
+
+
+def test_stubs_cover_the_calls_and_a_misspelling_fails(stubs: Tuple[Path, str], tmp_path: Path) -> None:
+    """The names the backend uses are typed (not Any): a wrong type and a misspelt name are both errors."""
+    for call, expected in (("engine.get_tensor_name(0)", None),
+                           ("engine.get_tensor_nam(0)", '"ICudaEngine" has no attribute "get_tensor_nam"'),
+                           ("context.execute_async_v4(stream)", '"IExecutionContext" has no attribute')):
+        probe = tmp_path / "probe_trt.py"
+        probe.write_text(PROBE.format(call=call), encoding="utf-8")
+        proc = mypy(stubs[0], str(probe))
+        assert proc.returncode != 0, proc.stdout
+        assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in proc.stdout
+        assert proc.stdout.count("error:") == (1 if expected is None else 2), proc.stdout
+        if expected is not None:
+            assert expected in proc.stdout, proc.stdout
+
+
+def test_misspelt_call_in_the_backend_fails(stubs: Tuple[Path, str], tmp_path: Path) -> None:
+    """The backend's own TensorRT calls are checked: misspell one in a copy of the package."""
+    copy = tmp_path / "repo"
+    shutil.copytree(str(ROOT / "edge"), str(copy / "edge"), ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(str(ROOT / "mypy.ini"), str(copy / "mypy.ini"))
+    backend = copy / "edge" / "gpu" / "tensorrt_backend.py"
+    source = backend.read_text(encoding="utf-8")
+    assert "engine.get_tensor_name(" in source
+    backend.write_text(source.replace("engine.get_tensor_name(", "engine.get_tensor_nam("), encoding="utf-8")
+    proc = mypy(stubs[0], "edge/gpu", cwd=copy)
+    assert proc.returncode != 0
+    assert '"ICudaEngine" has no attribute "get_tensor_nam"' in proc.stdout, proc.stdout
