@@ -10,7 +10,7 @@ setup(
     package_data={"edge": ["cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp"]},
     install_requires=["numpy>=1.19", "pyyaml>=5.3", "onnx>=1.12"],
     extras_require={
-        "cpu": ["onnxruntime>=1.12", "opencv-python-headless>=4.5"],
+        "cpu": ["onnxruntime>=1.12", "opencv-python-headless>=4.5", "tqdm>=4"],
         # TensorRT and a GStreamer-enabled OpenCV come from JetPack's apt packages, not PyPI.
         "jetson": ["pycuda>=2021.1", "jetson-stats>=4.2"],
         "export": ["torch>=1.12", "torchvision>=0.13"],

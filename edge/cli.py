@@ -31,7 +31,9 @@ def config_from_args(args: argparse.Namespace, extra: Optional[Dict[str, Any]] =
 def cmd_run(args: argparse.Namespace) -> int:
     from .runtime import run
 
-    run(config_from_args(args, {"runtime.frames": args.frames}))
+    extra = {"runtime.frames": args.frames}
+    # SIGHUP re-reads the config file and re-applies the same flags.
+    run(config_from_args(args, extra), reload_config=lambda: config_from_args(args, extra))
     return EXIT_OK
 
 
@@ -59,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="output .onnx (default engines/<arch>.onnx)")
     export.add_argument("--seed", type=int, default=0, help="seed for random weights")
     export.set_defaults(func=cmd_export)
+
+    from .build import add_build_parser, add_calibrate_parser, add_rollback_parser
+    from .check import add_check_parser
+    from .demo import add_demo_parser
+    from .rebuild import add_rebuild_parser
+
+    for add in (add_build_parser, add_calibrate_parser, add_rollback_parser, add_check_parser,
+                add_rebuild_parser, add_demo_parser):
+        add(sub)
     return parser
 
 

@@ -1,0 +1,269 @@
+"""Helpers shared by the service tests: a real sd_notify listener, configs, injectable sources and backends."""
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+
+import numpy as np
+import yaml
+
+from edge.backends.onnxruntime_backend import OnnxRuntimeBackend
+from edge.config import load_config
+from edge.log import JsonLog
+from edge.preprocess import CpuPreprocessor
+from edge.sources import Capture, SyntheticCapture
+
+
+class NotifyListener:
+    """A real AF_UNIX datagram socket, like systemd's notify socket; collects (time, message) pairs.
+
+    `abstract=True` binds in the abstract namespace and exports the `@name` form of NOTIFY_SOCKET."""
+
+    def __init__(self, tmp_path, abstract=False):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        if abstract:
+            name = "edge-test-{}-{}".format(os.getpid(), id(self))
+            self.sock.bind("\0" + name)
+            self.address = "@" + name
+        else:
+            self.address = str(tmp_path / "notify.sock")
+            self.sock.bind(self.address)
+        self.sock.settimeout(0.1)
+        self.messages = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.messages.append((time.monotonic(), data.decode()))
+
+    def fields(self):
+        """Every KEY=value line received, with its arrival time."""
+        return [(t, line) for t, msg in list(self.messages) for line in msg.split("\n") if line]
+
+    def lines(self, key):
+        return [(t, line) for t, line in self.fields() if line.startswith(key + "=")]
+
+    def wait_for(self, key, timeout=20.0, after=0.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hits = [(t, line) for t, line in self.lines(key) if t >= after]
+            if hits:
+                return hits[0]
+            time.sleep(0.02)
+        raise AssertionError("no {}= within {} s; got {}".format(key, timeout, self.fields()))
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=1)
+        self.sock.close()
+        if not self.address.startswith("@") and os.path.exists(self.address):
+            os.remove(self.address)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def json_lines(text):
+    out = []
+    for line in text.splitlines():
+        if line.startswith("<") and ">" in line[:4]:
+            line = line[line.index(">") + 1:]
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def write_config(path, data):
+    with open(str(path), "w") as fh:
+        yaml.safe_dump(data, fh)
+    return str(path)
+
+
+def copy_model(model, dest_dir, stem):
+    """Install a copy of `model` (with its labels and info sidecar) as dest_dir/stem.onnx."""
+    os.makedirs(str(dest_dir), exist_ok=True)
+    base = os.path.splitext(model)[0]
+    for ext in (".onnx", ".labels.txt", ".json"):
+        if os.path.exists(base + ext):
+            shutil.copy(base + ext, os.path.join(str(dest_dir), stem + ext))
+    return os.path.join(str(dest_dir), stem + ".onnx")
+
+
+def service_config(model, **overrides):
+    """A fast in-process config: tiny synthetic frames, CPU stages, quick reconnects, no metrics/telemetry."""
+    values = {"model.path": model, "source.uri": "synthetic", "source.width": 96, "source.height": 72,
+              "source.fps": 100.0, "source.timeout_s": 0.5, "backend.kind": "onnxruntime",
+              "preprocess.device": "cpu", "runtime.warmup": 2, "runtime.budget_ms": 1000.0,
+              "service.metrics.enabled": False, "service.telemetry.enabled": False,
+              "service.reconnect_initial_s": 0.05, "service.reconnect_max_s": 0.2}
+    values.update(overrides)
+    return load_config(None, values)
+
+
+class ListLog(JsonLog):
+    """JsonLog that keeps the records (and still formats them as the real one does)."""
+
+    def __init__(self):
+        super().__init__(stream=open(os.devnull, "w"))
+        self.records = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event, level="info", **fields):
+        with self._lock:
+            self.records.append(dict(fields, event=event, level=level))
+        super().__call__(event, level, **fields)
+
+    def events(self, name):
+        with self._lock:
+            return [r for r in self.records if r["event"] == name]
+
+
+class DropoutCapture(SyntheticCapture):
+    """A synthetic camera that goes away: after `good` frames, reads return None (lost stream) and opening
+    fails until `down_s` seconds have passed, then it works again."""
+
+    def __init__(self, good=30, down_s=0.6, fail_with=None):
+        super().__init__(64, 48, 200.0, variants=2)
+        self.description = "dropout camera"
+        self.good, self.down_s, self.fail_with = good, down_s, fail_with
+        self.reads = 0
+        self.opens = 0
+        self.down_until = None
+
+    def open(self):
+        self.opens += 1
+        if self.down_until is not None and time.monotonic() < self.down_until:
+            raise IOError("camera not present")
+        if not self.frames:
+            super().open()
+
+    def read(self):
+        self.reads += 1
+        if self.down_until is None and self.reads > self.good:
+            self.down_until = time.monotonic() + self.down_s
+        if self.down_until is not None and time.monotonic() < self.down_until:
+            if self.fail_with is not None:
+                raise self.fail_with
+            return None
+        return super().read()
+
+
+class BrokenFramesCapture(SyntheticCapture):
+    """Delivers `broken` empty images in a row after `good` frames, then recovers (after a reopen)."""
+
+    live = True
+
+    def __init__(self, good=10, broken=8):
+        super().__init__(64, 48, 200.0, variants=2)
+        self.good, self.broken_left = good, broken
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        if self.reads > self.good and self.broken_left > 0:
+            self.broken_left -= 1
+            return np.zeros((0, 0, 3), np.uint8)
+        return super().read()
+
+
+class HangingCapture(SyntheticCapture):
+    """The first instance hangs in read() (a driver that never returns) after `good` frames; `release` ends it."""
+
+    instances = []
+
+    def __init__(self, good=20):
+        super().__init__(64, 48, 200.0, variants=2)
+        self.good = good if not HangingCapture.instances else 10 ** 9
+        self.reads = 0
+        self.release = threading.Event()
+        self.closed = False
+        HangingCapture.instances.append(self)
+
+    def read(self):
+        self.reads += 1
+        if self.reads > self.good:
+            self.release.wait(30)
+            return None
+        return super().read()
+
+    def close(self):
+        self.closed = True
+
+
+class RaisingCapture(Capture):
+    """A camera whose open() and read() raise: the first `bad_opens` reopenings fail."""
+
+    live = True
+    description = "raising camera"
+
+    def __init__(self, bad_opens=3, good=5):
+        self.bad_opens, self.good = bad_opens, good
+        self.opens = 0
+        self.reads = 0
+
+    def open(self):
+        self.opens += 1
+        if 1 < self.opens <= 1 + self.bad_opens:
+            raise IOError("device busy")
+
+    def read(self):
+        self.reads += 1
+        time.sleep(0.002)
+        if self.opens == 1 and self.reads > self.good:
+            raise IOError("VIDIOC_DQBUF: No such device")
+        return np.full((48, 64, 3), self.reads % 255, np.uint8)
+
+
+class ControlledBackend(OnnxRuntimeBackend):
+    """The real ONNX Runtime backend, with hooks: hang on an Event, fail or slow down chosen calls."""
+
+    def __init__(self, model, slow_every=0, slow_s=0.0, fail_every=0):
+        super().__init__(model)
+        self.calls = 0
+        self.slow_every, self.slow_s, self.fail_every = slow_every, slow_s, fail_every
+        self.hang = threading.Event()  # set: the next infer() blocks until `release` is set
+        self.release = threading.Event()
+        self.hanging = threading.Event()
+
+    def infer(self, tensor):
+        self.calls += 1
+        if self.hang.is_set():
+            self.hanging.set()
+            self.release.wait(30)
+            self.hang.clear()
+            self.hanging.clear()
+        if self.fail_every and self.calls % self.fail_every == 0:
+            raise RuntimeError("injected inference failure")
+        if self.slow_every and self.calls % self.slow_every == 0:
+            time.sleep(self.slow_s)
+        return super().infer(tensor)
+
+
+def stages_with(backend):
+    """A stages_factory for Runtime: CPU preprocessing and the given backend."""
+    def factory(cfg):
+        return CpuPreprocessor(cfg.preprocess), backend, "test backend"
+    return factory
+
+
+def wait_until(predicate, timeout=10.0, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

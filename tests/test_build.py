@@ -1,0 +1,456 @@
+"""`edge build` end to end on a trained model: install, manifest, staleness, every failure leaving the installed
+artifact untouched, input checks naming the field, rollback, and the calibrate subcommands."""
+
+import argparse
+import errno
+import json
+import os
+import shutil
+
+import pytest
+import yaml
+
+from edge import artifacts, quantize
+from edge.build import (
+    add_build_parser,
+    add_calibrate_parser,
+    add_rollback_parser,
+    artifact_status,
+    check_inputs,
+    source_model,
+)
+from edge.calibration import import_calibration_set, load_calibration_set
+from edge.config import load_config
+from edge.errors import EdgeError
+from edge.export import sha256_file
+from edge.modelinfo import read_model_info
+from edge.quantize import validate_qdq
+
+from trained_model import digits, digits_qdq  # noqa: F401  (session fixtures)
+
+quiet = lambda *a: None  # noqa: E731
+
+
+def cli(*argv):
+    parser = argparse.ArgumentParser(prog="edge")
+    sub = parser.add_subparsers(dest="command")
+    for add in (add_build_parser, add_calibrate_parser, add_rollback_parser):
+        add(sub)
+    args = parser.parse_args([str(a) for a in argv])
+    return args.func(args)
+
+
+def write_config(folder, digits, **build):  # noqa: F811
+    cfg = {"model": {"path": digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
+           "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
+                          "engines_dir": os.path.join(str(folder), "engines")}, **build)}
+    path = os.path.join(str(folder), "edge.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(cfg, fh)
+    return path
+
+
+def snapshot(engines):
+    """Every installed file's hash (gate reports excluded: a failed gate writes its report by design)."""
+    out = {}
+    for root, _, files in os.walk(engines):
+        for name in files:
+            if not name.endswith(".gate.json"):
+                out[os.path.relpath(os.path.join(root, name), engines)] = sha256_file(os.path.join(root, name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(digits, tmp_path_factory):  # noqa: F811
+    folder = tmp_path_factory.mktemp("build")
+    config = write_config(folder, digits)
+    assert cli("build", "--config", config, "--no-progress") == 0
+    return config, os.path.join(str(folder), "engines")
+
+
+def test_build_installs_validated_qdq_model_with_manifest(built, digits):  # noqa: F811
+    config, engines = built
+    artifact = os.path.join(engines, "digits.int8.onnx")
+    assert validate_qdq(artifact) == []
+    manifest = read_model_info(artifact)
+    assert manifest["trained"] is True and manifest["arch"] == "mobilenet_v3_small"
+    assert manifest["format"] == "onnx-qdq" and manifest["precision"] == "int8"
+    assert manifest["sha256"] == sha256_file(artifact)
+    assert manifest["source"]["sha256"] == sha256_file(digits.onnx)
+    assert manifest["calibration"]["sha256"] == load_calibration_set(digits.calibration).sha256
+    assert manifest["calibration"]["method"] == "minmax" and manifest["calibration"]["exclude_sensitive"] is True
+    assert manifest["gate"]["passed"] is True and manifest["gate"]["enforced"] is True
+    assert manifest["gate"]["agreement"] >= 0.98 and manifest["gate"]["samples"] == 297
+    assert manifest["system"]["onnxruntime"] and "l4t" in manifest["system"]
+    assert manifest["build"]["command"] == "edge build --config " + config
+    assert open(os.path.join(engines, "digits.int8.labels.txt")).read().split() == [str(i) for i in range(10)]
+    report = json.load(open(os.path.join(engines, "digits.int8.gate.json")))
+    assert report["passed"] is True and report["artifact"] == artifact
+    assert [n for n in os.listdir(engines) if n.startswith(".")] == []
+
+
+def test_artifact_status_follows_the_inputs(built):
+    config, _ = built
+    assert artifact_status(load_config(config)) == (True, "")
+    current, reason = artifact_status(load_config(config, {"build.method": "entropy"}))
+    assert not current
+    assert "built for calibration.method 'minmax', expected 'entropy'" in reason
+    assert reason.endswith("rebuild with: edge build --config " + config)
+
+
+@pytest.fixture
+def small_set(digits, tmp_path):  # noqa: F811
+    src = tmp_path / "few"
+    src.mkdir()
+    for name in load_calibration_set(digits.calibration).files[:10]:
+        shutil.copy(os.path.join(digits.calibration, name), str(src / name))
+    return import_calibration_set(str(src), str(tmp_path / "few-set"), min_images=1, log=quiet).root
+
+
+def _interrupt_calibration(monkeypatch):
+    calls = []
+    real = quantize.PreprocessedReader.get_next
+
+    def get_next(self):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(quantize.PreprocessedReader, "get_next", get_next)
+
+
+def _disk_full(monkeypatch):
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", dst)
+
+    monkeypatch.setattr(artifacts, "_link_or_copy", full)
+
+
+@pytest.mark.parametrize("case", ["bad onnx", "too few images", "gate failure", "disk full", "interrupted"])
+def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, small_set, tmp_path,  # noqa: F811
+                                                                monkeypatch, case):
+    config, engines = built
+    before = snapshot(engines)
+    assert before  # something is installed
+    argv = ["build", "--config", config, "--no-progress"]
+    expected = {"bad onnx": (2, "not a valid ONNX model"), "too few images": (2, "build.calibration_dir"),
+                "gate failure": (1, "accuracy gate failed"), "disk full": (1, "No space left on device")}
+    if case == "bad onnx":
+        bad = tmp_path / "digits.onnx"
+        bad.write_bytes(b"\x08\x07garbage")
+        argv += ["--model", str(bad)]
+    elif case == "too few images":
+        argv += ["--calibration", small_set]
+    elif case == "gate failure":
+        argv += ["--calibration", digits.grey_calibration]
+    elif case == "disk full":
+        _disk_full(monkeypatch)
+    else:
+        _interrupt_calibration(monkeypatch)
+    if case == "interrupted":
+        with pytest.raises(KeyboardInterrupt):
+            cli(*argv)
+    else:
+        code, text = expected[case]
+        with pytest.raises(EdgeError, match=text) as err:
+            cli(*argv)
+        assert err.value.exit_code == code and "\n" not in str(err.value)
+    assert snapshot(engines) == before
+    assert [n for n in os.listdir(engines) if n.startswith(".")] == []
+    if case == "gate failure":
+        assert json.load(open(os.path.join(engines, "digits.int8.gate.json")))["passed"] is False
+    if case == "too few images":
+        assert "has 10 images, at least 32 needed" in str(err.value)
+
+
+def test_inputs_are_checked_up_front_naming_the_field(digits, tmp_path):  # noqa: F811
+    def refused(match, engine=False, calibrator=False, **overrides):
+        cfg = load_config(write_config(tmp_path, digits), overrides)
+        with pytest.raises(EdgeError, match=match):
+            check_inputs(cfg, engine=engine, calibrator=calibrator)
+
+    refused(r"input shape \[1, 3, 64, 64\] does not match preprocess.crop 224", **{"preprocess.resize": 256,
+                                                                                  "preprocess.crop": 224})
+    refused("build.precision fp16 .*need --engine", **{"build.precision": "fp16"})
+    refused(r"calibration set \(build.calibration_dir in .*edge.yaml\) not found",
+            **{"build.calibration_dir": str(tmp_path / "nowhere")})
+    refused(r"regression set \(build.regression_dir", **{"build.regression_dir": str(tmp_path / "nowhere")})
+    refused("source model not found", **{"model.path": str(tmp_path / "missing.onnx")})
+    refused("--calibrator: TensorRT calibration applies to INT8 engines only", calibrator=True)
+    refused("no TensorRT runtime", engine=True)
+    assert source_model("engines/m.int8.engine") == "engines/m.onnx"
+    assert source_model("engines/m.onnx") == "engines/m.onnx"
+
+
+def test_untrained_model_builds_with_gate_recorded_but_not_enforced(small_model, tmp_path, capsys):
+    engines = tmp_path / "engines"
+    config = tmp_path / "edge.yaml"
+    config.write_text(yaml.safe_dump({"model": {"path": small_model}, "build": {"engines_dir": str(engines)}}))
+    assert cli("build", "--config", config, "--no-progress") == 0
+    manifest = read_model_info(str(engines / "mobilenet_v3_small.int8.onnx"))
+    assert manifest["trained"] is False and manifest["gate"]["enforced"] is False
+    assert manifest["calibration"]["images"] == 64 and manifest["gate"]["samples"] == 100
+    out = capsys.readouterr().out
+    assert "gate: " in out and "install: " in out
+
+
+def test_rollback_restores_the_previous_build(built, digits, tmp_path):  # noqa: F811
+    config, engines = built
+    mine = str(tmp_path / "engines")
+    shutil.copytree(engines, mine)
+    config = write_config(tmp_path, digits, engines_dir=mine)
+    assert cli("build", "--config", config, "--method", "percentile", "--no-progress") == 0
+    artifact = os.path.join(mine, "digits.int8.onnx")
+    assert read_model_info(artifact)["calibration"]["method"] == "percentile"
+    assert read_model_info(os.path.join(mine, "previous", "digits.int8.onnx"))["calibration"]["method"] == "minmax"
+    assert cli("rollback", "--config", config) == 0
+    assert read_model_info(artifact)["calibration"]["method"] == "minmax"
+    artifacts.check_manifest(artifact, {"source.sha256": sha256_file(digits.onnx)})
+
+
+def test_calibrate_import_and_capture_commands(digits, video_file, tmp_path):  # noqa: F811
+    out = str(tmp_path / "imported")
+    assert cli("calibrate", "import", os.path.join(digits.root, "raw", "calibration"), out, "--min-images", 10) == 0
+    assert len(load_calibration_set(out)) == 64
+    captured = str(tmp_path / "captured")
+    assert cli("calibrate", "capture", captured, "--source", video_file, "--every", 3, "--min-diff", 0.5,
+               "--min-images", 2) == 0
+    s = load_calibration_set(captured)
+    assert 2 <= len(s) <= 10 and s.manifest["capture"]["frames_seen"] == 30
+    assert s.manifest["source"] == video_file
+
+
+# --- edge/gpu/tensorrt_build.py against a recording stand-in for TensorRT (no GPU here) ---------------------
+# The stand-in has only what the real API has (per version: 8.5 needs EXPLICIT_BATCH, 11 has no precision flags
+# and no calibrator); it records what the builder was asked for and drives a calibrator as TensorRT does.
+
+
+class FakeSession:
+    """edge.gpu.cuda_preprocess.CudaSession's surface: host memory stands in for device memory."""
+
+    def __init__(self):
+        self.copies = []
+        session = self
+
+        class Drv:
+            @staticmethod
+            def mem_alloc(nbytes):
+                return type("DevicePointer", (), {"__int__": lambda self: 0x7000})()
+
+            @staticmethod
+            def memcpy_htod(device, array):
+                session.copies.append(array.copy())
+
+        self.drv = Drv
+        self.released = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def gpu_name(self):
+        return "Fake GPU 8GB"
+
+    def release(self):
+        self.released = True
+
+
+def fake_tensorrt(version):
+    import types
+
+    import onnx
+
+    major = int(version.split(".")[0])
+    trt = types.ModuleType("tensorrt")
+    trt.__version__ = version
+    trt.calls = []
+    trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, severity: None})
+    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(EXPLICIT_BATCH=0)
+    trt.LayerType = types.SimpleNamespace(QUANTIZE="QUANTIZE", OTHER="OTHER")
+    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
+    trt.BuilderFlag = types.SimpleNamespace(**({} if major >= 11 else {"INT8": "INT8", "FP16": "FP16"}))
+
+    class IInt8EntropyCalibrator2:
+        def __init__(self):
+            pass
+
+    class Error:
+        def __init__(self, desc, node):
+            self._desc, self._node = desc, node
+
+        def desc(self):
+            return self._desc
+
+        def node_name(self):
+            return self._node
+
+    class Network:
+        def __init__(self, flags):
+            self.flags, self.layers = flags, []
+            trt.calls.append(("create_network", flags))
+
+        @property
+        def num_layers(self):
+            return len(self.layers)
+
+        def get_layer(self, i):
+            return types.SimpleNamespace(type=self.layers[i])
+
+    class OnnxParser:
+        def __init__(self, network, logger):
+            self.network, self.errors = network, []
+
+        def parse(self, data):
+            try:
+                model = onnx.load_from_string(data)
+            except Exception:
+                self.errors.append(Error("Failed to parse ONNX model from file\nsecond line", "(none)"))
+                return False
+            self.network.layers = ["QUANTIZE" if n.op_type == "QuantizeLinear" else "OTHER" for n in model.graph.node]
+            return True
+
+        @property
+        def num_errors(self):
+            return len(self.errors)
+
+        def get_error(self, i):
+            return self.errors[i]
+
+    class TimingCache:
+        def __init__(self, data):
+            self.data = bytes(data)
+
+        def serialize(self):
+            return self.data + b"+"
+
+    class Config:
+        def __init__(self):
+            self.flags, self.pools, self.timing = [], {}, None
+            if major < 11:
+                self.int8_calibrator = None
+
+        def set_memory_pool_limit(self, pool, size):
+            self.pools[pool] = size
+
+        def set_flag(self, flag):
+            self.flags.append(flag)
+
+        def create_timing_cache(self, data):
+            return TimingCache(data)
+
+        def set_timing_cache(self, cache, ignore_mismatch):
+            self.timing = cache
+            return True
+
+        def get_timing_cache(self):
+            return self.timing
+
+    class Builder:
+        def __init__(self, logger):
+            pass
+
+        def create_network(self, flags=0):
+            return Network(flags)
+
+        def create_builder_config(self):
+            return Config()
+
+        def build_serialized_network(self, network, config):
+            calibrator = getattr(config, "int8_calibrator", None)
+            batches = 0
+            if calibrator is not None:
+                cache = calibrator.read_calibration_cache()
+                if cache is None:
+                    while calibrator.get_batch(["input"]) is not None:
+                        batches += 1
+                    calibrator.write_calibration_cache(b"TRT-100300-EntropyCalibration2\ninput: 3c010a14\n")
+            trt.calls.append(("build", sorted(config.flags), dict(config.pools), config.timing.data, batches))
+            return b"ENGINE " + " ".join(sorted(config.flags)).encode()
+
+    trt.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
+    trt.OnnxParser, trt.Builder = OnnxParser, Builder
+    return trt
+
+
+@pytest.fixture
+def fake_trt(monkeypatch):
+    import sys
+
+    from edge.gpu import tensorrt_build
+
+    sessions = []
+
+    def install(version):
+        trt = fake_tensorrt(version)
+        monkeypatch.setitem(sys.modules, "tensorrt", trt)
+        monkeypatch.setattr(tensorrt_build, "CudaSession", lambda: sessions.append(FakeSession()) or sessions[-1])
+        return trt, sessions
+
+    return install
+
+
+def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version="10.3.0"):  # noqa: F811
+    from edge.gpu.tensorrt_build import build_engine
+
+    lines = []
+    info = build_engine(onnx_path, str(tmp_path / "engines" / "m.engine"), precision, 256, images, digits.preprocess,
+                        sha256_file(digits.onnx), str(tmp_path / "calibration" / "cache"), lines.append)
+    return info, lines
+
+
+@pytest.mark.parametrize("version, network_flags, precision_flags", [
+    ("8.5.2", 1, ["FP16", "INT8"]), ("10.3.0", 0, ["FP16", "INT8"]), ("11.4.1", 0, [])])
+def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_path, version,  # noqa: F811
+                                              network_flags, precision_flags):
+    trt, sessions = fake_trt(version)
+    info, lines = _engine(digits, tmp_path, digits_qdq, version=version)
+    assert info["mode"] == "int8-explicit-qdq" and info["tensorrt"] == version and info["gpu"] == "Fake GPU 8GB"
+    assert trt.calls[0] == ("create_network", network_flags)  # EXPLICIT_BATCH only before TensorRT 10
+    _, flags, pools, timing_in, batches = trt.calls[1]
+    assert flags == precision_flags and pools == {"WORKSPACE": 256 << 20} and timing_in == b"" and batches == 0
+    engine = tmp_path / "engines" / "m.engine"
+    assert engine.read_bytes() == ("ENGINE " + " ".join(precision_flags)).encode()
+    timing = tmp_path / "engines" / "timing-trt{}-fake-gpu-8gb.cache".format(version)
+    assert info["timing_cache"] == str(timing) and timing.read_bytes() == b"+"
+    assert all(s.released for s in sessions) and "int8-explicit-qdq" in lines[-1]
+    _engine(digits, tmp_path, digits_qdq, version=version)  # the next build starts from the saved timing cache
+    assert trt.calls[-1][3] == b"+"
+
+
+def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cache(fake_trt, digits,  # noqa: F811
+                                                                                   tmp_path):
+    from edge.preprocess import CpuPreprocessor
+
+    trt, sessions = fake_trt("10.3.0")
+    images = load_calibration_set(digits.calibration)
+    info, lines = _engine(digits, tmp_path, digits.onnx, images=images)
+    assert info["mode"] == "int8-implicit-entropy2" and trt.calls[-1][1] == ["FP16", "INT8"]
+    assert trt.calls[-1][4] == len(images) == len(sessions[0].copies)  # one batch per image, then None
+    expected = CpuPreprocessor(digits.preprocess)(images.read(images.files[5]))
+    assert (sessions[0].copies[5] == expected).all()
+    cache = tmp_path / "calibration" / "cache" / "{}-trt10.3.0-fake-gpu-8gb.cache".format(sha256_file(digits.onnx)[:12])
+    assert cache.read_bytes().startswith(b"TRT-100300-EntropyCalibration2\n")
+    assert json.load(open(str(cache) + ".json"))["calibration_sha256"] == images.sha256
+    _, lines = _engine(digits, tmp_path, digits.onnx, images=images)
+    assert trt.calls[-1][4] == 0 and any("calibration skipped" in line for line in lines)
+    grey = load_calibration_set(digits.grey_calibration)  # another set: the cache is not reused
+    _, lines = _engine(digits, tmp_path, digits.onnx, images=grey)
+    assert trt.calls[-1][4] == len(grey) and any("another calibration set" in line for line in lines)
+
+
+def test_tensorrt_11_refuses_what_it_removed_and_parser_errors_are_one_line(fake_trt, digits, tmp_path):  # noqa: F811
+    fake_trt("11.4.1")
+    with pytest.raises(EdgeError, match="TensorRT 11.4.1 has no implicit INT8 calibration"):
+        _engine(digits, tmp_path, digits.onnx, images=load_calibration_set(digits.calibration))
+    with pytest.raises(EdgeError, match="TensorRT 11.4.1 has no FP16 builder flag"):
+        _engine(digits, tmp_path, digits.onnx, precision="fp16")
+    fake_trt("10.3.0")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage")
+    with pytest.raises(EdgeError, match=r"TensorRT cannot parse it: Failed to parse ONNX model from file "
+                                        r"\(node \(none\)\)$") as err:
+        _engine(digits, tmp_path, str(bad))
+    assert err.value.exit_code == 1

@@ -1,0 +1,203 @@
+"""Calibration sets: import of odd files, capture with near-duplicate skipping, atomic writes, the shipped
+default sets, and TensorRT's native calibration cache format."""
+
+import json
+import os
+import struct
+
+import cv2
+import numpy as np
+import pytest
+
+from edge import calibration as cal
+from edge.calibration import (
+    MANIFEST,
+    capture_calibration_set,
+    import_calibration_set,
+    load_calibration_set,
+    make_default_sets,
+    read_trt_calibration_cache,
+    write_trt_calibration_cache,
+)
+from edge.errors import EdgeError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def photo_crops(count, size=96):
+    """Distinct real-photo crops (BGR), deterministic."""
+    import skimage.data
+
+    rgb = skimage.data.astronaut()
+    out = []
+    for i in range(count):
+        y, x = (i * 37) % (512 - size), (i * 53) % (512 - size)
+        out.append(np.ascontiguousarray(rgb[y:y + size, x:x + size, ::-1]))
+    return out
+
+
+def leftovers(parent):
+    return [n for n in os.listdir(parent) if n.startswith(".")]
+
+
+@pytest.fixture
+def odd_folder(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    for i, img in enumerate(photo_crops(6)):
+        cv2.imwrite(str(src / "photo{}.jpg".format(i)), img)
+    cv2.imwrite(str(src / "sub" / "nested.jpg"), photo_crops(7)[6])
+    (src / "zero.jpg").write_bytes(b"")
+    (src / "text.jpg").write_text("this is not a JPEG")
+    (src / "notes.txt").write_text("a text file")
+    grey = cv2.cvtColor(photo_crops(1)[0], cv2.COLOR_BGR2GRAY)
+    cv2.imwrite(str(src / "grey.png"), grey)
+    rgba = cv2.cvtColor(photo_crops(2)[1], cv2.COLOR_BGR2BGRA)
+    rgba[:, :, 3] = 128
+    cv2.imwrite(str(src / "rgba.png"), rgba)
+    cv2.imwrite(str(src / "tiny.png"), np.zeros((8, 8, 3), np.uint8))
+    return src
+
+
+def test_import_skips_odd_files_in_one_line_and_converts_grey_and_rgba(odd_folder, tmp_path):
+    lines = []
+    s = import_calibration_set(str(odd_folder), str(tmp_path / "set"), min_images=5, log=lines.append)
+    skipped = [line for line in lines if line.startswith("import: skipped")]
+    assert len(skipped) == 1
+    line = skipped[0]
+    assert "skipped 4 of 13 files" in line
+    for expected in ("1 zero-byte (zero.jpg)", "1 unreadable (text.jpg)", "1 not an image (notes.txt)",
+                     "1 smaller than 32 px (tiny.png)"):
+        assert expected in line, line
+    assert any("TensorRT recommends at least 500" in line for line in lines)
+    assert len(s) == 9 and "sub/nested.jpg" in s.files
+    for name in ("grey.png", "rgba.png"):
+        raw = cv2.imread(os.path.join(s.root, name), cv2.IMREAD_UNCHANGED)
+        assert raw.ndim == 3 and raw.shape[2] == 3, name
+    # An image that needed no conversion is copied byte for byte.
+    assert (odd_folder / "photo0.jpg").read_bytes() == open(os.path.join(s.root, "photo0.jpg"), "rb").read()
+    loaded = load_calibration_set(str(tmp_path / "set"))
+    assert loaded.sha256 == s.sha256 and loaded.files == s.files
+    manifest = json.load(open(os.path.join(s.root, MANIFEST)))
+    assert manifest["skipped"]["zero-byte"] == ["zero.jpg"]
+    assert loaded.label_of("sub/nested.jpg") == "sub" and loaded.label_of("photo0.jpg") is None
+
+
+def test_too_few_images_is_an_error_and_keeps_the_existing_set(odd_folder, tmp_path):
+    out = tmp_path / "set"
+    before = import_calibration_set(str(odd_folder), str(out), min_images=1, log=lambda *a: None)
+    with pytest.raises(EdgeError, match=r"9 usable images, at least 50 needed"):
+        import_calibration_set(str(odd_folder), str(out), min_images=50, log=lambda *a: None)
+    assert load_calibration_set(str(out)).sha256 == before.sha256
+    assert leftovers(str(tmp_path)) == []
+    with pytest.raises(EdgeError, match="at least 50 needed"):
+        import_calibration_set(str(odd_folder), str(tmp_path / "new"), min_images=50, log=lambda *a: None)
+    assert not (tmp_path / "new").exists()
+
+
+def test_interrupted_import_leaves_the_old_set_and_no_temporary_folder(odd_folder, tmp_path, monkeypatch):
+    out = tmp_path / "set"
+    before = import_calibration_set(str(odd_folder), str(out), min_images=1, log=lambda *a: None)
+    calls = []
+    real = cal._sha256_bytes
+
+    def interrupt(data):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(data)
+
+    monkeypatch.setattr(cal, "_sha256_bytes", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        import_calibration_set(str(odd_folder), str(out), min_images=1, log=lambda *a: None)
+    monkeypatch.undo()
+    assert load_calibration_set(str(out)).sha256 == before.sha256
+    assert leftovers(str(tmp_path)) == []
+
+
+def test_load_refuses_changed_files_and_folders_without_manifest(odd_folder, tmp_path):
+    s = import_calibration_set(str(odd_folder), str(tmp_path / "set"), min_images=1, log=lambda *a: None)
+    with open(os.path.join(s.root, "photo1.jpg"), "ab") as fh:
+        fh.write(b"x")
+    with pytest.raises(EdgeError, match="photo1.jpg changed since manifest.json"):
+        load_calibration_set(s.root)
+    assert len(load_calibration_set(s.root, verify=False)) == 9
+    with pytest.raises(EdgeError, match="no manifest.json.*edge calibrate import"):
+        load_calibration_set(str(odd_folder))
+    with pytest.raises(EdgeError, match="has 9 images, at least 10 needed"):
+        load_calibration_set(s.root, min_images=10, verify=False)
+
+
+class FakeFrame:
+    def __init__(self, image):
+        self.image = image
+
+
+def test_capture_keeps_every_kth_frame_and_skips_near_duplicates(tmp_path):
+    distinct = photo_crops(5, size=128)
+    # Each photo shown for 4 frames (a still camera), as objects with .image like edge.sources.Frame.
+    frames = [FakeFrame(img) for img in distinct for _ in range(4)]
+    lines = []
+    s = capture_calibration_set(frames, str(tmp_path / "cap"), every_k=2, max_images=100, min_images=1,
+                                source="test", log=lines.append)
+    assert len(s) == 5  # 10 frames sampled, 5 of them repeats of a kept frame
+    manifest = s.manifest
+    assert manifest["capture"]["near_duplicates"] == 5 and manifest["capture"]["frames_seen"] == 20
+    kept = [cv2.imread(os.path.join(s.root, n)) for n in s.files]
+    assert all(k.shape == (128, 128, 3) for k in kept)
+    assert np.abs(kept[1].astype(int) - distinct[1]).mean() < 3  # JPEG q95 of the real frame
+    assert "5 near-duplicates skipped" in lines[0]
+    capped = capture_calibration_set((f for f in distinct), str(tmp_path / "cap2"), every_k=1, max_images=3,
+                                     log=lambda *a: None)
+    assert len(capped) == 3
+
+
+def test_capture_refuses_bad_frames_and_too_few_images(tmp_path):
+    with pytest.raises(EdgeError, match="not an HxWx3 uint8 BGR image"):
+        capture_calibration_set([np.zeros((64, 64), np.uint8)], str(tmp_path / "a"), every_k=1, log=lambda *a: None)
+    still = [photo_crops(1)[0]] * 10
+    with pytest.raises(EdgeError, match="kept 1 images from 10 frames"):
+        capture_calibration_set(still, str(tmp_path / "b"), every_k=1, min_images=2, log=lambda *a: None)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and leftovers(str(tmp_path)) == []
+
+
+def test_shipped_default_sets_are_valid_small_disjoint_and_reproducible(tmp_path):
+    default = load_calibration_set(os.path.join(REPO, "calibration", "default"), min_images=32)
+    regression = load_calibration_set(os.path.join(REPO, "calibration", "regression"))
+    assert len(default) == 64 and len(regression) == 100
+    hashes = lambda s: {e["sha256"] for e in s.manifest["files"]}  # noqa: E731
+    assert not hashes(default) & hashes(regression)
+    total = 0
+    for s in (default, regression):
+        for e in s.manifest["files"]:
+            assert max(e["width"], e["height"]) <= 640
+            total += os.path.getsize(s.path(e["name"]))
+    assert total < 3e6
+    assert os.path.isfile(os.path.join(REPO, "calibration", "README.md"))
+    new_default, new_regression = make_default_sets(str(tmp_path), log=lambda *a: None)
+    for shipped, new in ((default, new_default), (regression, new_regression)):
+        assert new.files == shipped.files
+        for name in shipped.files[::7]:  # same pixels up to libjpeg differences between OpenCV builds
+            a, b = shipped.read(name).astype(int), new.read(name).astype(int)
+            assert a.shape == b.shape and np.abs(a - b).mean() < 1.0, name
+
+
+def test_trt_calibration_cache_round_trip(tmp_path):
+    amax = {"input": 2.64, "/features/features.0/features.0.0/Conv_output_0": 11.5, "logits": 0.001}
+    path = str(tmp_path / "model.cache")
+    write_trt_calibration_cache(path, amax, 8601)
+    text = open(path).read().splitlines()
+    assert text[0] == "TRT-8601-EntropyCalibration2"
+    assert "input: " + struct.pack(">f", 2.64 / 127).hex() in text
+    version, algorithm, scales = read_trt_calibration_cache(open(path, "rb").read())
+    assert (version, algorithm) == (8601, "EntropyCalibration2")
+    for name, value in amax.items():
+        assert scales[name] == np.float32(value / 127)
+    # A cache as TensorRT writes it (layer names with spaces and colons, unpadded lowercase hex).
+    native = b"TRT-100300-EntropyCalibration2\ninput: 3c010a14\n(Unnamed Layer* 3) [Activation]_output: 3d7ba1e2\n"
+    version, _, scales = read_trt_calibration_cache(native)
+    assert version == 100300
+    assert scales["input"] == struct.unpack(">f", bytes.fromhex("3c010a14"))[0]
+    assert scales["(Unnamed Layer* 3) [Activation]_output"] == struct.unpack(">f", bytes.fromhex("3d7ba1e2"))[0]
+    with pytest.raises(ValueError, match="not a TensorRT calibration cache"):
+        read_trt_calibration_cache(b'{"input": [0, 1]}\n')

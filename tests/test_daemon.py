@@ -1,0 +1,325 @@
+"""`edge run` as a daemon: fault injection and recovery, per-frame logging, signals (SIGTERM, SIGHUP)."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import onnx
+import pytest
+import service_helpers as sh
+
+from edge.errors import EdgeError
+from edge.runtime import Runtime, StopFlag, file_sha256, run
+from edge.sources import LatestFrameGrabber
+
+from conftest import REPO, run_edge
+
+
+def run_in_process(cfg, log, **runtime_kwargs):
+    runtime = Runtime(cfg, log, **runtime_kwargs)
+    return run(cfg, stop=StopFlag(), runtime=runtime), runtime
+
+
+# -- sources that fail -------------------------------------------------------------------------------------
+
+def test_camera_that_disappears_and_comes_back_is_reconnected(small_model):
+    camera = sh.DropoutCapture(good=30, down_s=0.8)
+    log = sh.ListLog()
+    cfg = sh.service_config(small_model, **{"runtime.frames": 60})
+    report, runtime = run_in_process(cfg, log, capture_factory=lambda source: camera)
+    assert report["ended_by"] == "frames" and report["frames"] == 60  # no crash, no restart
+    assert report["faults"] == 1 and report["reconnects"] == 1
+    assert camera.opens >= 3  # the first open, failed reopenings while it was away, the good one
+    fault = log.events("source_fault")[0]
+    assert fault["fault"] == "lost" and fault["level"] == "warning"
+    retries = [e["retry_in_s"] for e in log.events("source_reconnect_failed")]
+    assert retries and retries == sorted(retries) and max(retries) <= 0.2  # exponential, capped
+    assert len(log.events("source_reconnected")) == 1
+    assert log.events("source_timeout"), "0.8 s without frames > source.timeout_s 0.5 s"
+    recovered = log.events("source_recovered")
+    assert recovered and recovered[0]["down_s"] > 0.3
+    assert report["source_timeouts"] >= 1
+
+
+def test_camera_whose_reads_and_reopens_raise_is_retried_with_backoff(small_model):
+    camera = sh.RaisingCapture(bad_opens=3, good=5)
+    log = sh.ListLog()
+    cfg = sh.service_config(small_model, **{"runtime.frames": 30, "source.timeout_s": 2.0})
+    report, _ = run_in_process(cfg, log, capture_factory=lambda source: camera)
+    assert report["frames"] == 30 and report["faults"] == 1 and report["reconnects"] == 1
+    assert "No such device" in log.events("source_fault")[0]["error"]
+    assert [e["retry_in_s"] for e in log.events("source_reconnect_failed")] == [0.1, 0.2, 0.2]
+    assert camera.opens == 5
+
+
+def test_broken_images_are_dropped_and_a_streak_reopens_the_camera():
+    camera = sh.BrokenFramesCapture(good=10, broken=8)
+    events = []
+    grabber = LatestFrameGrabber(camera, 1.0, reconnect_initial_s=0.01, reconnect_max_s=0.05,
+                                 on_event=lambda name, fields: events.append(name), max_broken=5).start()
+    try:
+        frames = [grabber.get() for _ in range(20)]
+    finally:
+        grabber.stop()
+    assert all(f.image.shape == (48, 64, 3) for f in frames)  # no broken image reached the pipeline
+    assert grabber.broken == 8 and grabber.faults == 1 and grabber.reconnects == 1
+    assert events == ["source_fault", "source_reconnected"]
+
+
+def test_a_read_hung_in_the_driver_is_abandoned_and_a_fresh_capture_used(small_model):
+    sh.HangingCapture.instances = []
+    log = sh.ListLog()
+    cfg = sh.service_config(small_model, **{"runtime.frames": 60, "source.timeout_s": 0.4})
+    report, runtime = run_in_process(cfg, log, capture_factory=lambda source: sh.HangingCapture(good=20))
+    first = sh.HangingCapture.instances[0]
+    assert report["frames"] == 60 and report["faults"] == 1
+    assert len(sh.HangingCapture.instances) == 2 and runtime.grabber.capture is sh.HangingCapture.instances[1]
+    assert any(e["hung_read_restarted"] for e in log.events("source_timeout"))
+    assert not first.closed  # never closed under a read in progress...
+    first.release.set()
+    assert sh.wait_until(lambda: first.closed, 5)  # ...the abandoned reader closes it once the read returns
+
+
+def test_stop_is_served_quickly_while_the_source_is_down(small_model):
+    sh.HangingCapture.instances = []
+    cfg = sh.service_config(small_model, **{"source.timeout_s": 30.0})
+    stop = StopFlag()
+    runtime = Runtime(cfg, sh.ListLog(), capture_factory=lambda source: sh.HangingCapture(good=20))
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("report", run(cfg, stop=stop, runtime=runtime)))
+    thread.start()
+    try:
+        assert sh.wait_until(lambda: runtime.grabber is not None and runtime.grabber.stalled_for() > 0.3, 20)
+        started = time.monotonic()
+        stop.event.set()
+        thread.join(timeout=5)
+        took = time.monotonic() - started
+    finally:
+        sh.HangingCapture.instances[0].release.set()
+        stop.event.set()
+        thread.join(timeout=5)
+    assert out["report"]["ended_by"] == "signal None"
+    assert took < 2.0, "stop took {:.2f} s with the source hung".format(took)
+
+
+def test_a_file_without_loop_ends_normally(small_model, video_file, tmp_path):
+    cfg = sh.write_config(tmp_path / "cfg.yaml", {"source": {"uri": video_file, "loop": False, "fps": 30},
+                                                  "runtime": {"warmup": 2},
+                                                  "service": {"telemetry": {"enabled": False}}})
+    proc = run_edge("run", "--config", cfg, "--model", small_model, "--backend", "onnxruntime",
+                    "--preprocess", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    report = sh.json_lines(proc.stdout)[-1]
+    assert report["event"] == "report" and report["ended_by"] == "end of source"
+    assert report["faults"] == 0 and report["reconnects"] == 0  # a file is not a camera: no reconnects
+    assert 0 < report["frames"] <= 30
+
+
+# -- frames that fail or miss --------------------------------------------------------------------------------
+
+def test_inference_errors_are_logged_counted_and_the_loop_continues(small_model):
+    backend = sh.ControlledBackend(small_model, fail_every=4)
+    log = sh.ListLog()
+    cfg = sh.service_config(small_model, **{"runtime.frames": 30, "runtime.warmup": 0})
+    report, _ = run_in_process(cfg, log, stages_factory=sh.stages_with(backend))
+    errors = log.events("frame_error")
+    assert report["frames"] == 30 and report["errors"] == len(errors) >= 9
+    first = errors[0]
+    assert first["error_type"] == "RuntimeError" and "injected inference failure" in first["error"]
+    assert first["frame"] == 4 and first["status"] == "error" and first["consecutive"] == 1
+    assert first["level"] == "warning"
+
+
+def _bad_shape_model(path):
+    """A valid ONNX model whose input is 1x3x100x100: every 224x224 frame fails in ONNX Runtime."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 100, 100])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 30000])
+    graph = helper.make_graph([helper.make_node("Flatten", ["input"], ["logits"])], "bad", [inp], [out])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    (path.parent / (path.stem + ".labels.txt")).write_text("a\nb\n")
+    return str(path)
+
+
+def test_repeated_failures_exit_1_with_one_error_line(tmp_path):
+    model = _bad_shape_model(tmp_path / "bad.onnx")
+    cfg = sh.write_config(tmp_path / "cfg.yaml", {"runtime": {"max_consecutive_errors": 3},
+                                                  "source": {"width": 96, "height": 72},
+                                                  "service": {"telemetry": {"enabled": False}}})
+    proc = run_edge("run", "--config", cfg, "--model", model, "--backend", "onnxruntime", "--preprocess", "cpu")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("edge run: error: 4 consecutive frames failed, last: ")
+    lines = sh.json_lines(proc.stdout)
+    assert [r["event"] for r in lines].count("frame_error") == 3  # the 4th is the exit line itself
+    report = lines[-1]
+    assert report["event"] == "report" and report["ended_by"] == "too many errors" and report["level"] == "error"
+
+
+def test_a_miss_names_the_stage_that_overran_and_the_telemetry(small_model):
+    backend = sh.ControlledBackend(small_model, slow_every=10, slow_s=0.06)
+    log = sh.ListLog()
+    cfg = sh.service_config(small_model, **{"runtime.frames": 50, "runtime.budget_ms": 40.0,
+                                            "service.telemetry.enabled": True, "runtime.report_every": 25})
+    report, _ = run_in_process(cfg, log, stages_factory=sh.stages_with(backend))
+    misses = log.events("frame_miss")
+    assert len(misses) == report["misses"] >= 4  # every miss is logged (well under the rate limit)
+    slow = [m for m in misses if m["stage_ms"]["infer"] > 50]
+    assert len(slow) >= 4
+    for m in slow:
+        assert m["worst_stage"] == "infer" and m["worst_stage_over_p50_ms"] > 40
+        assert m["worst_stage_p50_ms"] < 40 and m["end_to_end_ms"] > 40 and m["budget_ms"] == 40.0
+        assert m["telemetry"]["source"] == "linux" and "ram_fraction" in m["telemetry"]
+    assert not log.events("frame_ok")  # ok frames are not logged one by one
+    summaries = log.events("summary")
+    assert [s["frames"] for s in summaries] == [25, 50] and "telemetry" in summaries[0]
+
+
+def test_a_flood_of_misses_is_rate_limited_and_counted(small_model):
+    log = sh.ListLog()
+    cfg = sh.service_config(small_model, **{"runtime.frames": 80, "runtime.budget_ms": 0.001,
+                                            "source.fps": 200.0})
+    report, runtime = run_in_process(cfg, log)
+    lines = log.events("frame_miss")
+    assert report["misses"] == 80
+    assert len(lines) < 80 and len(lines) + runtime._frame_lines.suppressed_total == 80
+    assert sum(m["suppressed"] for m in lines) <= runtime._frame_lines.suppressed_total
+
+
+# -- signals -------------------------------------------------------------------------------------------------
+
+class Reader:
+    """Collects a subprocess's stdout JSON lines in a thread."""
+
+    def __init__(self, proc):
+        self.proc, self.records = proc, []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        for line in self.proc.stdout:
+            self.records.extend(sh.json_lines(line))
+
+    def wait(self, predicate, timeout=30.0):
+        assert sh.wait_until(lambda: any(predicate(r) for r in list(self.records)), timeout), self.records[-5:]
+        return [r for r in list(self.records) if predicate(r)][0]
+
+
+def start_edge(args):
+    return subprocess.Popen([sys.executable, "-m", "edge", "run"] + [str(a) for a in args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigterm_finishes_the_frame_reports_and_exits_0_within_2s(small_model):
+    proc = start_edge(["--model", small_model, "--source", "synthetic", "--backend", "onnxruntime",
+                       "--preprocess", "cpu"])
+    try:
+        out = Reader(proc)
+        out.wait(lambda r: r["event"] == "start")
+        time.sleep(1.0)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        took = time.monotonic() - sent
+        out.thread.join(timeout=5)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, proc.stderr.read()
+    assert took < 2.0, "exit took {:.2f} s".format(took)
+    report = out.records[-1]
+    assert report["event"] == "report" and report["ended_by"] == "signal 15" and report["frames"] > 0
+    print("SIGTERM -> exit: {:.3f} s".format(took))
+
+
+def _distinct_copy(model, dest_dir, stem):
+    """The same network with a different doc string: a 'new model' with another sha256."""
+    path = sh.copy_model(model, dest_dir, stem)
+    m = onnx.load(path)
+    m.doc_string = "re-exported " + stem
+    onnx.save(m, path)
+    return path
+
+
+def test_sighup_swaps_to_a_new_model_and_keeps_the_old_one_when_the_new_one_fails(small_model, tmp_path):
+    engines = tmp_path / "engines"
+    a = _distinct_copy(small_model, engines, "a")
+    b = _distinct_copy(small_model, engines, "b")
+    broken = engines / "broken.onnx"
+    broken.write_bytes(b"this is not an onnx model")
+    (engines / "broken.labels.txt").write_text("x\n")
+    base = {"source": {"uri": "synthetic", "width": 96, "height": 72, "fps": 50},
+            "backend": {"kind": "onnxruntime"}, "preprocess": {"device": "cpu"},
+            "runtime": {"report_every": 20, "warmup": 2}, "service": {"telemetry": {"enabled": False}}}
+    cfg = tmp_path / "config.yaml"
+
+    def configure(model, **extra):
+        data = dict(base, model={"path": model})
+        data.update(extra)
+        sh.write_config(cfg, data)
+
+    configure(a)
+    proc = start_edge(["--config", cfg])
+    try:
+        out = Reader(proc)
+        start = out.wait(lambda r: r["event"] == "start")
+        assert start["model"] == a
+        out.wait(lambda r: r["event"] == "summary")
+
+        configure(b)  # a newly installed model
+        proc.send_signal(signal.SIGHUP)
+        swapped = out.wait(lambda r: r["event"] == "reload")
+        assert swapped["model"] == b and swapped["previous_model"] == a
+        assert swapped["sha256"] == file_sha256(b) != file_sha256(a)
+        frames_then = max(r["frames"] for r in out.records if r["event"] == "summary")
+        out.wait(lambda r: r["event"] == "summary" and r["frames"] >= frames_then + 40)
+
+        configure(str(broken))  # a bad model: the old one must keep serving
+        proc.send_signal(signal.SIGHUP)
+        failed = out.wait(lambda r: r["event"] == "reload_failed")
+        assert failed["level"] == "error" and failed["still_serving"] == b
+        assert "not a loadable ONNX model" in failed["error"]
+        frames_then = max(r["frames"] for r in out.records if r["event"] == "summary")
+        out.wait(lambda r: r["event"] == "summary" and r["frames"] >= frames_then + 40)
+
+        sh.write_config(cfg, dict(base, model={"path": b}, bogus=1))  # an invalid config: also kept out
+        proc.send_signal(signal.SIGHUP)
+        out.wait(lambda r: r["event"] == "reload_failed" and "unknown key 'bogus'" in r["error"])
+
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        out.thread.join(timeout=5)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, proc.stderr.read()
+    report = out.records[-1]
+    assert report["event"] == "report" and report["reloads"] == {"ok": 1, "failed": 2}
+    assert report["errors"] == 0 and report["ended_by"] == "signal 15"
+
+
+def test_reload_in_process_swaps_the_backend_object(small_model, tmp_path):
+    b = _distinct_copy(small_model, tmp_path, "b")
+    cfg = sh.service_config(small_model)
+    runtime = Runtime(cfg, sh.ListLog())
+    try:
+        pipeline = runtime.start()
+        pipeline.step()
+        old = pipeline.backend
+        assert runtime.reload(lambda: sh.service_config(b))
+        assert pipeline.backend is not old and old.session is None  # the old one was closed
+        assert pipeline.step().status in ("ok", "miss")
+        assert not runtime.reload(lambda: sh.service_config(str(tmp_path / "missing.onnx")))
+        assert runtime.backend.model_path == b and runtime.reloads == {"ok": 1, "failed": 1}
+    finally:
+        runtime.close()
+
+
+def test_run_turns_too_many_errors_into_an_exit_code_1_edge_error(small_model):
+    backend = sh.ControlledBackend(small_model, fail_every=1)
+    cfg = sh.service_config(small_model, **{"runtime.max_consecutive_errors": 2})
+    with pytest.raises(EdgeError) as info:
+        run_in_process(cfg, sh.ListLog(), stages_factory=sh.stages_with(backend))
+    assert info.value.exit_code == 1 and "3 consecutive frames failed" in str(info.value)

@@ -1,0 +1,249 @@
+"""The camera demo: the overlay drawn on real frames, JPEG encoding only when someone watches, and the headless
+server end to end (status page, MJPEG stream, stats JSON, a real headless Chromium rendering the page)."""
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from edge.demo import FrameHub, OverlaySink
+from edge.modelinfo import UNTRAINED_WARNING
+from edge.overlay import AMBER, GREEN, RED, draw_overlay
+from edge.pipeline import Result
+from edge.postprocess import Prediction
+
+from conftest import REPO, run_edge, write_video
+
+SCRIPT = os.path.join(REPO, "scripts", "camera_demo.py")
+SIZE = (320, 240)
+SHOT = (900, 700)  # Chromium window (and screenshot) size
+
+
+def colour_pixels(image, bgr, tol=30):
+    return int(np.all(np.abs(image.astype(int) - np.array(bgr)) <= tol, axis=2).sum())
+
+
+def make_result(e2e_ms, image=None, status="ok"):
+    image = np.full((SIZE[1], SIZE[0], 3), 40, np.uint8) if image is None else image
+    prediction = Prediction([3, 1, 4, 1, 5], [0.5, 0.2, 0.1, 0.05, 0.01], ["cat", "dog", "owl", "eel", "ant"])
+    stages = {"capture": 1.0, "frame_age": 0.2, "preprocess": 1.5, "infer": 4.0, "postprocess": 0.1,
+              "end_to_end": e2e_ms}
+    return Result(7, 7, stages, prediction, status, None, image)
+
+
+def test_overlay_budget_box_is_green_within_budget_and_red_over_it():
+    frame = np.full((SIZE[1], SIZE[0], 3), 40, np.uint8)
+    ok = draw_overlay(frame, make_result(12.0, frame), 30.0, 29.5, trained=True)
+    over = draw_overlay(frame, make_result(45.0, frame, "miss"), 30.0, 29.5, trained=True)
+    top_right_ok, top_right_over = ok[:12, -30:], over[:12, -30:]
+    assert colour_pixels(top_right_ok, GREEN) > 200 and colour_pixels(top_right_ok, RED) == 0
+    assert colour_pixels(top_right_over, RED) > 200 and colour_pixels(top_right_over, GREEN) == 0
+    assert np.array_equal(frame, np.full_like(frame, 40))  # the pipeline's frame is not drawn on
+    assert ok[:60, :100].mean() > frame[:60, :100].mean()  # white text in the top-left panel
+    assert colour_pixels(ok, AMBER) == 0  # trained: no banner
+
+
+def test_overlay_says_untrained():
+    frame = np.full((SIZE[1], SIZE[0], 3), 40, np.uint8)
+    out = draw_overlay(frame, make_result(12.0, frame), 30.0, 29.5, trained=False)
+    assert colour_pixels(out[-20:], AMBER) > 1000  # the UNTRAINED WEIGHTS banner along the bottom
+
+
+def test_jpeg_is_encoded_only_when_someone_waits():
+    hub = FrameHub()
+    sink = OverlaySink(30.0, trained=True, hub=hub)
+    for _ in range(10):  # nobody watching: one JPEG (for /frame.jpg), then none for a second
+        sink.on_result(make_result(10.0))
+    assert hub.encoded == 1 and hub.stats["frame"] == 7 and hub.stats["within_budget"] is True
+    got = queue.Queue()
+    waiter = threading.Thread(target=lambda: got.put(hub.next_jpeg(hub.jpeg_seq, timeout_s=5)))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while hub.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sink.on_result(make_result(50.0, status="miss"))
+    waiter.join(5)
+    seq, jpeg = got.get_nowait()
+    assert hub.encoded == 2 and seq == 2 and jpeg[:2] == b"\xff\xd8"
+    assert hub.stats["within_budget"] is False
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_window_mode_without_gui_says_use_headless(small_model, video_file):
+    import cv2
+
+    from edge.demo import gui_problem
+
+    if gui_problem(cv2) is None:
+        pytest.skip("this OpenCV can open windows here")
+    proc = subprocess.run([sys.executable, SCRIPT, "--model", small_model, "--source", video_file],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--headless" in lines[0], proc.stderr
+    assert "no GUI" in lines[0] or "no display" in lines[0]
+
+
+def test_port_in_use_is_one_line(small_model, video_file):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, SCRIPT, "--model", small_model, "--source", video_file, "--headless",
+                               "--port", str(port)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "cannot listen" in proc.stderr
+
+
+@pytest.fixture
+def demo(small_model, tmp_path):
+    """A running headless demo on a free port; yields (base url, raw frames written, process)."""
+    video = tmp_path / "clip.avi"
+    raw = write_video(video, frames=30, size=SIZE)
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--model", small_model, "--source", str(video), "--headless",
+                             "--port", "0", "--budget-ms", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    url = None
+    deadline = time.monotonic() + 60
+    while url is None and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line.startswith("{") and json.loads(line)["event"] == "serving":
+            url = json.loads(line)["url"]
+    try:
+        assert url is not None, "no 'serving' line: " + (proc.stderr.read() if proc.poll() is not None else "")
+        assert url.startswith("http://127.0.0.1:")
+        yield url, raw, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_for_frames(url, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "stats.json", timeout=10) as resp:
+            if json.loads(resp.read())["frame"] > 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError("no frame within {} s".format(timeout))
+
+
+def read_mjpeg_frames(url, count, timeout=20):
+    """(content type, [JPEG bytes]) of the first `count` parts of a multipart/x-mixed-replace stream."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        ctype = resp.headers["Content-Type"]
+        boundary = ("--" + ctype.split("boundary=")[1]).encode()
+        parts = []
+        while len(parts) < count:
+            line = resp.readline()
+            if not line:
+                break
+            if line.strip() != boundary:
+                continue
+            headers = {}
+            while True:
+                h = resp.readline().strip()
+                if not h:
+                    break
+                k, v = h.decode().split(":", 1)
+                headers[k.lower()] = v.strip()
+            assert headers["content-type"] == "image/jpeg"
+            parts.append(resp.read(int(headers["content-length"])))
+    return ctype, parts
+
+
+def test_headless_serves_page_stream_and_stats(demo):
+    import cv2
+
+    url, raw, proc = demo
+    with urllib.request.urlopen(url, timeout=10) as resp:  # before the first frame: no size yet, warning already
+        assert UNTRAINED_WARNING in resp.read().decode()
+    wait_for_frames(url)
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        page = resp.read().decode()
+        assert resp.headers["Content-Type"].startswith("text/html")
+    assert '<img id="stream" src="/stream.mjpg" width="320" height="240"' in page
+    assert "/stats.json" in page and UNTRAINED_WARNING in page
+
+    ctype, parts = read_mjpeg_frames(url + "stream.mjpg", 4)
+    assert ctype == "multipart/x-mixed-replace; boundary=frame" and len(parts) == 4
+    assert len(set(parts)) == 4  # four different frames, not one repeated
+    for jpeg in parts:
+        frame = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert frame.shape == (SIZE[1], SIZE[0], 3)
+        # overlay pixels differ from every raw frame: green budget box top right, amber banner at the bottom
+        assert colour_pixels(frame[:10, -25:], GREEN) > 150 and colour_pixels(raw[0][:10, -25:], GREEN) == 0
+        assert colour_pixels(frame[-8:], AMBER, tol=40) > 1000
+        assert min(np.abs(frame.astype(int) - r.astype(int)).mean() for r in raw) > 5
+
+    with urllib.request.urlopen(url + "stats.json", timeout=10) as resp:
+        stats = json.loads(resp.read())
+    assert stats["frame"] > 0 and stats["fps"] > 0 and stats["budget_ms"] == 1000.0
+    assert stats["within_budget"] is True and stats["size"] == list(SIZE)
+    assert {"preprocess", "infer", "postprocess", "end_to_end"} <= set(stats["stage_ms"])
+    assert len(stats["top"]) == 5 and all(0 <= t["score"] <= 1 for t in stats["top"])
+    assert stats["warning"] == UNTRAINED_WARNING and stats["jpegs_encoded"] >= 4
+
+    with urllib.request.urlopen(url + "frame.jpg", timeout=10) as resp:
+        assert resp.headers["Content-Type"] == "image/jpeg"
+        single = cv2.imdecode(np.frombuffer(resp.read(), np.uint8), cv2.IMREAD_COLOR)
+    assert single.shape == (SIZE[1], SIZE[0], 3)
+
+    proc.send_signal(signal.SIGTERM)  # stops cleanly with the latency table
+    assert proc.wait(15) == 0
+    err = proc.stderr.read()
+    assert "stage (ms)" in err and "end_to_end" in err
+
+
+def test_status_page_in_headless_chromium(demo, tmp_path):
+    import cv2
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        print("SKIP reason: chromium not installed (scripts/bootstrap.sh --dev installs Debian's chromium)")
+        pytest.skip("chromium not installed (scripts/bootstrap.sh --dev installs it)")
+    url, _, _ = demo
+    wait_for_frames(url)
+    shot = tmp_path / "page.png"
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           "--user-data-dir={}".format(tmp_path / "profile"), "--hide-scrollbars",
+                           "--window-size={},{}".format(*SHOT), "--screenshot={}".format(shot), url],
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+    image = cv2.imread(str(shot))
+    assert image is not None and (image.shape[1], image.shape[0]) == SHOT
+    assert colour_pixels(image, GREEN, tol=25) > 150  # the overlay's budget box, rendered from the MJPEG stream
+    assert colour_pixels(image, AMBER, tol=25) > 2000  # the untrained banner (page and frame)
+    if os.environ.get("EDGE_KEEP_SCREENSHOT"):
+        shutil.copy(str(shot), os.environ["EDGE_KEEP_SCREENSHOT"])
+
+
+def test_edge_demo_is_registered():
+    proc = run_edge("demo", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "--headless" in proc.stdout and "--port" in proc.stdout

@@ -1,0 +1,175 @@
+"""Prometheus metrics: scraped over HTTP on 127.0.0.1 and parsed with prometheus_client's own parser."""
+
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import service_helpers as sh
+from prometheus_client.parser import text_string_to_metric_families
+
+from edge.metrics import MetricsSink, budget_buckets
+from edge.pipeline import Result
+from edge.runtime import Runtime, file_sha256
+from edge.telemetry import TelemetrySnapshot
+
+IMAGE = np.zeros((2, 2, 3), np.uint8)
+
+
+def scrape(port):
+    with urllib.request.urlopen("http://127.0.0.1:{}/metrics".format(port), timeout=5) as resp:
+        assert resp.status == 200
+        return resp.read().decode()
+
+
+def samples(text):
+    """{(sample name, frozenset(labels)): value}"""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(parsed, name, **labels):
+    return parsed[(name, frozenset(labels.items()))]
+
+
+def result(frame_id, status, e2e_ms=10.0, infer_ms=6.0):
+    stage_ms = {} if status == "error" else {"capture": 0.5, "frame_age": 1.0, "preprocess": 2.0,
+                                             "infer": infer_ms, "postprocess": 0.2, "end_to_end": e2e_ms}
+    return Result(frame_id, frame_id, stage_ms, None, status, "RuntimeError: x" if status == "error" else None,
+                  IMAGE)
+
+
+def test_buckets_are_dense_around_the_budget_and_include_it():
+    b30 = budget_buckets(30.0)
+    assert 0.03 in b30 and 0.0285 in b30 and 0.0315 in b30
+    near = [b for b in b30 if 0.015 <= b <= 0.045]
+    assert len(near) >= 10, "not dense around the budget"
+    assert b30 == sorted(b30) and min(b30) < 0.001 and max(b30) >= 0.3
+    b20 = budget_buckets(20.0)
+    assert 0.02 in b20 and 0.019 in b20 and 0.021 in b20 and 0.0285 not in b20
+
+
+@pytest.fixture
+def sink():
+    stats = {"produced": 50, "skipped": 7, "broken": 1, "faults": 2, "reconnects": 2}
+    snap = TelemetrySnapshot(time=time.time(), source="jtop", gpu_load=0.42, cpu_freq_mhz=1200.0,
+                             gpu_freq_mhz=612.0, emc_freq_mhz=2133.0, temperatures={"cpu": 45.5, "gpu": 43.0},
+                             power_w=6.65, ram_fraction=0.25, nvpmodel="MODE_15W", jetson_clocks=False)
+    s = MetricsSink(30.0, source_stats=lambda: stats, telemetry=lambda: snap)
+    port = s.serve("127.0.0.1", 0)
+    yield s, port
+    s.close()
+
+
+def test_scrape_counts_the_delivered_frames(sink):
+    s, port = sink
+    assert s.server.server_address[0] == "127.0.0.1"
+    s.set_engine("onnxruntime", "fp32", "/m/model.onnx", "ab" * 32)
+    e2e = [10.0, 20.0, 29.0, 31.0, 45.0, 29.99]
+    for i, ms in enumerate(e2e, start=1):
+        s.on_result(result(i, "miss" if ms > 30 else "ok", e2e_ms=ms))
+    s.on_result(result(7, "error"))
+    p = samples(scrape(port))
+    assert value(p, "edge_frames_total", status="ok") == 4
+    assert value(p, "edge_frames_total", status="miss") == 2
+    assert value(p, "edge_frames_total", status="error") == 1
+    assert value(p, "edge_deadline_misses_total") == 2
+    # the SLO bucket: frames within the 30 ms budget
+    assert value(p, "edge_frame_latency_seconds_bucket", le="0.03") == 4
+    assert value(p, "edge_frame_latency_seconds_bucket", le="0.0285") == 2
+    assert value(p, "edge_frame_latency_seconds_bucket", le="+Inf") == 6
+    assert value(p, "edge_frame_latency_seconds_count") == 6
+    assert value(p, "edge_frame_latency_seconds_sum") == pytest.approx(sum(e2e) / 1000)
+    for stage in ("capture", "frame_age", "preprocess", "infer", "postprocess"):
+        assert value(p, "edge_stage_duration_seconds_count", stage=stage) == 6  # errors carry no timings
+    assert value(p, "edge_stage_duration_seconds_sum", stage="infer") == pytest.approx(0.036)
+    assert value(p, "edge_stage_duration_seconds_bucket", stage="infer", le="0.006") == 6
+    assert value(p, "edge_stage_duration_seconds_bucket", stage="infer", le="0.003") == 0
+    assert ("edge_stage_duration_seconds_count", frozenset({("stage", "end_to_end")})) not in p
+    assert value(p, "edge_budget_seconds") == 0.03
+    assert value(p, "edge_dropped_frames_total") == 7
+    assert value(p, "edge_source_reconnects_total") == 2 and value(p, "edge_source_faults_total") == 2
+    assert value(p, "edge_engine_info", backend="onnxruntime", precision="fp32", model="/m/model.onnx",
+                 sha256="ab" * 32) == 1
+    assert [k for k in p if k[0] == "edge_build_info"]
+    # telemetry gauges, in base units
+    assert value(p, "edge_gpu_load_ratio") == 0.42
+    assert value(p, "edge_temperature_celsius", zone="cpu") == 45.5
+    assert value(p, "edge_temperature_celsius", zone="gpu") == 43.0
+    assert value(p, "edge_power_watts") == 6.65
+    assert value(p, "edge_gpu_frequency_hertz") == 612e6 and value(p, "edge_emc_frequency_hertz") == 2133e6
+    assert value(p, "edge_nvpmodel_info", mode="MODE_15W") == 1
+    assert value(p, "edge_jetson_clocks_enabled") == 0 and value(p, "edge_telemetry_degraded") == 0
+    assert value(p, "edge_ram_used_ratio") == 0.25
+
+
+def test_each_sink_has_its_own_registry(sink):
+    s, port = sink
+    other = MetricsSink(20.0)  # would raise "Duplicated timeseries" on a shared registry
+    other.on_result(result(1, "ok"))
+    s.on_result(result(1, "ok"))
+    s.on_result(result(2, "ok"))
+    assert other.registry is not s.registry
+    assert value(samples(scrape(port)), "edge_frames_total", status="ok") == 2
+
+
+def test_promtool_accepts_the_exposition(sink, tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian: apt-get install prometheus; scripts/bootstrap.sh --dev as root)")
+    s, port = sink
+    s.set_engine("onnxruntime", "fp32", "/m/model.onnx", "0" * 64)
+    for i in range(5):
+        s.on_result(result(i + 1, "ok"))
+    text = scrape(port)
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "" and proc.stderr.strip() == "", proc.stdout + proc.stderr  # no lint warnings
+
+
+def test_a_busy_port_is_a_one_line_error():
+    port = sh.free_port()
+    first = MetricsSink(30.0)
+    first.serve("127.0.0.1", port)
+    try:
+        with pytest.raises(Exception, match="cannot listen on 127.0.0.1:{}".format(port)):
+            MetricsSink(30.0).serve("127.0.0.1", port)
+    finally:
+        first.close()
+
+
+def test_runtime_serves_metrics_on_localhost_and_they_match_its_recorder(small_model):
+    port = sh.free_port()
+    cfg = sh.service_config(small_model, **{"service.metrics.enabled": True, "service.metrics.port": port,
+                                            "service.telemetry.enabled": True, "runtime.budget_ms": 30.0})
+    runtime = Runtime(cfg, sh.ListLog())
+    try:
+        pipeline = runtime.start()
+        assert runtime.metrics.server.server_address[0] == "127.0.0.1"
+        for _ in range(25):
+            pipeline.step()
+        skipped_before = runtime.grabber.skipped  # the grabber keeps reading while we scrape
+        p = samples(scrape(port))
+        skipped_after = runtime.grabber.skipped
+        rec = pipeline.recorder
+        assert rec.frames == 25
+        assert value(p, "edge_frames_total", status="ok") + value(p, "edge_frames_total", status="miss") == 25
+        assert value(p, "edge_deadline_misses_total") == rec.misses
+        assert value(p, "edge_frame_latency_seconds_count") == 25
+        e2e = rec.stages["end_to_end"].window()
+        assert value(p, "edge_frame_latency_seconds_bucket", le="0.03") == int((e2e <= 30.0).sum())
+        assert value(p, "edge_frame_latency_seconds_sum") == pytest.approx(e2e.sum() / 1000, rel=1e-6)
+        assert skipped_before <= value(p, "edge_dropped_frames_total") <= skipped_after
+        assert value(p, "edge_engine_info", backend="onnxruntime", precision="fp32", model=small_model,
+                     sha256=file_sha256(small_model)) == 1
+        assert value(p, "edge_telemetry_source_info", source=runtime.telemetry.latest().source) == 1
+        assert value(p, "edge_ram_used_ratio") > 0
+    finally:
+        runtime.close()
+    with pytest.raises(OSError):
+        scrape(port)  # closed with the runtime

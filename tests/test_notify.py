@@ -1,0 +1,140 @@
+"""sd_notify: READY/STATUS/WATCHDOG over a real AF_UNIX datagram socket, from edge.notify and from `edge run`."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import service_helpers as sh
+
+from edge.notify import Notifier
+from edge.runtime import Runtime, StopFlag, run
+
+from conftest import REPO
+
+
+@pytest.fixture
+def listener(tmp_path, monkeypatch):
+    lst = sh.NotifyListener(tmp_path)
+    monkeypatch.setenv("NOTIFY_SOCKET", lst.address)
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    yield lst
+    lst.close()
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_notifier_reaches_path_and_abstract_sockets(tmp_path, monkeypatch, abstract):
+    lst = sh.NotifyListener(tmp_path, abstract=abstract)
+    try:
+        monkeypatch.setenv("NOTIFY_SOCKET", lst.address)
+        n = Notifier()
+        assert n.enabled
+        assert n.ready("fps 30") and n.status("line one\nline two")
+        lst.wait_for("STATUS", after=0)
+        assert sh.wait_until(lambda: len(lst.lines("STATUS")) == 2, 2)
+    finally:
+        lst.close()
+    assert [line for _, line in lst.fields()] == ["READY=1", "STATUS=fps 30", "STATUS=line one line two"]
+    assert n.sent == 2 and n.errors == 0
+
+
+def test_watchdog_needs_ready_and_pings_at_most_every_half_interval(listener, monkeypatch):
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")  # WatchdogSec=0.4 s -> ping at most every 0.2 s
+    n = Notifier()
+    assert n.watchdog_interval_s == pytest.approx(0.2)
+    assert not n.watchdog(now=100.0), "no ping before READY=1"
+    n.ready()
+    sent = [n.watchdog(now=t) for t in (n.last_watchdog + 0.05, n.last_watchdog + 0.21, n.last_watchdog + 0.3,
+                                        n.last_watchdog + 0.45)]
+    assert sent == [False, True, False, True]
+    assert sh.wait_until(lambda: len(listener.lines("WATCHDOG")) == 2, 2)
+
+
+def test_watchdog_for_another_pid_is_ignored(listener, monkeypatch):
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")
+    monkeypatch.setenv("WATCHDOG_PID", "1")
+    n = Notifier()
+    n.ready()
+    assert n.watchdog_interval_s is None and not n.watchdog(now=time.monotonic() + 10)
+
+
+def test_send_failures_are_counted_and_logged_not_swallowed(tmp_path, monkeypatch):
+    lst = sh.NotifyListener(tmp_path)
+    monkeypatch.setenv("NOTIFY_SOCKET", lst.address)
+    logged = []
+    n = Notifier(log=lambda event, **fields: logged.append((event, fields)))
+    lst.close()  # systemd went away: the datagram is refused
+    assert not n.send("STATUS=x")
+    assert n.errors == 1 and logged and logged[0][0] == "notify_error"
+    assert "ConnectionRefusedError" in logged[0][1]["error"] or "FileNotFoundError" in logged[0][1]["error"]
+
+
+def test_no_notify_socket_is_a_no_op(monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    n = Notifier()
+    assert not n.enabled and not n.ready() and not n.send("STATUS=x") and n.errors == 0
+
+
+def test_edge_run_notifies_ready_status_watchdog_and_stopping(small_model, tmp_path):
+    lst = sh.NotifyListener(tmp_path)
+    try:
+        env = dict(os.environ, NOTIFY_SOCKET=lst.address, WATCHDOG_USEC="200000")
+        env.pop("WATCHDOG_PID", None)
+        cfg = sh.write_config(tmp_path / "cfg.yaml", {
+            "source": {"uri": "synthetic", "width": 96, "height": 72, "fps": 60},
+            "runtime": {"warmup": 2, "budget_ms": 1000}, "service": {"telemetry": {"enabled": False}}})
+        proc = subprocess.run([sys.executable, "-m", "edge", "run", "--config", cfg, "--model", small_model,
+                               "--backend", "onnxruntime", "--preprocess", "cpu", "--frames", "90"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        time.sleep(0.2)
+    finally:
+        lst.close()
+    assert proc.returncode == 0, proc.stderr
+    fields = [line for _, line in lst.fields()]
+    assert fields[0] == "READY=1" and fields[1].startswith("STATUS=fps ")
+    assert "p99" in fields[1] and "misses 0" in fields[1]
+    pings = [f for f in fields if f == "WATCHDOG=1"]
+    assert len(pings) >= 3, fields  # ~1.5 s of frames, a ping every >= 0.1 s
+    ping_times = [t for t, line in lst.fields() if line == "WATCHDOG=1"]
+    # rate limit: no more pings than one per WATCHDOG_USEC/2 over the span (arrival times jitter a little)
+    assert len(ping_times) <= (ping_times[-1] - ping_times[0]) / 0.1 + 1.5, "pinged faster than WATCHDOG_USEC/2"
+    assert min(b - a for a, b in zip(ping_times, ping_times[1:])) > 0.05
+    assert fields[-2] == "STOPPING=1" and fields[-1].startswith("STATUS=stopping (frames): 90 frames")
+    start = sh.json_lines(proc.stdout)[0]
+    assert start["systemd"] is True and start["watchdog_ping_s"] == pytest.approx(0.1)
+
+
+def test_watchdog_stops_while_inference_hangs_and_resumes_after(small_model, listener, monkeypatch):
+    """The runtime in a thread with a backend whose infer() blocks: READY arrives, then no WATCHDOG=1 while
+    the call hangs (systemd would kill and restart us), and pings resume when it returns."""
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")
+    backend = sh.ControlledBackend(small_model)
+    cfg = sh.service_config(small_model)
+    log = sh.ListLog()
+    runtime = Runtime(cfg, log, stages_factory=sh.stages_with(backend))
+    stop = StopFlag()
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(cfg, stop=stop, runtime=runtime)))
+    thread.start()
+    try:
+        ready_at, _ = listener.wait_for("READY")
+        first_ping, _ = listener.wait_for("WATCHDOG", after=ready_at)
+        assert first_ping >= ready_at
+        backend.hang.set()
+        assert backend.hanging.wait(5), "the backend never hung"
+        hang_started = time.monotonic()
+        time.sleep(1.0)  # five ping intervals
+        during = [t for t, _ in listener.lines("WATCHDOG") if t > hang_started + 0.05]
+        assert during == [], "watchdog pinged while inference hung"
+        backend.release.set()
+        resumed, _ = listener.wait_for("WATCHDOG", after=hang_started + 1.0, timeout=5)
+        assert resumed > hang_started + 1.0
+    finally:
+        backend.release.set()
+        stop.event.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert outcome["report"]["ended_by"] == "signal None" and outcome["report"]["frames"] > 0
+    assert listener.lines("STOPPING")

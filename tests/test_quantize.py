@@ -1,0 +1,206 @@
+"""Q/DQ quantization for TensorRT: the produced model meets every TensorRT requirement, the validator catches
+each way ONNX Runtime's other settings break them, calibration methods really differ, sensitive nodes stay float."""
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edge import quantize as quant
+from edge.calibration import CalibrationSet, load_calibration_set
+from edge.config import PreprocessConfig
+from edge.errors import EdgeError
+from edge.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes, validate_qdq
+
+from trained_model import digits, digits_qdq  # noqa: F401  (session fixtures)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+quiet = lambda *a: None  # noqa: E731
+
+
+def subset(s, n):
+    return CalibrationSet(s.root, s.files[:n], s.sha256, s.manifest)
+
+
+def test_qdq_model_meets_every_tensorrt_requirement(digits, digits_qdq):  # noqa: F811
+    assert validate_qdq(digits_qdq) == []
+    model = onnx.load(digits_qdq)
+    assert model.opset_import[0].version == 17
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert len(qdq) > 100
+    for n in qdq:  # signed, symmetric
+        assert inits[n.input[2]].dtype == np.int8 and not inits[n.input[2]].any()
+    quantized_convs = 0
+    for conv in (n for n in model.graph.node if n.op_type == "Conv"):
+        w = producers.get(conv.input[1])
+        if w is None:
+            continue  # kept in float
+        quantized_convs += 1
+        q = producers[w.input[0]]  # weight: FP32 initializer -> Q -> DQ, per channel on axis 0
+        assert w.op_type == "DequantizeLinear" and q.op_type == "QuantizeLinear"
+        assert inits[q.input[0]].dtype == np.float32
+        assert inits[w.input[1]].shape == (inits[q.input[0]].shape[0],)
+        assert helper.get_attribute_value(next(a for a in w.attribute if a.name == "axis")) == 0
+        x = producers[conv.input[0]]  # activation: per tensor
+        assert x.op_type == "DequantizeLinear" and inits[x.input[1]].size == 1
+        assert len(conv.input) < 3 or conv.input[2] not in producers or producers[conv.input[2]].op_type != \
+            "DequantizeLinear"
+    assert quantized_convs == 51  # all but the first
+    # The only INT8 initializers are zero-points; nothing quantized is stored (weights stay FP32).
+    zero_points = {n.input[2] for n in qdq}
+    assert {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8} == zero_points
+
+
+def _ort_quantize(digits, out, **changes):  # noqa: F811
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    kwargs = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                  per_channel=True, reduce_range=False, calibrate_method=CalibrationMethod.MinMax,
+                  extra_options=dict(quant.EXTRA_OPTIONS))
+    extra = changes.pop("extra", {})
+    kwargs.update(changes)
+    kwargs["extra_options"].update(extra)
+    reader = PreprocessedReader(subset(load_calibration_set(digits.calibration), 8), digits.preprocess, chunk=8)
+    reader.next_chunk()
+    quantize_static(digits.onnx, out, reader, **kwargs)
+    return out
+
+
+@pytest.mark.parametrize("label, changes, expected", [
+    ("ORT defaults: unsigned asymmetric activations",
+     {"activation_type": "QUInt8", "extra": {"ActivationSymmetric": False}}, "zero-point is uint8"),
+    ("bias quantized to int32", {"extra": {"QuantizeBias": True}}, "DequantizeLinear on a quantized bias"),
+    ("INT8 weight initializers", {"extra": {"AddQDQPairToWeight": False}}, "INT8 weight initializer"),
+    ("per-tensor Conv weights", {"per_channel": False}, "must be per-channel on axis 0"),
+])
+def test_validator_rejects_what_tensorrt_rejects(digits, tmp_path, label, changes, expected):  # noqa: F811
+    from onnxruntime.quantization import QuantType
+
+    if changes.get("activation_type") == "QUInt8":
+        changes = dict(changes, activation_type=QuantType.QUInt8)
+    problems = validate_qdq(_ort_quantize(digits, str(tmp_path / "bad.onnx"), **changes))
+    assert any(expected in p for p in problems), (label, problems[:5])
+
+
+def test_validator_rejects_nonzero_zero_point_opset_21_float_and_garbage(digits, digits_qdq, tmp_path):  # noqa: F811
+    model = onnx.load(digits_qdq)
+    zp = next(i for i in model.graph.initializer if i.name.endswith("_zero_point") and not i.dims)
+    zp.CopyFrom(numpy_helper.from_array(np.array(3, np.int8), zp.name))
+    model.opset_import[0].version = 21
+    path = str(tmp_path / "asym.onnx")
+    onnx.save(model, path)
+    problems = validate_qdq(path)
+    assert any("non-zero zero-point" in p for p in problems)
+    assert any("opset 21 outside 13-20" in p for p in problems)
+    assert validate_qdq(digits.onnx) == ["no QuantizeLinear nodes: not a Q/DQ model"]
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x00not a protobuf" * 10)
+    assert validate_qdq(str(garbage))[0].startswith("not a readable ONNX model")
+
+
+def test_sensitive_nodes_cover_mobilenet_v3_and_the_legacy_hardswish_form(digits, digits_qdq):  # noqa: F811
+    model = onnx.load(digits.onnx)
+    names = sensitive_nodes(model)
+    by_type = {}
+    for n in model.graph.node:
+        if n.name in names:
+            by_type[n.op_type] = by_type.get(n.op_type, 0) + 1
+    # 9 squeeze-excite HardSigmoid->Mul pairs, 19 HardSwish, first Conv, classifier Gemm.
+    assert by_type == {"HardSigmoid": 9, "Mul": 9, "HardSwish": 19, "Conv": 1, "Gemm": 1}
+    assert "/features/features.0/features.0.0/Conv" in names and "/classifier/classifier.3/Gemm" in names
+    # Older exporters write hard-swish as x * HardSigmoid(x): that Mul is sensitive, a plain Mul is not.
+    graph = helper.make_graph(
+        [helper.make_node("HardSigmoid", ["x"], ["hs"], name="hsig"),
+         helper.make_node("Mul", ["x", "hs"], ["hswish"], name="hswish_mul"),
+         helper.make_node("Mul", ["hswish", "x"], ["y"], name="plain_mul")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    assert sensitive_nodes(helper.make_model(graph)) == ["hsig", "hswish_mul"]
+    # In the quantized model the first Conv and the classifier read float tensors.
+    qdq = onnx.load(digits_qdq)
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    for name in ("/features/features.0/features.0.0/Conv", "/classifier/classifier.3/Gemm"):
+        node = next(n for n in qdq.graph.node if n.name == name)
+        assert all(producers.get(i) is None or producers[i].op_type != "DequantizeLinear" for i in node.input)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """Conv -> Relu -> Conv with seeded weights on a 1x3x32x32 input: fast to calibrate."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2, "w2")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+         helper.make_node("Conv", ["r1", "w2"], ["logits"], name="conv2", pads=[1, 1, 1, 1])],
+        "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8, 32, 32])], initializer=[w1, w2])
+    path = str(tmp_path_factory.mktemp("tiny") / "tiny.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _amax(ranges):
+    return {k: float(np.max(np.abs(np.asarray(v.range_value, np.float64)))) for k, v in ranges.data.items()}
+
+
+def test_entropy_calibration_really_differs_from_minmax(tiny_model, tmp_path):
+    from onnxruntime.quantization import CalibrationMethod, create_calibrator
+
+    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 16)
+    pre = PreprocessConfig(resize=36, crop=32)
+    minmax = _amax(compute_ranges(tiny_model, images, pre, "minmax", str(tmp_path), show_progress=False))
+    entropy = _amax(compute_ranges(tiny_model, images, pre, "entropy", str(tmp_path), show_progress=False))
+    assert minmax.keys() == entropy.keys()
+    assert all(entropy[k] <= minmax[k] * (1 + 1e-6) for k in minmax)
+    assert any(entropy[k] < 0.9 * minmax[k] for k in minmax), (minmax, entropy)
+    # The pitfall this avoids: ONNX Runtime's default entropy bins (what quantize_static uses) give MinMax's ranges.
+    default = create_calibrator(tiny_model, None, str(tmp_path / "aug.onnx"), CalibrationMethod.Entropy,
+                                extra_options={"symmetric": True})
+    reader = PreprocessedReader(images, pre, chunk=16)
+    reader.next_chunk()
+    with quant._quiet():
+        default.collect_data(reader)
+        same = _amax(default.compute_data())
+    assert all(abs(same[k] - minmax[k]) <= 1e-3 * minmax[k] for k in minmax if k in same)
+
+
+def test_older_onnxruntime_fallback_gives_the_same_minmax_model(digits, tmp_path, monkeypatch):  # noqa: F811
+    images = subset(load_calibration_set(digits.calibration), 8)
+    first = str(tmp_path / "cache-path.onnx")
+    quantize_qdq(digits.onnx, first, images, digits.preprocess, "minmax", True, show_progress=False, log=quiet)
+    monkeypatch.setattr(quant, "_quantize_static_has_cache", lambda: False)
+    second = str(tmp_path / "fallback.onnx")
+    quantize_qdq(digits.onnx, second, images, digits.preprocess, "minmax", True, show_progress=False, log=quiet)
+    scales = [{i.name: numpy_helper.to_array(i) for i in onnx.load(p).graph.initializer if i.name.endswith("_scale")}
+              for p in (first, second)]
+    assert scales[0].keys() == scales[1].keys()
+    assert all(np.allclose(scales[0][k], scales[1][k], rtol=1e-6) for k in scales[0])
+    with pytest.raises(EdgeError, match="entropy needs onnxruntime"):
+        quantize_qdq(digits.onnx, second, images, digits.preprocess, "entropy", True, show_progress=False, log=quiet)
+
+
+def test_progress_bar_log_line_and_no_leftovers(digits, tmp_path, capsys):  # noqa: F811
+    lines = []
+    out = str(tmp_path / "q.onnx")
+    info = quantize_qdq(digits.onnx, out, subset(load_calibration_set(digits.calibration), 8), digits.preprocess,
+                        "percentile", False, show_progress=True, log=lines.append)
+    err = capsys.readouterr().err
+    assert "calibrate (percentile)" in err and "/8" in err
+    assert len(lines) == 1 and "(percentile, 8 images, 0 nodes kept in float)" in lines[0]
+    assert info["method"] == "percentile" and info["excluded_nodes"] == []
+    assert validate_qdq(out) == [] and sorted(os.listdir(str(tmp_path))) == ["q.onnx"]
+
+
+def test_percentile_on_random_weights_is_a_one_line_error(small_model, tmp_path):
+    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 4)
+    with pytest.raises(EdgeError, match="percentile calibration failed: Too many bins") as err:
+        quantize_qdq(small_model, str(tmp_path / "q.onnx"), images, PreprocessConfig(), "percentile", True,
+                     show_progress=False, log=quiet)
+    assert "\n" not in str(err.value) and err.value.exit_code == 1
+    assert not os.path.exists(str(tmp_path / "q.onnx"))

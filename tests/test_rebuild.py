@@ -1,0 +1,290 @@
+"""`edge rebuild` end to end on the CPU with a file source: a real capture, INT8 calibration, gate, latency check,
+atomic install and SIGHUP to a real `edge run`; a failure injected at each step leaves the installed artifact
+and calibration set byte-identical."""
+
+import glob
+import hashlib
+import json
+import os
+import queue
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from edge import rebuild
+from edge.calibration import import_calibration_set
+
+from conftest import REPO, run_edge
+
+ARTIFACT_FILES = ("engines/m.int8.onnx", "engines/m.int8.json", "engines/m.int8.labels.txt")
+STEPS = ("capture", "calibrate", "build", "gate", "latency", "install", "reload")
+
+
+def sha(path):
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def tree(root, sub):
+    """{relative path: sha256} of every file under root/sub."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(str(root), sub, "**", "*"), recursive=True)):
+        if os.path.isfile(path):
+            out[os.path.relpath(path, str(root))] = sha(path)
+    return out
+
+
+def write_varied_video(path, frames, size=(320, 240), seed=0):
+    """Frames that differ from each other (coarse random colour blocks), so capture keeps them."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, size)
+    for _ in range(frames):
+        writer.write(cv2.resize(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), size))
+    writer.release()
+
+
+@pytest.fixture(scope="module")
+def regression_set(tmp_path_factory):
+    """Ten images of the shipped regression set, imported as a set of their own (a quick gate)."""
+    raw = tmp_path_factory.mktemp("raw")
+    for name in sorted(os.listdir(os.path.join(REPO, "calibration", "regression")))[:11]:
+        if name != "manifest.json":
+            shutil.copy(os.path.join(REPO, "calibration", "regression", name), str(raw))
+    out = str(tmp_path_factory.mktemp("sets") / "regression")
+    import_calibration_set(str(raw), out, min_images=1, log=lambda *a: None)
+    return out
+
+
+@pytest.fixture
+def ws(small_model, regression_set, tmp_path):
+    """A device's folder: FP32 source, an installed (old) artifact, a calibration set, a camera clip, a config."""
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    stem = os.path.splitext(small_model)[0]
+    for ext in (".onnx", ".labels.txt", ".json"):
+        shutil.copy(stem + ext, str(engines / ("m" + ext)))
+        shutil.copy(stem + ext, str(engines / ("m.int8" + ext)))  # the old artifact: here the FP32 bytes
+    write_varied_video(tmp_path / "camera.avi", 60)
+    write_varied_video(tmp_path / "old-frames.avi", 30, seed=1)
+    frames = tmp_path / "old-images"
+    frames.mkdir()
+    import cv2
+
+    cap = cv2.VideoCapture(str(tmp_path / "old-frames.avi"))
+    for i in range(8):
+        cv2.imwrite(str(frames / "{}.png".format(i)), cap.read()[1])
+    import_calibration_set(str(frames), str(tmp_path / "cal" / "current"), min_images=1, log=lambda *a: None)
+    config = {"model": {"path": "engines/m.int8.onnx"},
+              "source": {"uri": str(tmp_path / "camera.avi"), "width": 320, "height": 240},
+              "runtime": {"budget_ms": 1000, "warmup": 2, "report_every": 100000},
+              "build": {"calibration_dir": "cal/current", "regression_dir": regression_set, "engines_dir": "engines",
+                        "min_images": 8},
+              "service": {"telemetry": {"enabled": False}}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path
+
+
+def protected(ws):
+    """What must survive a failed rebuild unchanged: the installed artifact and the calibration set."""
+    state = {name: sha(str(ws / name)) for name in ARTIFACT_FILES}
+    state.update(tree(ws, "cal"))
+    return state
+
+
+def leftovers(ws):
+    return sorted(glob.glob(str(ws / "cal" / "*.rebuild-*")) + glob.glob(str(ws / "engines" / ".*.staged"))
+                  + glob.glob(str(ws / "engines" / ".rebuild-*")) + glob.glob(str(ws / "cal" / "*.previous")))
+
+
+def rebuild_cli(capsys, *args):
+    rc = rebuild.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+CHEAP = ("--every", 5, "--frames", 60, "--check-frames", 20, "--check-warmup", 2)
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(ws, capsys, monkeypatch):
+    monkeypatch.chdir(ws)
+    before = tree(ws, "")
+    rc, out, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--no-reload", "--dry-run", *CHEAP)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert "dry run" in lines[0]
+    for number, name in enumerate(STEPS, 1):
+        assert any(line.strip().startswith("{}. {}".format(number, name)) for line in lines), out
+    assert str(ws / "cal" / "current.rebuild-") in out and str(ws / "camera.avi") in out
+    assert "engines/m.int8.onnx" in out and "edge calibrate capture" in out
+    assert "engines/m.int8.gate.json" in out and "engines/m.int8.latency.json" in out
+    assert tree(ws, "") == before
+
+
+def test_reload_target_is_checked_before_any_work(ws, capsys, monkeypatch):
+    monkeypatch.chdir(ws)
+    before = tree(ws, "")
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        rc, _, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--pid", sleeper.pid, *CHEAP)
+        assert rc == 2 and "is not jetson-edge" in err and "refusing" in err
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    rc, _, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--pid", sleeper.pid, *CHEAP)
+    assert rc == 2 and "no running process {}".format(sleeper.pid) in err
+    rc, _, err = rebuild_cli(capsys, "--config", "cfg.yaml", *CHEAP)
+    assert rc == 2 and "exactly one of --pid PID, --pidfile PATH, --systemd or --no-reload" in err
+    assert tree(ws, "") == before
+
+
+class Lines:
+    """A process's stdout read in a thread, so the test can wait for a given JSON line."""
+
+    def __init__(self, stream):
+        self.q = queue.Queue()
+        self.seen = []
+        threading.Thread(target=lambda: [self.q.put(line) for line in stream], daemon=True).start()
+
+    def wait_for(self, event, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record["event"] == event:
+                    return record
+        raise AssertionError("no '{}' line within {} s; saw: {}".format(event, timeout, "".join(self.seen)[-2000:]))
+
+
+def test_rebuild_installs_and_reloads_the_running_service(ws):
+    old = {name: sha(str(ws / name)) for name in ARTIFACT_FILES}
+    old_set = tree(ws, "cal/current")
+    service = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", "cfg.yaml"], cwd=str(ws),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out = Lines(service.stdout)
+        start = out.wait_for("start")
+        assert start["precision"] == "fp32" and start["model"] == "engines/m.int8.onnx"
+        (ws / "edge.pid").write_text("{}\n".format(service.pid))
+        proc = subprocess.run([sys.executable, "-m", "edge.rebuild", "--config", "cfg.yaml", "--pidfile", "edge.pid"]
+                              + [str(a) for a in CHEAP], cwd=str(ws), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        for number, name in enumerate(STEPS, 1):
+            assert "rebuild: step {}/7 '{}' done".format(number, name) in proc.stdout
+        assert "sent SIGHUP to {}".format(service.pid) in proc.stdout
+
+        new_sha = sha(str(ws / "engines/m.int8.onnx"))
+        assert new_sha != old["engines/m.int8.onnx"]
+        assert sha(str(ws / "engines/previous/m.int8.onnx")) == old["engines/m.int8.onnx"]  # kept for rollback
+        manifest = json.loads((ws / "engines/m.int8.json").read_text())
+        assert manifest["sha256"] == new_sha and manifest["precision"] == "int8" and manifest["format"] == "onnx-qdq"
+        assert manifest["latency"]["verdict"] == "pass" and manifest["latency"]["p99_ms"] <= 1000
+        assert manifest["gate"]["report"] == str(ws / "engines/m.int8.gate.json")
+        # the captured set now is build.calibration_dir, the old one kept beside it
+        captured = json.loads((ws / "cal/current/manifest.json").read_text())
+        assert captured["source"] == str(ws / "camera.avi") and captured["count"] == 12
+        assert manifest["calibration"]["sha256"] == captured["sha256"]
+        assert manifest["calibration"]["set"] == str(ws / "cal/current")
+        assert {k.replace("cal/current.previous", "cal/current"): v for k, v in tree(ws, "cal/current.previous")
+                .items()} == old_set
+        assert not glob.glob(str(ws / "cal" / "*.rebuild-*")) and not glob.glob(str(ws / "engines" / ".*staged"))
+
+        reload = out.wait_for("reload", timeout=30)  # the service got SIGHUP and swapped to the new artifact
+        assert reload["sha256"] == new_sha and reload["precision"] == "int8-qdq"
+        assert reload["model"] == "engines/m.int8.onnx"
+        service.send_signal(signal.SIGTERM)
+        report = out.wait_for("report", timeout=30)
+        assert report["reloads"] == {"ok": 1, "failed": 0}
+        assert service.wait(30) == 0
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+
+
+def _fake_systemctl(bin_dir):
+    bin_dir.mkdir()
+    path = bin_dir / "systemctl"
+    path.write_text('#!/bin/sh\ncase "$1" in\n  is-active) exit 0 ;;\n'
+                    '  reload) echo "Job for $2.service failed because the control process exited." >&2; exit 1 ;;\n'
+                    'esac\nexit 3\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("step,why", [
+    ("capture", "unreadable source"),
+    ("capture", "too few images"),
+    ("gate", "impossible thresholds"),
+    ("latency", "impossible budget"),
+    ("reload", "systemctl reload fails after the install"),
+    ("reload", "the process exits on SIGHUP"),
+])
+def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatch, request):
+    monkeypatch.chdir(ws)
+    request_cleanup = request.addfinalizer
+    args = ["--config", "cfg.yaml", "--no-reload"] + list(CHEAP)
+    if why == "unreadable source":
+        (ws / "broken.avi").write_text("not a video\n")
+        args += ["--source", ws / "broken.avi", "--check-source", "synthetic"]
+    elif why == "too few images":
+        write_varied_video(ws / "short.avi", 5)
+        args += ["--source", ws / "short.avi", "--every", 1, "--check-source", "synthetic"]
+    elif why == "impossible thresholds":
+        info = json.loads((ws / "engines/m.json").read_text())
+        info["trained"] = True  # the gate is enforced for trained weights only (edge.build)
+        (ws / "engines/m.json").write_text(json.dumps(info))
+        cfg = yaml.safe_load((ws / "cfg.yaml").read_text())
+        cfg["build"]["gate"] = {"min_agreement": 1.0, "min_mean_cosine": 1.0}
+        (ws / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    elif why == "impossible budget":
+        args += ["--budget-ms", 0.001]
+    elif why == "the process exits on SIGHUP":  # an edge-looking process without a SIGHUP handler
+        victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "edge", "run"])
+        request_cleanup(lambda: (victim.kill(), victim.wait()))
+        args = [a for a in args if a != "--no-reload"] + ["--pid", victim.pid]
+    else:
+        _fake_systemctl(ws / "bin")
+        monkeypatch.setenv("PATH", "{}:{}".format(ws / "bin", os.environ["PATH"]))
+        args = [a for a in args if a != "--no-reload"] + ["--systemd"]
+    before = protected(ws)
+    rc, out, err = rebuild_cli(capsys, *args)
+    assert rc != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edge rebuild: error: rebuild failed at step '{}': ".format(step)), \
+        err
+    assert lines[0].endswith("engines/m.int8.onnx unchanged"), lines[0]
+    assert protected(ws) == before  # byte-identical artifact, manifest, labels and calibration set
+    assert leftovers(ws) == []
+    if step == "reload":
+        assert "previous artifact restored, calibration set restored" in lines[0]
+        assert ("exited on SIGHUP instead of reloading" in lines[0]) == (why == "the process exits on SIGHUP")
+        assert "install: engines/m.int8.onnx" in out  # it had been installed, then rolled back
+    if step == "gate":
+        assert "accuracy gate failed" in lines[0]
+    if step == "latency":
+        assert "> budget 0.001 ms" in lines[0]
+    later = STEPS[STEPS.index(step) + 1:]
+    assert not any("'{}' done".format(name) in out for name in later)
+
+
+def test_edge_rebuild_is_registered_and_the_script_calls_it(tmp_path):
+    proc = run_edge("rebuild", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "--dry-run" in proc.stdout and "--pidfile" in proc.stdout
+    script = subprocess.run([os.path.join(REPO, "scripts", "rebuild_calibration.sh"), "--help"], capture_output=True,
+                            text=True, timeout=60, cwd=str(tmp_path))
+    assert script.returncode == 0 and "--systemd" in script.stdout, script.stderr

@@ -1,0 +1,258 @@
+"""Telemetry: jtop key mapping, the Linux reader, degraded paths, and jetson-stats' real service in testing mode."""
+
+import importlib
+import json
+import os
+import threading
+import time
+
+import pytest
+import service_jtop as sj
+from prometheus_client import generate_latest
+
+from edge.metrics import MetricsSink
+from edge.telemetry import LinuxReader, Telemetry, TelemetrySnapshot, snapshot_from_jtop
+
+# jetson-stats 7.x calls distro.linux_distribution(), deprecated
+pytestmark = pytest.mark.filterwarnings("ignore:distro.linux_distribution:DeprecationWarning")
+
+XAVIER_STATS = {
+    "time": None, "uptime": None, "CPU1": 12, "CPU2": 30, "CPU3": "OFF", "RAM": 0.41, "SWAP": 0.0, "EMC": 7,
+    "GPU": 55.0, "NVENC": "OFF", "Fan pwmfan0": 30.0, "Temp CPU": 48.5, "Temp GPU": 46.0, "Temp PMIC": -256,
+    "Power VDD_CPU_GPU_CV": 4200, "Power TOT": 9850, "jetson_clocks": "ON", "nvp model": "MODE_15W",
+}
+XAVIER_CPU = {"cpu": [{"online": True, "freq": {"cur": 1190400}}, {"online": True, "freq": {"cur": 1420800}},
+                      {"online": False, "freq": {"cur": 0}}]}
+XAVIER_GPU = {"gpu": {"status": {"load": 55.0}, "freq": {"cur": 1109250, "min": 114750, "max": 1377000}}}
+XAVIER_MEMORY = {"RAM": {"tot": 16000000, "used": 6560000}, "EMC": {"cur": 2133000, "val": 7}}
+
+
+def test_full_stats_map_to_base_units():
+    snap = snapshot_from_jtop(XAVIER_STATS, XAVIER_CPU, XAVIER_GPU, XAVIER_MEMORY, now=1.0)
+    assert snap.source == "jtop" and snap.degraded is None
+    assert snap.gpu_load == pytest.approx(0.55)  # % -> ratio
+    assert snap.cpu_load == pytest.approx(0.21)  # mean of online cores, OFF skipped
+    assert snap.cpu_freq_mhz == pytest.approx((1190.4 + 1420.8) / 2)  # kHz -> MHz, offline core skipped
+    assert snap.gpu_freq_mhz == pytest.approx(1109.25) and snap.emc_freq_mhz == pytest.approx(2133.0)
+    assert snap.temperatures == {"CPU": 48.5, "GPU": 46.0}  # the -256 (offline) sensor dropped
+    assert snap.power_w == pytest.approx(9.85)  # mW -> W
+    assert snap.ram_fraction == 0.41  # already a fraction in stats
+    assert snap.nvpmodel == "MODE_15W" and snap.jetson_clocks is True
+
+
+def test_orin_and_thor_like_stats_missing_keys_stay_none():
+    # Orin: no EMC in memory, nvpmodel None (no 'nvp model'), no power rails; Thor-like odd GPU structure
+    stats = {"CPU1": 5, "RAM": 0.1, "Temp tj": 51.0}
+    snap = snapshot_from_jtop(stats, {"cpu": [{"online": True}]}, {"gpu": {"status": {}}}, {"RAM": {}})
+    assert snap.gpu_load is None and snap.power_w is None and snap.emc_freq_mhz is None
+    assert snap.cpu_freq_mhz is None and snap.gpu_freq_mhz is None  # Orin issue #556: no 'freq'
+    assert snap.nvpmodel is None and snap.jetson_clocks is None
+    assert snap.temperatures == {"tj": 51.0} and snap.ram_fraction == 0.1
+    assert snapshot_from_jtop({}).temperatures == {}
+    # the docstring's spelling is accepted too, and GPU load falls back to the structured attribute
+    snap = snapshot_from_jtop({"nvpmodel": "MAXN", "jetson_clocks": "OFF"}, gpu={"ga10b": {"status": {"load": 12.5}}})
+    assert snap.nvpmodel == "MAXN" and snap.jetson_clocks is False and snap.gpu_load == pytest.approx(0.125)
+
+
+def test_brief_is_compact_and_json_ready():
+    snap = snapshot_from_jtop(XAVIER_STATS, XAVIER_CPU, XAVIER_GPU, XAVIER_MEMORY)
+    brief = json.loads(json.dumps(snap.brief()))
+    assert brief["temp_max_c"] == 48.5 and brief["gpu_freq_mhz"] == 1109.2 and brief["nvpmodel"] == "MODE_15W"
+    assert "degraded" not in brief and "power_w" in brief
+
+
+def test_linux_reader_reads_thermal_zones_ram_and_a_devfreq_gpu(tmp_path):
+    for n, (kind, milli) in enumerate((("cpu-thermal", "45500"), ("cpu-thermal", "47000"), ("bad", "x"))):
+        zone = tmp_path / "thermal" / "thermal_zone{}".format(n)
+        zone.mkdir(parents=True)
+        (zone / "type").write_text(kind + "\n")
+        (zone / "temp").write_text(milli + "\n")
+    gpu = tmp_path / "devfreq" / "17000000.gpu"
+    (gpu / "device" / "of_node").mkdir(parents=True)
+    (gpu / "device" / "of_node" / "name").write_text("gpu")
+    (gpu / "cur_freq").write_text("306000000")
+    (gpu / "device" / "load").write_text("125")
+    snap = LinuxReader(str(tmp_path / "thermal"), str(tmp_path / "devfreq")).read()
+    assert snap.source == "linux" and snap.degraded is None
+    assert snap.temperatures == {"cpu-thermal": 45.5, "cpu-thermal.1": 47.0}
+    assert snap.gpu_freq_mhz == pytest.approx(306.0) and snap.gpu_load == pytest.approx(0.125)
+    assert 0 < snap.ram_fraction < 1
+
+
+def test_linux_reader_without_psutil_uses_proc_meminfo(tmp_path):
+    (tmp_path / "meminfo").write_text("MemTotal:  1000 kB\nMemFree: 100 kB\nMemAvailable:  250 kB\n")
+    reader = LinuxReader(str(tmp_path), str(tmp_path), str(tmp_path / "meminfo"))
+    reader._psutil = None
+    snap = reader.read()
+    assert snap.ram_fraction == pytest.approx(0.75) and snap.cpu_load is None
+
+
+def _no_socket():
+    if os.path.exists(sj.SOCKET):
+        pytest.skip("{} exists here; the 'no service' path cannot be tested".format(sj.SOCKET))
+
+
+def test_no_jtop_service_is_degraded_retried_with_backoff_and_never_fatal():
+    _no_socket()
+    logged = []
+    telemetry = Telemetry(0.05, mode="jtop", retry_initial_s=0.05, retry_max_s=0.2,
+                          log=lambda event, **f: logged.append((event, f)))
+    telemetry.start()
+    try:
+        assert telemetry.latest().degraded is not None
+        time.sleep(1.0)
+        snap = telemetry.latest()
+    finally:
+        telemetry.stop()
+    assert snap.source == "linux" and "not active" in snap.degraded  # jtop's own words
+    assert snap.ram_fraction is not None  # the Linux reader filled in meanwhile
+    delays = telemetry.retry_delays
+    assert 3 <= telemetry.attempts <= 8, telemetry.attempts  # backoff, not a retry every 50 ms sample
+    assert delays[:3] == [0.05, 0.1, 0.2] and max(delays) == 0.2
+    assert [e for e, _ in logged] == ["telemetry_degraded"]  # logged once, not on every retry
+
+
+def test_auto_mode_off_jetson_reads_linux_without_degrading():
+    _no_socket()
+    if os.path.exists("/etc/nv_tegra_release"):
+        pytest.skip("this is a Jetson")
+    telemetry = Telemetry(1.0)
+    assert not telemetry.wants_jtop()
+    snap = telemetry.sample()
+    assert snap.source == "linux" and snap.degraded is None and telemetry.attempts == 0
+
+
+def test_latest_never_waits_for_a_slow_sample():
+    release = threading.Event()
+
+    class SlowReader(LinuxReader):
+        def read(self, degraded=None):
+            release.wait(5)
+            return TelemetrySnapshot(time=time.time(), source="linux")
+
+    telemetry = Telemetry(0.01, mode="linux", linux=SlowReader())
+    release.set()
+    telemetry.start()  # first sample returns at once
+    release.clear()
+    time.sleep(0.05)  # the thread is now blocked inside read()
+    started = time.perf_counter()
+    for _ in range(1000):
+        telemetry.latest()
+    elapsed = time.perf_counter() - started
+    release.set()
+    telemetry.stop()
+    assert elapsed < 0.05, "latest() waited for the sampler"
+
+
+def sj_wait(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# -- the real jtop service (jetson-stats, testing mode) ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def jtop_service():
+    why = sj.unavailable()
+    if why:
+        pytest.skip("real jtop service not runnable here: " + why)
+    service = sj.JtopService()
+    try:
+        service.setup()
+        service.start()
+        yield service
+    finally:
+        service.cleanup()
+    assert not os.path.exists(sj.SOCKET)
+
+
+def test_real_jtop_service_read_through_telemetry(jtop_service):
+    telemetry = Telemetry(0.5)
+    assert telemetry.wants_jtop()  # auto mode: the socket exists
+    try:
+        snap = telemetry.sample()
+        assert snap.source == "jtop", snap.degraded
+        sink = MetricsSink(30.0, telemetry=telemetry.latest)
+        text = generate_latest(sink.registry).decode()
+    finally:
+        telemetry.stop()
+    assert snap.degraded is None and telemetry.connected == 1
+    assert snap.gpu_load == pytest.approx(sj.GPU_LOAD_PERMILLE / 1000)
+    assert snap.gpu_freq_mhz == pytest.approx(sj.GPU_CUR_HZ / 1e6)
+    assert snap.cpu_freq_mhz == pytest.approx(sj.CPU_CUR_KHZ / 1e3)
+    assert snap.emc_freq_mhz == pytest.approx(sj.EMC_RATE_HZ / 1e6)
+    assert snap.temperatures == {"cpu": 45.5, "gpu": 43.0}
+    mv, ma = sj.RAILS["VDD_IN"]
+    assert snap.power_w == pytest.approx(mv * ma / 1e6)
+    assert 0 < snap.ram_fraction < 1
+    assert snap.nvpmodel == sj.NVP_MODES[sj.NVP_CURRENT] and snap.jetson_clocks is False
+    assert 'edge_temperature_celsius{zone="cpu"} 45.5' in text
+    assert 'edge_nvpmodel_info{mode="MODE_15W"} 1.0' in text and "edge_gpu_load_ratio 0.42" in text
+
+
+def test_real_service_version_mismatch_is_degraded(jtop_service, monkeypatch):
+    client_module = importlib.import_module("jtop.jtop")  # the module (jtop.jtop the attribute is the class)
+    monkeypatch.setattr(client_module, "get_var", lambda regex: "4.3.1")  # an old client against 7.x
+    telemetry = Telemetry(0.5, mode="jtop")
+    snap = telemetry.sample()
+    telemetry.stop()
+    assert snap.source == "linux" and "Mismatch version jtop service" in snap.degraded
+
+
+def test_real_service_without_the_jtop_group_is_degraded(jtop_service):
+    """A user outside the `jtop` group (here: nobody, in a forked child) gets EACCES on the socket."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop to nobody, sample once, report, exit without running pytest's teardown
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            snap = Telemetry(0.5, mode="jtop").sample()
+            os.write(write_fd, json.dumps([snap.source, snap.degraded]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    data = b""
+    while True:
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, data
+    source, degraded = json.loads(data.decode())
+    assert source == "linux" and "can't access jtop.service" in degraded
+
+
+def test_service_restart_degrades_then_recovers(jtop_service):
+    logged = []
+    telemetry = Telemetry(0.2, mode="jtop", retry_initial_s=0.2, retry_max_s=0.4,
+                          log=lambda event, **f: logged.append((event, f)))
+    telemetry.start()
+    try:
+        assert sj_wait(lambda: telemetry.latest().source == "jtop"), telemetry.latest()
+        jtop_service.stop()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and telemetry.latest().degraded is None:
+            time.sleep(0.05)
+        down = telemetry.latest()
+        assert down.source == "linux" and down.degraded, "stopping the service did not degrade telemetry"
+        jtop_service.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and telemetry.latest().source != "jtop":
+            time.sleep(0.05)
+        up = telemetry.latest()
+    finally:
+        telemetry.stop()
+    assert up.source == "jtop" and up.degraded is None and telemetry.connected == 2
+    events = [e for e, _ in logged]
+    assert "telemetry_degraded" in events and events[-1] == "telemetry_recovered"
