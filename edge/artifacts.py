@@ -83,7 +83,7 @@ def current_system(release_file: str = NV_TEGRA_RELEASE) -> Dict[str, Any]:
 def make_manifest(artifact_path: str, source_info: Dict[str, Any], source_path: str, fmt: str, precision: str,
                   calibration: Optional[Dict[str, Any]], gate: Optional[Dict[str, Any]],
                   system: Dict[str, Any], build: Dict[str, Any]) -> Dict[str, Any]:
-    from .export import sha256_file
+    from .modelinfo import sha256_file
 
     manifest = dict(source_info)  # arch, weights, trained, input/output, labels ... from the FP32 model
     manifest.update({
@@ -128,7 +128,7 @@ def check_manifest(artifact_path: str, expected: Dict[str, Any], rebuild: str = 
 
     `expected` maps dotted manifest keys ('source.sha256', 'system.tensorrt', ...) to required values.
     """
-    from .export import sha256_file
+    from .modelinfo import sha256_file
 
     tail = "; rebuild with: " + rebuild
     if not os.path.isfile(artifact_path):

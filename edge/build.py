@@ -170,7 +170,7 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
 
 def expected_manifest(plan: BuildPlan, system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """What an installed artifact must record to count as built from this plan's inputs on this system."""
-    from .export import sha256_file
+    from .modelinfo import sha256_file
 
     b = plan.cfg.build
     expected: Dict[str, Any] = {"source.sha256": sha256_file(plan.source), "precision": b.precision,
@@ -208,8 +208,8 @@ def step_quantize(plan: BuildPlan, staged: str, log: Callable[..., None]) -> Dic
 
 
 def step_engine(plan: BuildPlan, onnx_path: str, staged: str, log: Callable[..., None]) -> Dict[str, Any]:
-    from .export import sha256_file
     from .gpu.tensorrt_build import build_engine, verify_engine
+    from .modelinfo import sha256_file
 
     b = plan.cfg.build
     info = build_engine(onnx_path, staged, b.precision, b.workspace_mb, plan.calibration if plan.calibrator else None,

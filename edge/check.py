@@ -10,7 +10,6 @@ stacked stages, telemetry traces). `--compare previous.json` flags per-stage p50
 """
 
 import argparse
-import hashlib
 import io
 import json
 import os
@@ -28,7 +27,7 @@ from . import __version__
 from .errors import EXIT_FAIL, EXIT_OK, EdgeError, require
 from .latency import STAGES, format_table
 from .log import JsonLog
-from .modelinfo import UNTRAINED_WARNING
+from .modelinfo import UNTRAINED_WARNING, sha256_file
 from .pipeline import Result, Sink
 
 SCHEMA_VERSION = 1
@@ -580,14 +579,10 @@ class _Events(JsonLog):
 
 
 def _sha256(path: str) -> Optional[str]:
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
+        return sha256_file(path)
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def _writable_parent(path: str, what: str) -> None:

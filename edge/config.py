@@ -46,6 +46,7 @@ class PreprocessConfig:
 class BackendConfig:
     kind: str = "auto"  # auto | onnxruntime | tensorrt
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (measured fastest, benchmarks/ort_threads.py)
+    intra_op_spinning: bool = True  # false: steadier tail, slower median (measured, benchmarks/ort_threads.py)
     cuda_graph: bool = False
 
 

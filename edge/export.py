@@ -6,7 +6,6 @@ checkpoint (a state_dict, or a dict holding one under 'state_dict' or 'model').
 The export is checked against torch on the same input: max |ORT - torch| / max |torch| < 1e-4.
 """
 
-import hashlib
 import os
 import socket
 import tempfile
@@ -18,20 +17,12 @@ import numpy as np
 
 from .backends.base import INPUT_NAME, OUTPUT_NAME
 from .errors import EdgeError, require
-from .modelinfo import info_path, write_json_atomic
+from .modelinfo import info_path, sha256_file, write_json_atomic
 
 ARCHES = ("mobilenet_v3_large", "mobilenet_v3_small")
 OPSET = 17
 MAX_RELATIVE_ERROR = 1e-4
 _DOWNLOAD_TIMEOUT_S = 20
-
-
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _imagenet_weights(arch: str) -> Any:

@@ -22,7 +22,7 @@ def create_stages(cfg: Config) -> Tuple[Callable[[Any], Any], Any, str]:
     else:
         from .backends.onnxruntime_backend import OnnxRuntimeBackend
 
-        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads)
+        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
     if pre_device == "cuda":
         from .gpu.cuda_preprocess import CudaPreprocessor
 

@@ -3,6 +3,7 @@
 The runtime reads it without torch: every report and log line says so when the weights are not trained.
 """
 
+import hashlib
 import json
 import os
 from typing import Any, Dict
@@ -10,6 +11,14 @@ from typing import Any, Dict
 from .errors import EdgeError
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def info_path(model_path: str) -> str:

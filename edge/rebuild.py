@@ -355,25 +355,13 @@ class Rebuild:
 
     def manifest(self) -> Dict[str, Any]:
         """The artifact manifest, as edge.build.run_build writes it, plus the latency check."""
-        from .artifacts import current_system, make_manifest
+        from .build import assemble_manifest
 
-        plan, b, result = self.plan, self.cfg.build, self.gate
-        assert self.candidate is not None and result is not None
-        calibration = None
-        if plan.calibration is not None:
-            calibration = {"set": self.calibration_dir, "sha256": plan.calibration.sha256,
-                           "images": len(plan.calibration),
-                           "method": "tensorrt-entropy2" if plan.calibrator else b.method,
-                           "exclude_sensitive": None if plan.calibrator else b.exclude_sensitive}
-        gate = {k: result.report.get(k) for k in ("passed", "agreement", "mean_cosine", "min_cosine", "samples",
-                                                  "labelled", "top1_drop_pp", "regression_sha256")}
-        gate.update({"enforced": plan.gate_enforced, "report": os.path.abspath(plan.report_path),
-                     "flips": len(result.report["flips"]) + result.report["flips_not_listed"]})
-        manifest = make_manifest(self.candidate, plan.source_info, plan.source, plan.fmt, b.precision, calibration,
-                                 gate, current_system(),
-                                 {"command": self.command, "quantize": self.quant, "engine": self.engine_info,
-                                  "seconds": round(time.monotonic() - self.started, 1)})
-        manifest["artifact"] = os.path.basename(self.artifact)
+        assert self.candidate is not None and self.gate is not None
+        manifest = assemble_manifest(self.plan, self.candidate, self.gate,
+                                     {"command": self.command, "quantize": self.quant, "engine": self.engine_info,
+                                      "seconds": round(time.monotonic() - self.started, 1)},
+                                     calibration_dir=self.calibration_dir)
         manifest["latency"] = self.latency
         return manifest
 

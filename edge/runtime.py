@@ -20,7 +20,6 @@ More than `runtime.max_consecutive_errors` failed frames in a row raise EdgeErro
 systemd's Restart=on-failure restarts the service.
 """
 
-import hashlib
 import signal
 import sys
 import threading
@@ -34,7 +33,7 @@ from .errors import EXIT_FAIL, EdgeError
 from .factory import create_stages
 from .latency import LatencyRecorder, format_table
 from .log import JsonLog
-from .modelinfo import UNTRAINED_WARNING, read_model_info
+from .modelinfo import UNTRAINED_WARNING, read_model_info, sha256_file
 from .notify import Notifier, NotifySink
 from .pipeline import Pipeline, Result, Sink, TooManyErrors
 from .postprocess import TopK, load_labels
@@ -91,14 +90,6 @@ class _RateLimit:
     def take_suppressed(self) -> int:
         n, self.suppressed = self.suppressed, 0
         return n
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 StagesFactory = Callable[[Config], Tuple[Callable[[Any], Any], Any, str]]
@@ -204,7 +195,7 @@ class Runtime:
     def _model_sha(self, model_path: str, info: Dict[str, Any]) -> Tuple[str, Optional[str]]:
         """(sha256 of the bytes actually loaded, the sidecar's differing sha256 or None): a sidecar can be stale."""
         try:
-            sha = file_sha256(model_path)
+            sha = sha256_file(model_path)
         except OSError:
             return "unknown", None
         declared = info.get("sha256")

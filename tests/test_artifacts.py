@@ -22,8 +22,7 @@ from edge.artifacts import (
     verify_onnx,
 )
 from edge.errors import EdgeError
-from edge.export import sha256_file
-from edge.modelinfo import info_path, read_model_info
+from edge.modelinfo import info_path, read_model_info, sha256_file
 
 quiet = lambda *a: None  # noqa: E731
 

@@ -11,7 +11,8 @@ import pytest
 import service_helpers as sh
 
 from edge.errors import EdgeError
-from edge.runtime import Runtime, StopFlag, file_sha256, run
+from edge.modelinfo import sha256_file
+from edge.runtime import Runtime, StopFlag, run
 from edge.sources import LatestFrameGrabber
 
 from conftest import REPO, run_edge
@@ -273,7 +274,7 @@ def test_sighup_swaps_to_a_new_model_and_keeps_the_old_one_when_the_new_one_fail
         proc.send_signal(signal.SIGHUP)
         swapped = out.wait(lambda r: r["event"] == "reload")
         assert swapped["model"] == b and swapped["previous_model"] == a
-        assert swapped["sha256"] == file_sha256(b) != file_sha256(a)
+        assert swapped["sha256"] == sha256_file(b) != sha256_file(a)
         frames_then = max(r["frames"] for r in out.records if r["event"] == "summary")
         out.wait(lambda r: r["event"] == "summary" and r["frames"] >= frames_then + 40)
 
