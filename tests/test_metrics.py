@@ -11,8 +11,9 @@ import service_helpers as sh
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge.metrics import MetricsSink, budget_buckets
+from edge.modelinfo import sha256_file
 from edge.pipeline import Result
-from edge.runtime import Runtime, file_sha256
+from edge.runtime import Runtime
 from edge.telemetry import TelemetrySnapshot
 
 IMAGE = np.zeros((2, 2, 3), np.uint8)
@@ -166,7 +167,7 @@ def test_runtime_serves_metrics_on_localhost_and_they_match_its_recorder(small_m
         assert value(p, "edge_frame_latency_seconds_sum") == pytest.approx(e2e.sum() / 1000, rel=1e-6)
         assert skipped_before <= value(p, "edge_dropped_frames_total") <= skipped_after
         assert value(p, "edge_engine_info", backend="onnxruntime", precision="fp32", model=small_model,
-                     sha256=file_sha256(small_model)) == 1
+                     sha256=sha256_file(small_model)) == 1
         assert value(p, "edge_telemetry_source_info", source=runtime.telemetry.latest().source) == 1
         assert value(p, "edge_ram_used_ratio") > 0
     finally:
