@@ -1,12 +1,13 @@
+import os
 import subprocess
 import sys
 
 import pytest
 
-from edge.config import load_config
+from edge.config import as_dict, load_config
 from edge.errors import EdgeError
 
-from conftest import run_edge
+from conftest import REPO, run_edge
 
 BAD_CONFIGS = [
     ("runtime:\n  budget_ms: 30\n  bugdet: 1\n", "unknown key 'runtime.bugdet'"),
@@ -98,3 +99,8 @@ def test_missing_optional_dependency_names_the_extra(small_model):
     assert proc.returncode == 2
     assert "missing dependency 'onnxruntime'" in proc.stderr and "jetson-edge[cpu]" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_documented_example_is_complete_and_matches_the_defaults():
+    example = load_config(os.path.join(REPO, "configs", "example.yaml"))
+    assert as_dict(example) == as_dict(load_config(None))
