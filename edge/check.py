@@ -751,11 +751,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("check", help="latency check: N frames through the pipeline against the budget",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=cmd_check)
-    return p
+    from .cli import add_command
+
+    return add_command(subparsers, "check", "latency check: N frames through the pipeline against the budget",
+                       __doc__, add_arguments, cmd_check)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -774,26 +773,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def standalone_main(prog: str, description: Optional[str], add: Callable[[argparse.ArgumentParser], None],
-                    func: Callable[[argparse.Namespace], int], argv: Optional[Sequence[str]] = None) -> int:
-    """What `edge <command>` does, for the scripts/ callers: parse, run, one-line errors with exit codes."""
-    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
-    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add(parser)
-    args = parser.parse_args(argv)
-    try:
-        return int(func(args))
-    except EdgeError as exc:
-        print("{}: error: {}".format(prog, exc), file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("{}: interrupted".format(prog), file=sys.stderr)
-        return 130
-
-
 def main(argv: Optional[Sequence[str]] = None, prog: str = "edge check") -> int:
+    from .cli import standalone_main
+
     return standalone_main(prog, __doc__, add_arguments, cmd_check, argv)
 
 

@@ -3,7 +3,7 @@
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import __version__
 from .errors import EXIT_OK, EdgeError
@@ -73,20 +73,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def add_command(subparsers: Any, name: str, summary: str, description: Optional[str],
+                add_arguments: Callable[[argparse.ArgumentParser], None],
+                func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """Register a subcommand whose flags come from `add_arguments` (shared with its scripts/ caller)."""
+    p = subparsers.add_parser(name, help=summary, description=description,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=func)
+    return p
+
+
+def _execute(prog: str, func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command: EdgeError becomes one line on stderr and its exit code, Ctrl-C exit 130."""
     # FFmpeg and OpenCV would print their own lines for a bad file; our error line says what matters.
     os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
     os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        return int(func(args))
     except EdgeError as exc:
-        print("edge {}: error: {}".format(args.command, exc), file=sys.stderr)
+        print("{}: error: {}".format(prog, exc), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("edge {}: interrupted".format(args.command), file=sys.stderr)
+        print("{}: interrupted".format(prog), file=sys.stderr)
         return 130
+
+
+def standalone_main(prog: str, description: Optional[str], add_arguments: Callable[[argparse.ArgumentParser], None],
+                    func: Callable[[argparse.Namespace], int], argv: Optional[Sequence[str]] = None) -> int:
+    """What `edge <command>` does, for the thin scripts/ callers."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return _execute(prog, func, parser.parse_args(argv))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return _execute("edge " + args.command, args.func, args)
 
 
 if __name__ == "__main__":

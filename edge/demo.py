@@ -339,11 +339,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("demo", help="camera demo: top-5, stage times, FPS, budget on the frame (window/MJPEG)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=cmd_demo)
-    return p
+    from .cli import add_command
+
+    return add_command(subparsers, "demo", "camera demo: top-5, stage times, FPS, budget on the frame (window/MJPEG)",
+                       __doc__, add_arguments, cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -358,7 +357,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "edge demo") -> int:
-    from .check import standalone_main
+    from .cli import standalone_main
 
     return standalone_main(prog, __doc__, add_arguments, cmd_demo, argv)
 

@@ -163,7 +163,7 @@ class MetricsSink(Sink):
                           "sha256": str(sha256)})
 
     def on_result(self, result: Result) -> None:
-        self._status.get(result.status, self.frames.labels(result.status)).inc()
+        self._status[result.status].inc()
         if result.status == "error":
             return
         stage_ms = result.stage_ms

@@ -518,11 +518,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_rebuild_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("rebuild", help="capture -> calibrate -> build -> gate -> latency -> install -> reload",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=cmd_rebuild)
-    return p
+    from .cli import add_command
+
+    return add_command(subparsers, "rebuild", "capture -> calibrate -> build -> gate -> latency -> install -> reload",
+                       __doc__, add_arguments, cmd_rebuild)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
@@ -543,7 +542,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "edge rebuild") -> int:
-    from .check import standalone_main
+    from .cli import standalone_main
 
     return standalone_main(prog, __doc__, add_arguments, cmd_rebuild, argv)
 
