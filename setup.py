@@ -19,5 +19,5 @@ setup(
         "dev": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.14", "jetson-stats>=4.2",
                 "ruff>=0.4", "vermin>=1.5", "tqdm>=4"],
     },
-    entry_points={"console_scripts": ["edge=edge.cli:main"]},
+    entry_points={"console_scripts": ["edge=edge.commands.cli:main"]},
 )

@@ -22,12 +22,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from edge.backends.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
-from edge.calibration import load_calibration_set  # noqa: E402
+from edge.build.calibration import load_calibration_set  # noqa: E402
+from edge.build.gate import evaluate  # noqa: E402
+from edge.build.quantize import quantize_qdq  # noqa: E402
 from edge.config import GateConfig  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
-from edge.gate import evaluate  # noqa: E402
-from edge.quantize import quantize_qdq  # noqa: E402
+from edge.frame.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
 
 from trained_model import train_digits_model  # noqa: E402
 
@@ -68,8 +68,8 @@ def digits_table(work, epochs):
 
 
 def large_timing(work):
+    from edge.build.export import export_mobilenet
     from edge.config import PreprocessConfig
-    from edge.export import export_mobilenet
 
     src = os.path.join(work, "mobilenet_v3_large.onnx")
     export_mobilenet("mobilenet_v3_large", "random", src, log=quiet)
@@ -88,7 +88,7 @@ def large_timing(work):
             except EdgeError as exc:
                 result = "fails: " + str(exc).split(": ", 2)[-1]
             print("| {} | {} | {} |".format(method, "yes" if exclude else "no", result))
-    from edge.build import check_inputs, run_build
+    from edge.build.steps import check_inputs, run_build
     from edge.config import load_config
 
     cfg = load_config(None, {"model.path": src, "build.engines_dir": os.path.join(work, "engines"),

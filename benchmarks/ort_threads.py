@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from edge.backends.onnxruntime_backend import OnnxRuntimeBackend
-from edge.export import export_mobilenet
+from edge.build.export import export_mobilenet
+from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
 
 def main():

@@ -17,11 +17,11 @@ import time
 import cv2
 import numpy as np
 
+from edge.build.export import build_model, export_onnx
 from edge.config import load_config
-from edge.export import build_model, export_onnx
-from edge.log import JsonLog
-from edge.preprocess import CpuPreprocessor
-from edge.runtime import Runtime
+from edge.frame.preprocess import CpuPreprocessor
+from edge.service.log import JsonLog
+from edge.service.runtime import Runtime, StopFlag, run
 
 
 def photo_video(path, frames=60):
@@ -42,17 +42,13 @@ def percentiles(samples):
 def run_edge_pipeline(model, video, frames, spinning=True):
     cfg = load_config(None, {"model.path": model, "source.uri": video, "source.fps": 30.0, "runtime.warmup": 10,
                              "backend.kind": "onnxruntime", "preprocess.device": "cpu",
-                             "backend.intra_op_spinning": spinning})
-    runtime = Runtime(cfg, log=JsonLog(open(os.devnull, "w")))
-    try:
-        pipeline = runtime.start()
-        runtime.warm_up()
-        for _ in range(frames):
-            pipeline.step()
-        stages = pipeline.recorder.stages
-        return {name: stages[name].window().copy() for name in ("preprocess", "infer", "end_to_end")}
-    finally:
-        runtime.close()
+                             "backend.intra_op_spinning": spinning, "runtime.frames": frames,
+                             "runtime.latency_window": max(frames, 4096)})
+    with open(os.devnull, "w") as devnull:
+        runtime = Runtime(cfg, log=JsonLog(devnull))
+        run(stop=StopFlag(), runtime=runtime)  # the one frame loop, as `edge run` runs it
+    stages = runtime.pipeline.recorder.stages
+    return {name: stages[name].window().copy() for name in ("preprocess", "infer", "end_to_end")}
 
 
 def run_torch_baseline(net, video, frames):

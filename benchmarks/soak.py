@@ -1,4 +1,4 @@
-"""Soak test of the daemon: 20,000 frames through `edge.runtime.run` with everything a service runs switched
+"""Soak test of the daemon: 20,000 frames through `edge.service.runtime.run` with everything a service runs switched
 on (grabber thread, ONNX Runtime, metrics HTTP server being scraped, sd_notify with a watchdog, telemetry
 thread, JSON log), then resident memory, threads and open files compared with a baseline taken once the
 process has settled.
@@ -26,9 +26,9 @@ from typing import Any, Dict, List, Optional
 import psutil
 
 from edge.config import load_config
-from edge.log import JsonLog
-from edge.pipeline import Result, Sink
-from edge.runtime import Runtime, StopFlag, run
+from edge.frame.pipeline import Result, Sink
+from edge.service.log import JsonLog
+from edge.service.runtime import Runtime, StopFlag, run
 
 MAX_RSS_GROWTH = 0.05
 
@@ -164,7 +164,7 @@ def main() -> int:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from edge.export import export_mobilenet
+        from edge.build.export import export_mobilenet
 
         model = os.path.join(tempfile.mkdtemp(prefix="edge-soak-model-"), "mobilenet_v3_small.onnx")
         export_mobilenet("mobilenet_v3_small", "random", model, log=lambda *a: None)

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from .errors import EdgeError
+from edge.errors import EdgeError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -31,6 +31,8 @@ class SourceConfig:
     fps: float = 30.0
     loop: bool = True  # files and image folders restart at the end
     timeout_s: float = 2.0  # no frame for this long counts as a source fault
+    rtsp_codec: str = "auto"  # auto (any codec the stream has) | h264 | h265 | mjpeg
+    rtsp_tcp: bool = False  # RTP inside the RTSP connection (sites that block UDP)
 
 
 @dataclass
@@ -78,7 +80,6 @@ class BuildConfig:
     precision: str = "int8"  # int8 | fp16 | fp32
     engines_dir: str = "engines"
     workspace_mb: int = 1024
-    auto_rebuild: bool = False
     gate: GateConfig = field(default_factory=GateConfig)
 
 
@@ -116,6 +117,7 @@ class Config:
 
 
 _CHOICES = {
+    "source.rtsp_codec": ("auto", "h264", "h265", "mjpeg"),
     "preprocess.device": ("auto", "cpu", "cuda"),
     "backend.kind": ("auto", "onnxruntime", "tensorrt"),
     "build.method": ("minmax", "entropy", "percentile"),
@@ -222,6 +224,17 @@ def load_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] 
             raise EdgeError("{}: cannot read config: {}".format(path, exc.strerror)) from None
         if not isinstance(data, dict):
             raise EdgeError("{}: top level must be a mapping of sections, got {!r}".format(path, data))
+    return _from_data(data, overrides, where, path)
+
+
+def with_overrides(cfg: Config, overrides: Dict[str, Any]) -> Config:
+    """A new, validated Config: `cfg` with dotted overrides applied. `cfg` itself is never changed."""
+    data = dataclasses.asdict(cfg)
+    data.pop("path", None)
+    return _from_data(data, overrides, cfg.path or "<defaults>", cfg.path)
+
+
+def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where: str, path: Optional[str]) -> Config:
     for dotted, value in (overrides or {}).items():
         node = data
         parts = dotted.split(".")

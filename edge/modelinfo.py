@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Dict
 
-from .errors import EdgeError
+from edge.errors import EdgeError
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
 

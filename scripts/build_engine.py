@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edge.build import add_build_parser  # noqa: E402
+from edge.build.steps import add_build_parser  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
 
 if __name__ == "__main__":

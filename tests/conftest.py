@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="session")
 def small_model(tmp_path_factory):
     """MobileNetV3-Small with seeded random weights, exported by the real `edge export` code."""
-    from edge.export import export_mobilenet
+    from edge.build.export import export_mobilenet
 
     out = str(tmp_path_factory.mktemp("model") / "mobilenet_v3_small.onnx")
     export_mobilenet("mobilenet_v3_small", "random", out, log=lambda *a: None)

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import yaml
 
-from edge.backends.onnxruntime_backend import OnnxRuntimeBackend
 from edge.config import load_config
-from edge.log import JsonLog
-from edge.preprocess import CpuPreprocessor
-from edge.sources import Capture, SyntheticCapture
+from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.frame.preprocess import CpuPreprocessor
+from edge.frame.sources import Capture, SyntheticCapture
+from edge.service.log import JsonLog
 
 
 class NotifyListener:

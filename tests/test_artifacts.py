@@ -7,15 +7,14 @@ import shutil
 
 import pytest
 
-from edge import artifacts
-from edge.artifacts import (
+from edge.board import current_system, read_l4t
+from edge.build import artifacts
+from edge.build.artifacts import (
     artifact_is_current,
     check_engine_manifest,
     check_manifest,
-    current_system,
     install,
     make_manifest,
-    read_l4t,
     rollback,
     staging_path,
     system_expectations,
@@ -50,16 +49,17 @@ def manifest_for(artifact, source, **extra):
 
 
 def test_read_l4t(tmp_path):
-    release = tmp_path / "nv_tegra_release"
+    release = tmp_path / "etc" / "nv_tegra_release"
+    release.parent.mkdir()
     release.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: ...\n")
-    assert read_l4t(str(release)) == "R36.4.3"
+    assert read_l4t(str(tmp_path)) == "R36.4.3"
     assert read_l4t(str(tmp_path / "missing")) is None
 
 
 def test_current_system_on_this_cpu_machine():
     import onnxruntime
 
-    system = current_system(release_file="/nonexistent")
+    system = current_system(root="/nonexistent")
     assert system["onnxruntime"] == onnxruntime.__version__
     assert system["l4t"] is None
     assert system["tensorrt"] is None  # tensorrt-stubs installs a `tensorrt` package without a runtime
@@ -174,7 +174,7 @@ def test_failed_verification_or_full_disk_leaves_installed_artifact_untouched(di
 @pytest.fixture(scope="module")
 def digits_onnx_pair(tmp_path_factory):
     """Two different small valid ONNX models (random MobileNetV3-Small, two seeds)."""
-    from edge.export import export_mobilenet
+    from edge.build.export import export_mobilenet
 
     folder = tmp_path_factory.mktemp("pair")
     paths = []

@@ -10,21 +10,15 @@ import shutil
 import pytest
 import yaml
 
-from edge import artifacts, quantize
-from edge.build import (
-    add_build_parser,
-    add_calibrate_parser,
-    add_rollback_parser,
-    artifact_status,
-    check_inputs,
-    source_model,
-)
-from edge.calibration import import_calibration_set, load_calibration_set
+from edge.build import artifacts, quantize
+from edge.build.calibration import import_calibration_set, load_calibration_set
+from edge.build.export import sha256_file
+from edge.build.quantize import validate_qdq
+from edge.build.steps import artifact_status, check_inputs, source_model
+from edge.commands.build import register
 from edge.config import load_config
 from edge.errors import EdgeError
-from edge.export import sha256_file
 from edge.modelinfo import read_model_info
-from edge.quantize import validate_qdq
 
 from trained_model import digits, digits_qdq  # noqa: F401  (session fixtures)
 
@@ -34,8 +28,7 @@ quiet = lambda *a: None  # noqa: E731
 def cli(*argv):
     parser = argparse.ArgumentParser(prog="edge")
     sub = parser.add_subparsers(dest="command")
-    for add in (add_build_parser, add_calibrate_parser, add_rollback_parser):
-        add(sub)
+    register(sub)
     args = parser.parse_args([str(a) for a in argv])
     return args.func(args)
 
@@ -221,13 +214,13 @@ def test_calibrate_import_and_capture_commands(digits, video_file, tmp_path):  #
     assert s.manifest["source"] == video_file
 
 
-# --- edge/gpu/tensorrt_build.py against a recording stand-in for TensorRT (no GPU here) ---------------------
+# --- edge/build/tensorrt_engine.py against a recording stand-in for TensorRT (no GPU here) ---------------------
 # The stand-in has only what the real API has (per version: 8.5 needs EXPLICIT_BATCH, 11 has no precision flags
 # and no calibrator); it records what the builder was asked for and drives a calibrator as TensorRT does.
 
 
 class FakeSession:
-    """edge.gpu.cuda_preprocess.CudaSession's surface: host memory stands in for device memory."""
+    """edge.frame.cuda_preprocess.CudaSession's surface: host memory stands in for device memory."""
 
     def __init__(self):
         self.copies = []
@@ -379,7 +372,7 @@ def fake_tensorrt(version):
 def fake_trt(monkeypatch):
     import sys
 
-    from edge.gpu import tensorrt_build
+    from edge.build import tensorrt_engine as tensorrt_build
 
     sessions = []
 
@@ -393,7 +386,7 @@ def fake_trt(monkeypatch):
 
 
 def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version="10.3.0"):  # noqa: F811
-    from edge.gpu.tensorrt_build import build_engine
+    from edge.build.tensorrt_engine import build_engine
 
     lines = []
     info = build_engine(onnx_path, str(tmp_path / "engines" / "m.engine"), precision, 256, images, digits.preprocess,
@@ -422,7 +415,7 @@ def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_
 
 def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cache(fake_trt, digits,  # noqa: F811
                                                                                    tmp_path):
-    from edge.preprocess import CpuPreprocessor
+    from edge.frame.preprocess import CpuPreprocessor
 
     trt, sessions = fake_trt("10.3.0")
     images = load_calibration_set(digits.calibration)

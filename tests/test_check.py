@@ -8,12 +8,14 @@ import stat
 import subprocess
 import sys
 
+import check_schema
 import numpy as np
 import pytest
 
-from edge import check
+from edge import board
+from edge.commands import check, check_report
 from edge.config import load_config
-from edge.latency import STAGES
+from edge.frame.latency import STAGES
 
 from conftest import REPO, run_edge, write_video
 
@@ -51,8 +53,8 @@ def test_pass_writes_a_report_matching_the_schema(passed):
     proc, out = passed
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "check.json").read_text())
-    assert check.schema_errors(report) == []
-    assert report["schema_version"] == check.SCHEMA_VERSION
+    assert check_schema.schema_errors(report) == []
+    assert report["schema_version"] == check_report.SCHEMA_VERSION
     assert report["verdict"] == "pass" and report["budget_ms"] == 1000.0
     assert report["frames"] == 40 and report["warmup"] == 3 and report["ended_by"] == "frames"
     assert (report["backend"], report["precision"]) == ("onnxruntime", "fp32")
@@ -65,14 +67,14 @@ def test_pass_writes_a_report_matching_the_schema(passed):
     assert report["model"]["trained"] is False and "UNTRAINED" in report["model"]["warning"]
     assert len(report["model"]["sha256"]) == 64
     assert report["system"]["jetson"] is False and report["system"]["python"]
-    assert check.NOT_A_JETSON in report["warnings"]
+    assert board.NOT_A_JETSON in report["warnings"]
     assert report["telemetry"]["status"] in ("ok", "unavailable")
     if report["telemetry"]["status"] == "unavailable":
         assert report["telemetry"]["reason"]
     assert report["figure"] == {"path": str(out / "check.png"), "width_px": 1200, "height_px": 900}
     # the trtexec-like table on stdout, the DVFS warning on stderr
     assert "stage (ms)" in proc.stdout and "end_to_end" in proc.stdout and "PASS" in proc.stdout
-    assert check.NOT_A_JETSON in proc.stderr
+    assert board.NOT_A_JETSON in proc.stderr
 
 
 def test_schema_check_catches_missing_keys_and_wrong_types(passed):
@@ -82,7 +84,7 @@ def test_schema_check_catches_missing_keys_and_wrong_types(passed):
     broken["frames"] = "40"
     broken["stages_ms"]["infer"]["p99"] = None
     broken["verdict"] = "maybe"
-    errors = check.schema_errors(broken)
+    errors = check_schema.schema_errors(broken)
     assert any("missing 'miss_rate'" in e for e in errors)
     assert any(e.startswith("report.frames:") for e in errors)
     assert any(e.startswith("report.stages_ms.infer.p99:") for e in errors)
@@ -133,7 +135,7 @@ def test_compare_flags_a_constructed_regression(passed, small_model, hd_video, t
                          "--compare", tmp_path / "previous.json", "--fail-on-regression")
     assert proc.returncode == 1, proc.stderr  # within budget, but --fail-on-regression
     report = json.loads((tmp_path / "r.json").read_text())
-    assert check.schema_errors(report) == []
+    assert check_schema.schema_errors(report) == []
     assert report["verdict"] == "pass" and report["figure"] is None
     comparison = report["comparison"]
     assert comparison["previous"] == str(tmp_path / "previous.json")
@@ -148,7 +150,7 @@ def test_compare_flags_a_constructed_regression(passed, small_model, hd_video, t
 def test_compare_needs_both_thresholds():
     current = {"a": {"p50": 1.15, "p99": 2.3}, "b": {"p50": 10.5, "p99": 0.5}}
     previous = {"stages_ms": {"a": {"p50": 1.0, "p99": 2.0}, "b": {"p50": 10.0, "p99": 0.0}}}
-    result = check.compare(current, previous, "prev.json")
+    result = check_report.compare(current, previous, "prev.json")
     assert not result["stages"]["a"]["p50"]["regressed"]  # +15 % but only +0.15 ms
     assert result["stages"]["a"]["p99"]["regressed"]  # +15 % and +0.3 ms
     assert not result["stages"]["b"]["p50"]["regressed"]  # +0.5 ms but only +5 %
@@ -160,7 +162,7 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"frames": 3}')
     with pytest.raises(check.EdgeError, match="not an edge check report"):
-        check.load_previous(str(bad))
+        check_report.load_previous(str(bad))
 
 
 def _fake_jetson(root, bin_dir, mode_name, mode_id, pinned):
@@ -187,7 +189,7 @@ def _fake_jetson(root, bin_dir, mode_name, mode_id, pinned):
 def test_clock_state_warns_when_dvfs_is_free(tmp_path, monkeypatch):
     _fake_jetson(tmp_path / "root", tmp_path / "bin", "15W", 1, pinned=False)
     monkeypatch.setenv("PATH", "{}:{}".format(tmp_path / "bin", os.environ["PATH"]))
-    state, warnings = check.clock_state(str(tmp_path / "root"))
+    state, warnings = board.clock_state(str(tmp_path / "root"))
     assert state["jetson"] is True and state["l4t"] == "R36.4.3"
     assert state["nvpmodel"] == "15W (1)" and state["nvpmodel_max"] is False
     assert state["jetson_clocks"] == "off"
@@ -198,18 +200,18 @@ def test_clock_state_warns_when_dvfs_is_free(tmp_path, monkeypatch):
 def test_clock_state_quiet_when_pinned_at_maxn(tmp_path, monkeypatch):
     _fake_jetson(tmp_path / "root", tmp_path / "bin", "MAXN", 0, pinned=True)
     monkeypatch.setenv("PATH", "{}:{}".format(tmp_path / "bin", os.environ["PATH"]))
-    state, warnings = check.clock_state(str(tmp_path / "root"))
+    state, warnings = board.clock_state(str(tmp_path / "root"))
     assert (state["nvpmodel_max"], state["jetson_clocks"], warnings) == (True, "on", [])
 
 
 def test_clock_state_off_a_jetson(tmp_path):
-    state, warnings = check.clock_state(str(tmp_path))
+    state, warnings = board.clock_state(str(tmp_path))
     assert state["jetson"] is False and state["jetson_clocks"] == "unknown"
-    assert warnings == [check.NOT_A_JETSON]
+    assert warnings == [board.NOT_A_JETSON]
 
 
 class FakeTelemetry:
-    """Stands in for edge.telemetry.Telemetry: a rising temperature, a fixed GPU clock, a power reading."""
+    """Stands in for edge.service.telemetry.Telemetry: a rising temperature, a fixed GPU clock, a power reading."""
 
     def __init__(self, interval_s=1.0, log=None, **_):
         self.n = 0
@@ -221,7 +223,7 @@ class FakeTelemetry:
         return self
 
     def latest(self):
-        from edge.telemetry import TelemetrySnapshot
+        from edge.service.telemetry import TelemetrySnapshot
 
         self.n += 1
         return TelemetrySnapshot(time=float(self.n), source="fake", temperatures={"cpu": 40.0 + self.n, "gpu": 30.0},
@@ -233,9 +235,9 @@ class FakeTelemetry:
 
 def test_telemetry_summary_and_traces(small_model, video_file, tmp_path, monkeypatch):
     cv2 = pytest.importorskip("cv2")
-    import edge.telemetry
+    import edge.service.telemetry
 
-    monkeypatch.setattr(edge.telemetry, "Telemetry", FakeTelemetry)
+    monkeypatch.setattr(edge.service.telemetry, "Telemetry", FakeTelemetry)
     cfg = load_config(None, {"model.path": small_model, "source.uri": video_file, "runtime.warmup": 2,
                              "source.fps": 200})
     lines = []
@@ -246,7 +248,7 @@ def test_telemetry_summary_and_traces(small_model, video_file, tmp_path, monkeyp
     assert tele["gpu_clock_mhz"] == {"min": 918.0, "mean": 918.0, "max": 918.0}
     assert tele["temperature_c"]["min"] > 40.0 and tele["temperature_c"]["max"] > tele["temperature_c"]["min"]
     assert 5.0 <= tele["power_w"]["min"] <= tele["power_w"]["mean"] <= tele["power_w"]["max"] <= 5.2
-    assert check.schema_errors(report) == []
+    assert check_schema.schema_errors(report) == []
     assert "telemetry min/mean/max: temperature_c" in lines[-1]
     image = cv2.imread(str(tmp_path / "r.png"))
     bottom = image[int(image.shape[0] * 0.7):]  # the three telemetry panels

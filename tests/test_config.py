@@ -92,7 +92,7 @@ def test_cli_bad_inputs_exit_2(tmp_path, small_model, case, expected):
 
 
 def test_missing_optional_dependency_names_the_extra(small_model):
-    code = ("import sys; sys.modules['onnxruntime'] = None; from edge.cli import main; "
+    code = ("import sys; sys.modules['onnxruntime'] = None; from edge.commands.cli import main; "
             "sys.exit(main(['run', '--model', {!r}, '--backend', 'onnxruntime', '--preprocess', 'cpu']))".format(
                 small_model))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

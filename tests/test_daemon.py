@@ -11,9 +11,9 @@ import pytest
 import service_helpers as sh
 
 from edge.errors import EdgeError
+from edge.frame.sources import LatestFrameGrabber
 from edge.modelinfo import sha256_file
-from edge.runtime import Runtime, StopFlag, run
-from edge.sources import LatestFrameGrabber
+from edge.service.runtime import Runtime, StopFlag, run
 
 from conftest import REPO, run_edge
 
@@ -187,8 +187,8 @@ def test_a_flood_of_misses_is_rate_limited_and_counted(small_model):
     report, runtime = run_in_process(cfg, log)
     lines = log.events("frame_miss")
     assert report["misses"] == 80
-    assert len(lines) < 80 and len(lines) + runtime._frame_lines.suppressed_total == 80
-    assert sum(m["suppressed"] for m in lines) <= runtime._frame_lines.suppressed_total
+    assert len(lines) < 80 and len(lines) + runtime.frame_log.lines.suppressed_total == 80
+    assert sum(m["suppressed"] for m in lines) <= runtime.frame_log.lines.suppressed_total
 
 
 # -- signals -------------------------------------------------------------------------------------------------
@@ -307,11 +307,11 @@ def test_reload_in_process_swaps_the_backend_object(small_model, tmp_path):
     runtime = Runtime(cfg, sh.ListLog())
     try:
         pipeline = runtime.start()
-        pipeline.step()
-        old = pipeline.backend
+        pipeline.process(runtime.grabber.get())
+        old = pipeline.stages.backend
         assert runtime.reload(lambda: sh.service_config(b))
-        assert pipeline.backend is not old and old.session is None  # the old one was closed
-        assert pipeline.step().status in ("ok", "miss")
+        assert pipeline.stages.backend is not old and old.session is None  # the old one was closed
+        assert pipeline.process(runtime.grabber.get()).status in ("ok", "miss")
         assert not runtime.reload(lambda: sh.service_config(str(tmp_path / "missing.onnx")))
         assert runtime.backend.model_path == b and runtime.reloads == {"ok": 1, "failed": 1}
     finally:

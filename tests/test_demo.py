@@ -16,11 +16,11 @@ import urllib.request
 import numpy as np
 import pytest
 
-from edge.demo import FrameHub, OverlaySink
+from edge.commands.demo import FrameHub, OverlaySink
+from edge.commands.overlay import AMBER, GREEN, RED, draw_overlay
+from edge.frame.pipeline import Result
+from edge.frame.postprocess import Prediction
 from edge.modelinfo import UNTRAINED_WARNING
-from edge.overlay import AMBER, GREEN, RED, draw_overlay
-from edge.pipeline import Result
-from edge.postprocess import Prediction
 
 from conftest import REPO, run_edge, write_video
 
@@ -87,7 +87,7 @@ def _free_port():
 def test_window_mode_without_gui_says_use_headless(small_model, video_file):
     import cv2
 
-    from edge.demo import gui_problem
+    from edge.commands.demo import gui_problem
 
     if gui_problem(cv2) is None:
         pytest.skip("this OpenCV can open windows here")

@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
+from edge.build.export import export_mobilenet
 from edge.errors import EdgeError
-from edge.export import export_mobilenet
 from edge.modelinfo import read_model_info
 
 from conftest import run_edge

@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from edge.backends.onnxruntime_backend import OnnxRuntimeBackend
-from edge.calibration import CalibrationSet, load_calibration_set
+from edge.build.calibration import CalibrationSet, load_calibration_set
+from edge.build.gate import enforce, evaluate, resolve_labels, write_report
+from edge.build.quantize import quantize_qdq
 from edge.config import GateConfig
 from edge.errors import EdgeError
-from edge.gate import enforce, evaluate, resolve_labels, write_report
-from edge.quantize import quantize_qdq
+from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
 from trained_model import digits, digits_qdq  # noqa: F401  (session fixtures)
 

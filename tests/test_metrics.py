@@ -10,11 +10,11 @@ import pytest
 import service_helpers as sh
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.metrics import MetricsSink, budget_buckets
+from edge.frame.pipeline import Result
 from edge.modelinfo import sha256_file
-from edge.pipeline import Result
-from edge.runtime import Runtime
-from edge.telemetry import TelemetrySnapshot
+from edge.service.metrics import MetricsSink, budget_buckets
+from edge.service.runtime import Runtime
+from edge.service.telemetry import TelemetrySnapshot
 
 IMAGE = np.zeros((2, 2, 3), np.uint8)
 
@@ -153,7 +153,7 @@ def test_runtime_serves_metrics_on_localhost_and_they_match_its_recorder(small_m
         pipeline = runtime.start()
         assert runtime.metrics.server.server_address[0] == "127.0.0.1"
         for _ in range(25):
-            pipeline.step()
+            pipeline.process(runtime.grabber.get())
         skipped_before = runtime.grabber.skipped  # the grabber keeps reading while we scrape
         p = samples(scrape(port))
         skipped_after = runtime.grabber.skipped

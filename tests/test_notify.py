@@ -1,4 +1,4 @@
-"""sd_notify: READY/STATUS/WATCHDOG over a real AF_UNIX datagram socket, from edge.notify and from `edge run`."""
+"""sd_notify: READY/STATUS/WATCHDOG over a real AF_UNIX datagram socket, from edge.service.notify and from `edge run`."""
 
 import os
 import subprocess
@@ -9,8 +9,8 @@ import time
 import pytest
 import service_helpers as sh
 
-from edge.notify import Notifier
-from edge.runtime import Runtime, StopFlag, run
+from edge.service.notify import Notifier
+from edge.service.runtime import Runtime, StopFlag, run
 
 from conftest import REPO
 

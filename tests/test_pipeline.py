@@ -9,13 +9,14 @@ import time
 import numpy as np
 import pytest
 
-from edge.backends.onnxruntime_backend import OnnxRuntimeBackend
 from edge.config import SourceConfig, labels_path, load_config
-from edge.latency import LatencyRecorder
-from edge.pipeline import Pipeline, TooManyErrors
-from edge.postprocess import TopK, load_labels
-from edge.preprocess import CpuPreprocessor
-from edge.sources import LatestFrameGrabber, SourceEnded, open_capture
+from edge.frame.latency import LatencyRecorder
+from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.frame.pipeline import Pipeline, TooManyErrors
+from edge.frame.postprocess import TopK, load_labels
+from edge.frame.preprocess import CpuPreprocessor
+from edge.frame.sources import LatestFrameGrabber, SourceEnded, open_capture
+from edge.frame.stages import Stages
 
 from conftest import REPO, run_edge
 
@@ -49,20 +50,20 @@ def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
     backend.load()
     grabber = LatestFrameGrabber(open_capture(SourceConfig(uri=video, fps=1000, loop=loop))).start()
     labels = load_labels(labels_path(model))
-    return Pipeline(grabber, CpuPreprocessor(cfg.preprocess), backend, TopK(labels), LatencyRecorder(30.0),
-                    max_consecutive_errors=max_errors)
+    stages = Stages(CpuPreprocessor(cfg.preprocess), backend, TopK(labels), "test", model)
+    return Pipeline(stages, LatencyRecorder(30.0), max_consecutive_errors=max_errors), grabber
 
 
 def test_pipeline_times_every_stage(small_model, video_file):
-    pipeline = make_pipeline(small_model, video_file, loop=False)
+    pipeline, grabber = make_pipeline(small_model, video_file, loop=False)
     results = []
     try:
         while True:
-            results.append(pipeline.step())
+            results.append(pipeline.process(grabber.get()))
     except SourceEnded:
         pass
     finally:
-        pipeline.grabber.stop()
+        grabber.stop()
     assert results and all(r.status in ("ok", "miss") for r in results)
     r = results[-1]
     assert set(r.stage_ms) == {"capture", "frame_age", "preprocess", "infer", "postprocess", "end_to_end"}
@@ -84,26 +85,26 @@ class FlakyBackend(OnnxRuntimeBackend):
 
 
 def test_a_failed_frame_is_counted_and_the_loop_continues(small_model, video_file):
-    pipeline = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=3))
+    pipeline, grabber = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=3))
     statuses = []
     try:
         for _ in range(9):
-            statuses.append(pipeline.step().status)
+            statuses.append(pipeline.process(grabber.get()).status)
     finally:
-        pipeline.grabber.stop()
+        grabber.stop()
     assert statuses.count("error") == 3 and pipeline.errors == 3
     assert pipeline.recorder.frames == 6
 
 
 def test_too_many_consecutive_failures_raise(small_model, video_file):
-    pipeline = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=1), max_errors=2)
+    pipeline, grabber = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=1), max_errors=2)
     try:
-        pipeline.step()
-        pipeline.step()
+        pipeline.process(grabber.get())
+        pipeline.process(grabber.get())
         with pytest.raises(TooManyErrors, match="3 consecutive frames failed"):
-            pipeline.step()
+            pipeline.process(grabber.get())
     finally:
-        pipeline.grabber.stop()
+        grabber.stop()
 
 
 def test_edge_run_on_a_video_file(small_model, video_file):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig
-from edge.preprocess import CpuPreprocessor, axis_weights, crop_geometry
+from edge.frame.preprocess import CpuPreprocessor, axis_weights, crop_geometry
 
 PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "cat"]
 

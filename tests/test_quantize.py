@@ -8,11 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge import quantize as quant
-from edge.calibration import CalibrationSet, load_calibration_set
+from edge.build import quantize as quant
+from edge.build.calibration import CalibrationSet, load_calibration_set
+from edge.build.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes, validate_qdq
 from edge.config import PreprocessConfig
 from edge.errors import EdgeError
-from edge.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes, validate_qdq
 
 from trained_model import digits, digits_qdq  # noqa: F401  (session fixtures)
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import yaml
 
-from edge import rebuild
-from edge.calibration import import_calibration_set
+from edge.build.calibration import import_calibration_set
+from edge.commands import rebuild
 
 from conftest import REPO, run_edge
 
@@ -180,7 +180,7 @@ def test_rebuild_installs_and_reloads_the_running_service(ws):
         start = out.wait_for("start")
         assert start["precision"] == "fp32" and start["model"] == "engines/m.int8.onnx"
         (ws / "edge.pid").write_text("{}\n".format(service.pid))
-        proc = subprocess.run([sys.executable, "-m", "edge.rebuild", "--config", "cfg.yaml", "--pidfile", "edge.pid"]
+        proc = subprocess.run([sys.executable, "-m", "edge.commands.rebuild", "--config", "cfg.yaml", "--pidfile", "edge.pid"]
                               + [str(a) for a in CHEAP], cwd=str(ws), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         for number, name in enumerate(STEPS, 1):
@@ -245,7 +245,7 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
         args += ["--source", ws / "short.avi", "--every", 1, "--check-source", "synthetic"]
     elif why == "impossible thresholds":
         info = json.loads((ws / "engines/m.json").read_text())
-        info["trained"] = True  # the gate is enforced for trained weights only (edge.build)
+        info["trained"] = True  # the gate is enforced for trained weights only (edge.build.steps)
         (ws / "engines/m.json").write_text(json.dumps(info))
         cfg = yaml.safe_load((ws / "cfg.yaml").read_text())
         cfg["build"]["gate"] = {"min_agreement": 1.0, "min_mean_cosine": 1.0}

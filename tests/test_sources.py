@@ -6,7 +6,7 @@ import pytest
 
 from edge.config import SourceConfig
 from edge.errors import EdgeError
-from edge.sources import (
+from edge.frame.sources import (
     Capture,
     LatestFrameGrabber,
     SourceEnded,

@@ -10,8 +10,8 @@ import pytest
 import service_jtop as sj
 from prometheus_client import generate_latest
 
-from edge.metrics import MetricsSink
-from edge.telemetry import LinuxReader, Telemetry, TelemetrySnapshot, snapshot_from_jtop
+from edge.service.metrics import MetricsSink
+from edge.service.telemetry import LinuxReader, Telemetry, TelemetrySnapshot, snapshot_from_jtop
 
 # jetson-stats 7.x calls distro.linux_distribution(), deprecated
 pytestmark = pytest.mark.filterwarnings("ignore:distro.linux_distribution:DeprecationWarning")

@@ -1,4 +1,4 @@
-"""edge/gpu/tensorrt_build.py type-checks under `mypy --strict` against tensorrt-stubs, with explicit flags
+"""edge/build/tensorrt_engine.py type-checks under `mypy --strict` against tensorrt-stubs, with explicit flags
 (independent of mypy.ini). A misspelt TensorRT call in a copy of the module fails, so the stubs are really read.
 
 tensorrt-stubs 10.13 has a few lines Python cannot parse (a parameter named `in`, a non-default parameter
@@ -49,7 +49,7 @@ def run_mypy(stub_path, cwd, target, cache):
 
 
 def test_tensorrt_build_passes_strict_mypy(stub_path, tmp_path):
-    proc = run_mypy(stub_path, ROOT, "edge/gpu/tensorrt_build.py", tmp_path / "cache")
+    proc = run_mypy(stub_path, ROOT, "edge/build/tensorrt_engine.py", tmp_path / "cache")
     assert proc.returncode == 0, proc.stdout
     assert "Success: no issues found in 1 source file" in proc.stdout
 
@@ -63,6 +63,6 @@ def test_a_misspelt_tensorrt_call_is_caught(stub_path, tmp_path):
     assert "config.set_memory_pool_limit(" in text
     misspelt = text.replace("config.set_memory_pool_limit(", "config.set_memory_pool_limt(")
     (pkg / "tensorrt_build.py").write_text(misspelt)
-    proc = run_mypy(stub_path, tmp_path, "edge/gpu/tensorrt_build.py", tmp_path / "cache")
+    proc = run_mypy(stub_path, tmp_path, "edge/build/tensorrt_engine.py", tmp_path / "cache")
     assert proc.returncode != 0
     assert '"IBuilderConfig" has no attribute "set_memory_pool_limt"' in proc.stdout, proc.stdout

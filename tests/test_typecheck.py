@@ -1,4 +1,4 @@
-"""mypy on edge/gpu against tensorrt-stubs (mypy.ini): the GPU code is checked without a GPU.
+"""mypy on the GPU modules against tensorrt-stubs (mypy.ini): the GPU code is checked without a GPU.
 
 tensorrt-stubs 10.13.0.35.1 has five lines Python cannot parse (a parameter named `in`, a
 non-default parameter after defaults); mypy stops at them. A copy with those lines repaired is
@@ -46,6 +46,10 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, str]:
     return out, stub_version
 
 
+GPU_FILES = ("edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_backend.py", "edge/frame/select.py",
+             "edge/build/tensorrt_engine.py")
+
+
 def mypy(mypy_path: Path, *targets: str, cwd: Path = ROOT) -> "subprocess.CompletedProcess[str]":
     env: Dict[str, str] = dict(os.environ, MYPYPATH=str(mypy_path))
     return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(cwd / "mypy.ini"),
@@ -63,7 +67,7 @@ def test_stubs_describe_tensorrt_10(stubs: Tuple[Path, str]) -> None:
 
 
 def test_edge_gpu_typechecks(stubs: Tuple[Path, str]) -> None:
-    proc = mypy(stubs[0], "edge/gpu")
+    proc = mypy(stubs[0], *GPU_FILES)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -103,10 +107,10 @@ def test_misspelt_call_in_the_backend_fails(stubs: Tuple[Path, str], tmp_path: P
     copy = tmp_path / "repo"
     shutil.copytree(str(ROOT / "edge"), str(copy / "edge"), ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(str(ROOT / "mypy.ini"), str(copy / "mypy.ini"))
-    backend = copy / "edge" / "gpu" / "tensorrt_backend.py"
+    backend = copy / "edge" / "frame" / "tensorrt_backend.py"
     source = backend.read_text(encoding="utf-8")
     assert "engine.get_tensor_name(" in source
     backend.write_text(source.replace("engine.get_tensor_name(", "engine.get_tensor_nam("), encoding="utf-8")
-    proc = mypy(stubs[0], "edge/gpu", cwd=copy)
+    proc = mypy(stubs[0], *GPU_FILES, cwd=copy)
     assert proc.returncode != 0
     assert '"ICudaEngine" has no attribute "get_tensor_nam"' in proc.stdout, proc.stdout

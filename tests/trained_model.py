@@ -2,7 +2,7 @@
 
 torchvision's mobilenet_v3_small(num_classes=10) trained on scikit-learn's `load_digits` upscaled to 64x64
 (stratified 1200 train / 300 calibration pool / 297 held-out test, fixed seeds; cpu-baseline.md: 8 epochs
-reach ~98 %), exported by edge.export.export_onnx. Its inputs come from the runtime's CpuPreprocessor with
+reach ~98 %), exported by edge.build.export.export_onnx. Its inputs come from the runtime's CpuPreprocessor with
 resize 64 / crop 64 (an identity resample of a 64x64 image), exactly as training normalised them.
 
 The test files import the `digits` fixture from here (tests/conftest.py belongs to the lead); it trains once
@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import numpy as np
 import pytest
 
-from edge.calibration import import_calibration_set
+from edge.build.calibration import import_calibration_set
 from edge.config import PreprocessConfig
 
 SIZE = 64
@@ -116,7 +116,7 @@ def _train(x, y, epochs: int):
 def train_digits_model(root: str, epochs: int = EPOCHS, log: Callable[..., None] = lambda *a: None) -> DigitsModel:
     import torch
 
-    from edge.export import export_onnx
+    from edge.build.export import export_onnx
 
     pre = PreprocessConfig(resize=SIZE, crop=SIZE)
     images, labels = digit_images()
@@ -172,8 +172,8 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> DigitsModel:
 @pytest.fixture(scope="session")
 def digits_qdq(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
-    from edge.calibration import load_calibration_set
-    from edge.quantize import quantize_qdq
+    from edge.build.calibration import load_calibration_set
+    from edge.build.quantize import quantize_qdq
 
     if "qdq" not in _SESSION:
         out = str(tmp_path_factory.mktemp("qdq") / "digits.int8.onnx")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig
-from edge.preprocess import CpuPreprocessor
+from edge.frame.preprocess import CpuPreprocessor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
@@ -25,7 +25,7 @@ def pytest_configure(config: Any) -> None:
 @pytest.fixture(scope="session")
 def gpu() -> None:
     """Skips, with the reason, where TensorRT, pycuda or a CUDA device is missing. GPU fixtures depend on it."""
-    from edge.gpu.select import gpu_unavailable
+    from edge.frame.select import gpu_unavailable
 
     problem = gpu_unavailable()
     if problem is not None:
@@ -79,7 +79,7 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
     written with the manifest TensorRTBackend checks."""
     import tensorrt as trt
 
-    from edge.artifacts import current_system, make_manifest
+    from edge.build.artifacts import current_system, make_manifest
     from edge.modelinfo import info_path, write_json_atomic
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -111,9 +111,9 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
 
 @pytest.fixture(scope="session")
 def qdq_model(gpu: None, onnx_model: str, tmp_path_factory: Any) -> str:
-    """A TensorRT-compatible Q/DQ INT8 ONNX made on the CPU by edge.quantize (skipped where it is missing)."""
-    quantize = pytest.importorskip("edge.quantize", reason="edge.quantize (Q/DQ INT8 ONNX) not available")
-    calibration = pytest.importorskip("edge.calibration", reason="edge.calibration not available")
+    """A TensorRT-compatible Q/DQ INT8 ONNX made on the CPU by edge.build.quantize (skipped where it is missing)."""
+    quantize = pytest.importorskip("edge.build.quantize", reason="edge.build.quantize (Q/DQ INT8 ONNX) not available")
+    calibration = pytest.importorskip("edge.build.calibration", reason="edge.build.calibration not available")
     images = calibration.load_calibration_set(os.path.join(REPO, "calibration", "default"), verify=False)
     out = str(tmp_path_factory.mktemp("qdq") / "model.qdq.onnx")
     quantize.quantize_qdq(onnx_model, out, images, PreprocessConfig(), show_progress=False, log=lambda *a: None)

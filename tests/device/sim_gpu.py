@@ -215,7 +215,7 @@ def fake_tensorrt(input_dtype: Any = np.float32, legacy: bool = False, crop: int
     trt = types.ModuleType("tensorrt")
     trt.__file__ = __file__
     trt.__version__ = "8.4.1" if legacy else "10.3.0"
-    trt.Builder = object  # edge.artifacts.tensorrt_version: a real (not stub-only) package
+    trt.Builder = object  # edge.build.artifacts.tensorrt_version: a real (not stub-only) package
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", INT8="INT8", INT32="INT32", BOOL="BOOL")
     trt_dtype = "HALF" if np.dtype(input_dtype) == np.float16 else "FLOAT"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig
-from edge.preprocess import CpuPreprocessor
+from edge.frame.preprocess import CpuPreprocessor
 
 from .conftest import PHOTOS
 
@@ -19,7 +19,7 @@ SIZES = ["1x1", "7x5", "200x100", "257x256", "1280x720", "720x1280", "3840x2160"
 
 @pytest.fixture(scope="module")
 def cuda_pre(gpu: None):
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
+    from edge.frame.cuda_preprocess import CudaPreprocessor
 
     pre = CudaPreprocessor(PreprocessConfig())
     yield pre
@@ -49,7 +49,7 @@ def test_kernel_matches_cpu(cuda_pre, photo: Callable[[str], np.ndarray], name: 
 
 
 def test_float16_output(photo: Callable[[str], np.ndarray]) -> None:
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
+    from edge.frame.cuda_preprocess import CudaPreprocessor
 
     pre = CudaPreprocessor(PreprocessConfig(), dtype=np.float16)
     try:

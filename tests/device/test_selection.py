@@ -5,7 +5,7 @@ import pytest
 
 from edge.config import load_config
 from edge.errors import EdgeError
-from edge.gpu import select
+from edge.frame import select
 
 
 @pytest.fixture

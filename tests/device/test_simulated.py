@@ -20,7 +20,7 @@ import pytest
 
 from edge.config import PreprocessConfig
 from edge.errors import EdgeError
-from edge.preprocess import CpuPreprocessor
+from edge.frame.preprocess import CpuPreprocessor
 
 from . import sim_gpu
 
@@ -61,7 +61,7 @@ def frame(h: int, w: int, seed: int = 0) -> np.ndarray:
 
 
 def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim) -> None:
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
+    from edge.frame.cuda_preprocess import CudaPreprocessor
 
     pre = CudaPreprocessor(PreprocessConfig())
     cpu = CpuPreprocessor(PreprocessConfig())
@@ -80,7 +80,7 @@ def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim) -> None:
 
 
 def test_kernel_binary_cached_per_arch(sim: sim_gpu.Sim) -> None:
-    from edge.gpu.cuda_preprocess import CudaPreprocessor, kernel_cache_dir
+    from edge.frame.cuda_preprocess import CudaPreprocessor, kernel_cache_dir
 
     for _ in range(2):
         pre = CudaPreprocessor(PreprocessConfig())
@@ -92,7 +92,7 @@ def test_kernel_binary_cached_per_arch(sim: sim_gpu.Sim) -> None:
 
 
 def test_float16_output(sim: sim_gpu.Sim) -> None:
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
+    from edge.frame.cuda_preprocess import CudaPreprocessor
 
     pre = CudaPreprocessor(PreprocessConfig(), dtype=np.float16)
     f = frame(480, 640)
@@ -103,7 +103,7 @@ def test_float16_output(sim: sim_gpu.Sim) -> None:
 
 
 def write_engine(path: str) -> str:
-    from edge.artifacts import current_system, make_manifest
+    from edge.build.artifacts import current_system, make_manifest
     from edge.modelinfo import info_path, write_json_atomic
 
     with open(path, "wb") as fh:
@@ -120,17 +120,17 @@ def write_engine(path: str) -> str:
 @pytest.mark.parametrize("input_dtype", [np.float32, np.float16])
 def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                         legacy: bool, input_dtype: Any) -> None:
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     def no_driver() -> None:
         raise OSError("libcuda.so.1: cannot open shared object file")
 
-    monkeypatch.setattr("edge.gpu.tensorrt_backend._GraphApi", no_driver)
+    monkeypatch.setattr("edge.frame.tensorrt_backend._GraphApi", no_driver)
     monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt(input_dtype, legacy))
     engine = write_engine(str(tmp_path / "model.engine"))
     backend = TensorRTBackend(engine, cuda_graph=True)
-    pre = CudaPreprocessor(PreprocessConfig(), backend)  # before load(), as edge.factory does
+    pre = CudaPreprocessor(PreprocessConfig(), backend)  # before load(), as edge.frame.stages does
     cpu = CpuPreprocessor(PreprocessConfig())
     with backend:
         assert backend.input_shape == (1, 3, 224, 224)
@@ -151,7 +151,7 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
 
 
 def test_manifest_mismatch_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
     engine = write_engine(str(tmp_path / "model.engine"))
@@ -161,13 +161,13 @@ def test_manifest_mismatch_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.Monk
 
 
 def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
     engine = write_engine(str(tmp_path / "model.engine"))
     with open(engine, "wb") as fh:
         fh.write(b"garbage")
-    monkeypatch.setattr("edge.gpu.tensorrt_backend.check_engine_manifest", lambda path: {})
+    monkeypatch.setattr("edge.frame.tensorrt_backend.check_engine_manifest", lambda path: {})
     backend = TensorRTBackend(engine)
     with pytest.raises(EdgeError, match="cannot deserialise") as info:
         backend.load()
@@ -176,7 +176,7 @@ def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pyte
 
 
 def test_stub_only_tensorrt_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     stub = types.ModuleType("tensorrt")  # what tensorrt-stubs alone imports as: no __file__
     monkeypatch.setitem(sys.modules, "tensorrt", stub)
@@ -206,8 +206,8 @@ class ReplayGraphs:
 @pytest.mark.parametrize("graph_ms,kept", [(0.5, True), (0.99, False)])
 def test_cuda_graph_kept_only_when_faster(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                           graph_ms: float, kept: bool) -> None:
-    from edge.gpu import tensorrt_backend
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
+    from edge.frame import tensorrt_backend
+    from edge.frame.cuda_preprocess import CudaPreprocessor
 
     graphs = ReplayGraphs()
     timings = iter([1.0, graph_ms] * 2)  # direct, then graph: per frame size tried

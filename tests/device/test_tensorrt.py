@@ -8,20 +8,20 @@ from typing import Callable, Dict, Tuple
 import numpy as np
 import pytest
 
-from edge.backends.onnxruntime_backend import OnnxRuntimeBackend
 from edge.config import PreprocessConfig, RuntimeConfig
 from edge.errors import EdgeError
+from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
 pytestmark = pytest.mark.jetson
 
 # precision -> (atol, rtol), per element: |trt - ort| <= atol + rtol * |ort| (polygraphy run --atol --rtol).
-# Starting values, not yet calibrated on a device; INT8 is judged by cosine (and by edge.gate on labelled images).
+# Starting values, not yet calibrated on a device; INT8 is judged by cosine (and by edge.build.gate on labelled images).
 TOLERANCES: Dict[str, Tuple[float, float]] = {"fp32": (1e-3, 1e-3), "fp16": (0.1, 0.05)}
 TIMED_FRAMES = 200
 
 
 def compare(precision: str, reference_model: str, engine_path: str, inputs: np.ndarray) -> None:
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     with OnnxRuntimeBackend(reference_model) as ort, TensorRTBackend(engine_path) as trt:
         assert trt.input_shape == tuple(inputs.shape[1:])
@@ -58,12 +58,12 @@ def test_int8_qdq_matches_onnxruntime(engine: Callable[[str], str], qdq_model: s
 
 
 def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Callable[[str], np.ndarray]) -> None:
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
-    from edge.gpu.tensorrt_backend import TensorRTBackend
-    from edge.preprocess import CpuPreprocessor
+    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.frame.preprocess import CpuPreprocessor
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     backend = TensorRTBackend(engine("fp32"))
-    pre = CudaPreprocessor(PreprocessConfig(), backend)  # before load(), as edge.factory does
+    pre = CudaPreprocessor(PreprocessConfig(), backend)  # before load(), as edge.frame.stages does
     with backend:
         info = backend.describe()
         assert info["backend"] == "tensorrt" and info["precision"] == "fp32" and info["tensorrt"] and info["gpu"]
@@ -79,7 +79,7 @@ def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Ca
 def test_manifest_mismatch_is_refused(engine: Callable[[str], str], tmp_path) -> None:
     import shutil
 
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.tensorrt_backend import TensorRTBackend
     from edge.modelinfo import info_path
 
     path = str(tmp_path / "stale.engine")
@@ -95,8 +95,8 @@ def test_manifest_mismatch_is_refused(engine: Callable[[str], str], tmp_path) ->
 
 def run_frames(precision_engine: str, cuda_graph: bool, frames: int = TIMED_FRAMES) -> Dict[str, float]:
     """Camera-sized frames through CudaPreprocessor + TensorRTBackend: wall-clock and device percentiles."""
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     frame = np.random.default_rng(0).integers(0, 256, (720, 1280, 3), dtype=np.uint8)
     backend = TensorRTBackend(precision_engine, cuda_graph=cuda_graph)
@@ -128,8 +128,8 @@ def test_int8_vs_fp16_timing(engine: Callable[[str], str]) -> None:
 
 
 def test_cuda_graph_same_output_and_decision(engine: Callable[[str], str]) -> None:
-    from edge.gpu.cuda_preprocess import CudaPreprocessor
-    from edge.gpu.tensorrt_backend import TensorRTBackend
+    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.frame.tensorrt_backend import TensorRTBackend
 
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (720, 1280, 3), dtype=np.uint8) for _ in range(5)]

@@ -1,1 +1,0 @@
-"""Inference backends behind one interface (see base.Backend)."""

@@ -1,0 +1,440 @@
+"""Calibration and regression image sets: a folder of images plus `manifest.json`.
+
+    calibration/default/
+        manifest.json        {"files": [{"name", "sha256", "width", "height"}], "sha256": <set hash>,
+                              "source": ..., "created": ..., "count": N, "skipped": {...}}
+        astronaut-00.jpg ...
+
+The set hash is the sha256 of `sha256sum`-style lines ("<file sha256>  <name>\\n", sorted by name), so
+it names exactly the bytes a calibration saw; artifact manifests record it. Images in a subfolder
+(`regression/7/x.png`) carry that folder's name as their label (edge.build.gate). Every write goes to a
+temporary folder beside the target and is renamed into place: a set is never half-written.
+
+Also here: TensorRT's native calibration cache format (`TRT-<ver>-EntropyCalibration2` header, then
+`tensor: <hex of the big-endian float32 scale>` lines, scale = amax / 127), written and read without TensorRT.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from edge.errors import EdgeError, require
+
+MANIFEST = "manifest.json"
+MIN_SIDE = 32  # smaller images cannot be resized/cropped meaningfully
+TRT_RECOMMENDED_IMAGES = 500  # "TensorRT recommends ... at least 500" (ModelOpt README)
+THUMB = 16  # near-duplicate test: mean |difference| of 16x16 grey thumbnails
+DEFAULT_MIN_DIFF = 4.0  # grey levels (0-255) below which a captured frame counts as a near-duplicate
+_DECODABLE = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pnm", ".jp2")
+
+
+@dataclass
+class CalibrationSet:
+    """A loaded, verified set. `files` are paths relative to `root`, sorted."""
+
+    root: str
+    files: List[str]
+    sha256: str
+    manifest: Dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def read(self, name: str) -> np.ndarray:
+        """One image as HxWx3 uint8 BGR."""
+        cv2 = require("cv2")
+        image = cv2.imread(self.path(name), cv2.IMREAD_COLOR)
+        if image is None:
+            raise EdgeError("{}: unreadable image in calibration set".format(self.path(name)))
+        return image
+
+    def images(self) -> Iterator[np.ndarray]:
+        for name in self.files:
+            yield self.read(name)
+
+    def label_of(self, name: str) -> Optional[str]:
+        """The subfolder an image sits in (its label), or None for images at the top level."""
+        parts = name.split("/")
+        return parts[0] if len(parts) > 1 else None
+
+
+def set_hash(file_hashes: Dict[str, str]) -> str:
+    lines = "".join("{}  {}\n".format(file_hashes[name], name) for name in sorted(file_hashes))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_calibration_set(path: str, min_images: int = 1, verify: bool = True,
+                         what: str = "calibration set") -> CalibrationSet:
+    """Read `path/manifest.json`; with `verify`, re-hash every file against it."""
+    hint = "create it with: edge calibrate import IMAGES_DIR {} (or edge calibrate capture)".format(path)
+    if not os.path.isdir(path):
+        raise EdgeError("{}: {} not found ({})".format(path, what, hint))
+    manifest_path = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        raise EdgeError("{}: no {}, so not a {} ({})".format(path, MANIFEST, what, hint))
+    try:
+        with open(manifest_path, "r", encoding="utf-8") as fh:
+            manifest = json.load(fh)
+        entries = {e["name"]: e["sha256"] for e in manifest["files"]}
+        recorded = manifest["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EdgeError("{}: unreadable manifest ({}: {})".format(manifest_path, type(exc).__name__, exc)) from None
+    if verify:
+        actual = {}
+        for name in entries:
+            try:
+                with open(os.path.join(path, name), "rb") as fh:
+                    actual[name] = _sha256_bytes(fh.read())
+            except OSError:
+                raise EdgeError("{}: listed in {} but missing ({})".format(
+                    os.path.join(path, name), MANIFEST, hint)) from None
+        changed = sorted(n for n in entries if actual[n] != entries[n])
+        if changed or set_hash(actual) != recorded:
+            raise EdgeError("{}: {} changed since {} was written ({}{}); re-import the set".format(
+                path, ", ".join(changed[:3]) or "set hash", MANIFEST, len(changed), " files" if changed else ""))
+    if len(entries) < min_images:
+        raise EdgeError("{}: {} has {} images, at least {} needed (build.min_images)".format(
+            path, what, len(entries), min_images))
+    return CalibrationSet(root=path, files=sorted(entries), sha256=recorded, manifest=manifest)
+
+
+@contextlib.contextmanager
+def _atomic_dir(out_dir: str) -> Iterator[str]:
+    """Yields a temporary folder beside `out_dir`; on success it replaces `out_dir`, on any error it is removed."""
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".tmp-", dir=parent)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        old = None
+        if os.path.exists(out_dir):
+            old = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".old-", dir=parent)
+            os.rename(out_dir, os.path.join(old, "set"))
+        try:
+            os.rename(tmp, out_dir)
+        except BaseException:
+            if old is not None:
+                os.rename(os.path.join(old, "set"), out_dir)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_manifest(folder: str, hashes: Dict[str, str], sizes: Dict[str, Tuple[int, int]], source: str,
+                    extra: Dict[str, Any]) -> Dict[str, Any]:
+    manifest = {
+        "version": 1,
+        "source": source,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "count": len(hashes),
+        "sha256": set_hash(hashes),
+        "files": [{"name": n, "sha256": hashes[n], "width": sizes[n][0], "height": sizes[n][1]}
+                  for n in sorted(hashes)],
+    }
+    manifest.update(extra)
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    return manifest
+
+
+def warn_if_few(count: int, log: Callable[..., None]) -> None:
+    """TensorRT's recommendation, said once wherever a set under 500 images is made or used."""
+    if count < TRT_RECOMMENDED_IMAGES:
+        log("calibration: {} images; TensorRT recommends at least {} for INT8 calibration".format(
+            count, TRT_RECOMMENDED_IMAGES))
+
+
+def _thumbnail(image: np.ndarray) -> np.ndarray:
+    cv2 = require("cv2")
+    grey = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
+    return cv2.resize(grey, (THUMB, THUMB), interpolation=cv2.INTER_AREA).astype(np.float32).ravel()
+
+
+def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 30, max_images: int = 500,
+                            min_images: int = 1, min_diff: float = DEFAULT_MIN_DIFF, source: str = "capture",
+                            quality: int = 95, log: Callable[..., None] = print) -> CalibrationSet:
+    """Keep every `every_k`-th frame (BGR arrays, or objects with `.image`) unless it nearly duplicates a kept one.
+
+    Stops after `max_images` kept frames or when `frames` ends. Fewer than `min_images`: EdgeError, nothing written.
+    """
+    cv2 = require("cv2")
+    if every_k < 1 or max_images < 1:
+        raise EdgeError("capture: every_k and max_images must be >= 1, got {} and {}".format(every_k, max_images))
+    thumbs: List[np.ndarray] = []
+    hashes: Dict[str, str] = {}
+    sizes: Dict[str, Tuple[int, int]] = {}
+    seen = duplicates = small = 0
+    with _atomic_dir(out_dir) as tmp:
+        for index, frame in enumerate(frames):
+            seen += 1
+            if index % every_k:
+                continue
+            image = getattr(frame, "image", frame)
+            if not (isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[2] == 3
+                    and image.dtype == np.uint8):
+                raise EdgeError("capture: frame {} is not an HxWx3 uint8 BGR image".format(index))
+            if min(image.shape[:2]) < MIN_SIDE:
+                small += 1
+                continue
+            thumb = _thumbnail(image)
+            if thumbs and float(np.abs(np.stack(thumbs) - thumb).mean(axis=1).min()) < min_diff:
+                duplicates += 1
+                continue
+            ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+            if not ok:
+                raise EdgeError("capture: could not encode frame {} as JPEG".format(index))
+            name = "{:05d}.jpg".format(len(hashes))
+            data = encoded.tobytes()
+            with open(os.path.join(tmp, name), "wb") as fh:
+                fh.write(data)
+            hashes[name] = _sha256_bytes(data)
+            sizes[name] = (image.shape[1], image.shape[0])
+            thumbs.append(thumb)
+            if len(hashes) >= max_images:
+                break
+        if len(hashes) < min_images:
+            raise EdgeError("capture: kept {} images from {} frames ({} near-duplicates), at least {} needed; "
+                            "capture longer or lower --every".format(len(hashes), seen, duplicates, min_images))
+        manifest = _write_manifest(tmp, hashes, sizes, source, {
+            "capture": {"every_k": every_k, "frames_seen": seen, "near_duplicates": duplicates,
+                        "too_small": small, "min_diff": min_diff}})
+    log("calibration: captured {} images from {} frames into {} ({} near-duplicates skipped)".format(
+        len(hashes), seen, out_dir, duplicates))
+    warn_if_few(len(hashes), log)
+    return CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest)
+
+
+def _to_bgr8(image: np.ndarray) -> np.ndarray:
+    """Any decoded image (grey, BGR, BGRA; 8 or 16 bit) -> HxWx3 uint8 BGR."""
+    cv2 = require("cv2")
+    if image.dtype == np.uint16:
+        image = (image >> 8).astype(np.uint8)
+    elif image.dtype != np.uint8:
+        raise ValueError("unsupported pixel type " + str(image.dtype))
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        return cv2.cvtColor(image.reshape(image.shape[:2]), cv2.COLOR_GRAY2BGR)
+    if image.ndim == 3 and image.shape[2] == 4:
+        return cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
+    if image.ndim == 3 and image.shape[2] == 3:
+        return image
+    raise ValueError("unsupported shape " + str(image.shape))
+
+
+def _summary(skipped: Dict[str, List[str]], total: int) -> str:
+    parts = []
+    for reason in sorted(skipped):
+        names = skipped[reason]
+        more = " +{} more".format(len(names) - 3) if len(names) > 3 else ""
+        parts.append("{} {} ({}{})".format(len(names), reason, ", ".join(names[:3]), more))
+    return "import: skipped {} of {} files: {}".format(sum(len(v) for v in skipped.values()), total, "; ".join(parts))
+
+
+def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, source: Optional[str] = None,
+                           log: Callable[..., None] = print) -> CalibrationSet:
+    """Copy the usable images under `src_dir` (subfolders kept: they are labels) into a new set at `out_dir`.
+
+    3-channel 8-bit images are copied byte for byte; grey, 4-channel and 16-bit ones are converted to BGR PNG.
+    Zero-byte, unreadable, non-image and too-small (< MIN_SIDE px) files are skipped and listed in one line.
+    """
+    cv2 = require("cv2")
+    if not os.path.isdir(src_dir):
+        raise EdgeError("{}: source folder not found".format(src_dir))
+    if os.path.abspath(src_dir) == os.path.abspath(out_dir):
+        raise EdgeError("{}: import into a different folder than the source".format(out_dir))
+    candidates = []
+    for root, dirs, files in os.walk(src_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and name != MANIFEST:
+                candidates.append(os.path.relpath(os.path.join(root, name), src_dir).replace(os.sep, "/"))
+    skipped: Dict[str, List[str]] = {}
+    hashes: Dict[str, str] = {}
+    sizes: Dict[str, Tuple[int, int]] = {}
+    with _atomic_dir(out_dir) as tmp:
+        for rel in candidates:
+            with open(os.path.join(src_dir, rel), "rb") as fh:
+                data = fh.read()
+            reason = None
+            image = None
+            if not data:
+                reason = "zero-byte"
+            else:
+                image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+                if image is None:
+                    reason = "unreadable" if rel.lower().endswith(_DECODABLE) else "not an image"
+                elif min(image.shape[:2]) < MIN_SIDE:
+                    reason = "smaller than {} px".format(MIN_SIDE)
+            if image is None or reason is not None:
+                skipped.setdefault(reason or "unreadable", []).append(rel)
+                continue
+            try:
+                bgr = _to_bgr8(image)
+            except ValueError:
+                skipped.setdefault("unsupported pixel format", []).append(rel)
+                continue
+            if bgr is not image:  # converted: store losslessly
+                rel = os.path.splitext(rel)[0] + ".png"
+                ok, encoded = cv2.imencode(".png", bgr)
+                if not ok:
+                    raise EdgeError("{}: could not encode as PNG".format(rel))
+                data = encoded.tobytes()
+            base, ext = os.path.splitext(rel)
+            n = 1
+            while rel in hashes:
+                rel = "{}-{}{}".format(base, n, ext)
+                n += 1
+            dest = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as fh:
+                fh.write(data)
+            hashes[rel] = _sha256_bytes(data)
+            sizes[rel] = (bgr.shape[1], bgr.shape[0])
+        if skipped:
+            log(_summary(skipped, len(candidates)))
+        if len(hashes) < min_images:
+            raise EdgeError("{}: {} usable images, at least {} needed (build.min_images / --min-images)".format(
+                src_dir, len(hashes), min_images))
+        manifest = _write_manifest(tmp, hashes, sizes, source or os.path.abspath(src_dir),
+                                   {"skipped": {k: sorted(v) for k, v in skipped.items()}})
+    log("calibration: imported {} images into {} (set sha256 {})".format(len(hashes), out_dir, manifest["sha256"][:12]))
+    warn_if_few(len(hashes), log)
+    return CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest)
+
+
+# --- the default sets shipped in calibration/ -------------------------------------------------------------
+
+# scikit-image sample photographs (licences quoted in calibration/README.md).
+CALIBRATION_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins", "brick", "grass")
+HELD_OUT_PHOTOS = ("hubble_deep_field", "immunohistochemistry", "clock", "retina")
+
+
+def _skimage_photo(name: str) -> np.ndarray:
+    """A scikit-image sample as HxWx3 uint8 BGR."""
+    rgb = np.asarray(getattr(require("skimage.data"), name)(), np.uint8)
+    if rgb.ndim == 2:
+        rgb = np.stack([rgb] * 3, axis=-1)
+    return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
+def _variants(image: np.ndarray, count: int, rng: np.random.Generator, max_side: int) -> List[np.ndarray]:
+    """Deterministic random crops (35-100 % of the area, aspect 3:4-4:3), flips, scales (longest side 160-max_side)."""
+    cv2 = require("cv2")
+    h, w = image.shape[:2]
+    out = []
+    for _ in range(count):
+        area = rng.uniform(0.35, 1.0) * h * w
+        aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+        cw = int(min(w, round(np.sqrt(area * aspect))))
+        ch = int(min(h, round(np.sqrt(area / aspect))))
+        x0 = int(rng.integers(0, w - cw + 1))
+        y0 = int(rng.integers(0, h - ch + 1))
+        crop = image[y0:y0 + ch, x0:x0 + cw]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        side = int(rng.integers(160, max_side + 1))
+        scale = side / max(ch, cw)
+        size = (max(MIN_SIDE, int(round(cw * scale))), max(MIN_SIDE, int(round(ch * scale))))
+        out.append(cv2.resize(np.ascontiguousarray(crop), size, interpolation=cv2.INTER_AREA))
+    return out
+
+
+def make_default_sets(root: str = "calibration", seed: int = 0,
+                      log: Callable[..., None] = print) -> Tuple[CalibrationSet, CalibrationSet]:
+    """Regenerate `root/default` (8 photos x 8 variants, <= 320 px) and the held-out `root/regression`.
+
+    The regression set (100 images, <= 256 px) holds other crops (another random stream) of the same
+    photos, 8 each, plus 9 each of four photographs that calibration never sees. Deterministic for a
+    given seed and OpenCV/libjpeg build.
+    """
+    cv2 = require("cv2")
+    sets = []
+    plans = (
+        ("default", [(p, 8) for p in CALIBRATION_PHOTOS], seed, 320),
+        ("regression", [(p, 8) for p in CALIBRATION_PHOTOS] + [(p, 9) for p in HELD_OUT_PHOTOS], seed + 1000, 256),
+    )
+    for folder, photos, stream, max_side in plans:
+        rng = np.random.default_rng(stream)
+        hashes: Dict[str, str] = {}
+        sizes: Dict[str, Tuple[int, int]] = {}
+        out_dir = os.path.join(root, folder)
+        with _atomic_dir(out_dir) as tmp:
+            for photo, count in photos:
+                for i, image in enumerate(_variants(_skimage_photo(photo), count, rng, max_side)):
+                    name = "{}-{:02d}.jpg".format(photo, i)
+                    ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 88])
+                    if not ok:
+                        raise EdgeError("could not encode " + name)
+                    data = encoded.tobytes()
+                    with open(os.path.join(tmp, name), "wb") as fh:
+                        fh.write(data)
+                    hashes[name] = _sha256_bytes(data)
+                    sizes[name] = (image.shape[1], image.shape[0])
+            # A fixed "created" keeps regenerated manifests byte-identical.
+            manifest = _write_manifest(tmp, hashes, sizes, "scikit-image sample photographs (see README.md)",
+                                       {"generator": "scripts/make_default_calibration.py", "seed": stream,
+                                        "created": "generated"})
+        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in hashes)
+        log("calibration: wrote {} ({} images, {:.2f} MB, set sha256 {})".format(
+            out_dir, len(hashes), total / 1e6, manifest["sha256"][:12]))
+        sets.append(CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest))
+    return sets[0], sets[1]
+
+
+# --- TensorRT's native calibration cache -----------------------------------------------------------------
+
+_CACHE_HEADER = re.compile(r"^TRT-(\d+)-(\w+)$")
+
+
+def write_trt_calibration_cache(path: str, amax: Dict[str, float], trt_version: int,
+                                algorithm: str = "EntropyCalibration2") -> None:
+    """Write `{tensor: amax}` as TensorRT reads it: scale = amax / 127 as big-endian float32 hex."""
+    lines = ["TRT-{}-{}".format(int(trt_version), algorithm)]
+    for name in sorted(amax):
+        scale = float(amax[name]) / 127.0
+        lines.append("{}: {}".format(name, struct.pack(">f", scale).hex()))
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="ascii") as fh:
+        fh.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def read_trt_calibration_cache(data: bytes) -> Tuple[int, str, Dict[str, float]]:
+    """Parse a native cache -> (TensorRT version number, algorithm, {tensor: scale})."""
+    text = data.decode("ascii", errors="strict").splitlines()
+    if not text:
+        raise ValueError("empty calibration cache")
+    match = _CACHE_HEADER.match(text[0].strip())
+    if not match:
+        raise ValueError("not a TensorRT calibration cache (header {!r})".format(text[0][:40]))
+    scales = {}
+    for line in text[1:]:
+        if not line.strip():
+            continue
+        name, sep, value = line.rpartition(": ")
+        if not sep:
+            raise ValueError("bad calibration cache line {!r}".format(line[:60]))
+        scales[name] = struct.unpack(">f", int(value.strip(), 16).to_bytes(4, "big"))[0]
+    return int(match.group(1)), match.group(2), scales

@@ -1,0 +1,188 @@
+"""Build a TensorRT engine on the device (imported only when an engine is built; tensorrt/pycuda load lazily).
+
+Two INT8 routes:
+  explicit  the Q/DQ ONNX from edge.build.quantize: INT8 (+FP16 for the layers left in float) on TensorRT
+            8.5-10.x; TensorRT 11 has no precision flags and reads the precision from the Q/DQ graph.
+  implicit  the FP32 ONNX with an IInt8EntropyCalibrator2 fed by the calibration set through the runtime's
+            CpuPreprocessor (TensorRT 8.5/10.x only: 11 removed calibrators). Its cache,
+            calibration/cache/<model-sha12>-trt<version>-<gpu-slug>.cache (plus a .json naming the set and
+            preprocessing it came from), lets a rebuild skip calibration.
+Workspace through set_memory_pool_limit; the timing cache persists beside the engine (per TensorRT version
+and GPU). Parser and builder failures are one-line EdgeErrors. Loading and running an engine (verification,
+the gate) is edge.frame.tensorrt_runner's.
+"""
+
+import json
+import os
+import re
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from edge.build.calibration import CalibrationSet, read_trt_calibration_cache
+from edge.config import PreprocessConfig
+from edge.errors import EXIT_FAIL, EdgeError
+from edge.frame.cuda_preprocess import CudaSession
+from edge.frame.preprocess import CpuPreprocessor
+from edge.frame.tensorrt_runner import require_tensorrt
+
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def calibration_cache_path(cache_dir: str, model_sha256: str, trt_version: str, gpu_name: str) -> str:
+    return os.path.join(cache_dir, "{}-trt{}-{}.cache".format(model_sha256[:12], trt_version, slug(gpu_name)))
+
+
+def timing_cache_path(engine_dir: str, trt_version: str, gpu_name: str) -> str:
+    return os.path.join(engine_dir, "timing-trt{}-{}.cache".format(trt_version, slug(gpu_name)))
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _calibrator(session: CudaSession, images: CalibrationSet, preprocess: PreprocessConfig, cache_path: str,
+                log: Callable[..., None]) -> "trt.IInt8EntropyCalibrator2":
+    """An entropy calibrator over `images` whose cache is only reused for the same set and preprocessing."""
+    import tensorrt as trt
+
+    identity = {"calibration_sha256": images.sha256, "resize": preprocess.resize, "crop": preprocess.crop,
+                "mean": list(preprocess.mean), "std": list(preprocess.std)}
+
+    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):
+        def __init__(self) -> None:
+            trt.IInt8EntropyCalibrator2.__init__(self)
+            self.prep = CpuPreprocessor(preprocess)
+            self.index = 0
+            with session:
+                self.device: Any = session.drv.mem_alloc(self.prep.output.nbytes)
+
+        def get_batch_size(self) -> int:
+            return 1
+
+        def get_batch(self, names: List[str]) -> Optional[List[int]]:  # type: ignore[override]
+            if self.index >= len(images):
+                return None  # TensorRT's end-of-data signal
+            tensor = self.prep(images.read(images.files[self.index]))
+            self.index += 1
+            session.drv.memcpy_htod(self.device, tensor)
+            return [int(self.device)]
+
+        def read_calibration_cache(self) -> Optional[bytes]:
+            try:
+                with open(cache_path, "rb") as fh:
+                    data = fh.read()
+                with open(cache_path + ".json", "r", encoding="utf-8") as fh:
+                    recorded = json.load(fh)
+                read_trt_calibration_cache(data)
+            except (OSError, ValueError):
+                return None
+            if recorded != identity:
+                log("calibrate: {} is from another calibration set or preprocessing; recalibrating".format(cache_path))
+                return None
+            log("calibrate: using {} (calibration skipped)".format(cache_path))
+            return data
+
+        def write_calibration_cache(self, cache: Any) -> None:
+            _write_atomic(cache_path, bytes(cache))
+            with open(cache_path + ".json.tmp", "w", encoding="utf-8") as fh:
+                json.dump(identity, fh, indent=2, sort_keys=True)
+            os.replace(cache_path + ".json.tmp", cache_path + ".json")
+
+    return EntropyCalibrator()
+
+
+def _parse_error(parser: "trt.OnnxParser", onnx_path: str) -> EdgeError:
+    errors = [parser.get_error(i) for i in range(parser.num_errors)]
+    if not errors:
+        return EdgeError("{}: TensorRT's ONNX parser failed without an error message".format(onnx_path),
+                         exit_code=EXIT_FAIL)
+    first = errors[0]
+    node = str(first.node_name()) if hasattr(first, "node_name") else str(first.node())
+    more = " (+{} more)".format(len(errors) - 1) if len(errors) > 1 else ""
+    return EdgeError("{}: TensorRT cannot parse it: {} (node {}){}".format(
+        onnx_path, str(first.desc()).strip().splitlines()[0], node, more), exit_code=EXIT_FAIL)
+
+
+def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb: int,
+                 images: Optional[CalibrationSet], preprocess: PreprocessConfig, model_sha256: str,
+                 cache_dir: str = os.path.join("calibration", "cache"), log: Callable[..., None] = print
+                 ) -> Dict[str, Any]:
+    """Serialize an engine for this GPU to `engine_path`. `images` selects the implicit-calibrator INT8 route."""
+    version = require_tensorrt()
+    import tensorrt as trt
+
+    session = CudaSession()
+    try:
+        with session:
+            gpu = session.gpu_name()
+            logger = trt.Logger(trt.Logger.WARNING)
+            builder = trt.Builder(logger)
+            major = int(version.split(".")[0])
+            flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if major < 10 else 0
+            network = builder.create_network(flags)
+            parser = trt.OnnxParser(network, logger)
+            with open(onnx_path, "rb") as fh:
+                if not parser.parse(fh.read()):
+                    raise _parse_error(parser, onnx_path)
+            explicit = any(network.get_layer(i).type == trt.LayerType.QUANTIZE for i in range(network.num_layers))
+            config = builder.create_builder_config()
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
+            int8_flag = getattr(trt.BuilderFlag, "INT8", None)  # both gone in TensorRT 11
+            fp16_flag = getattr(trt.BuilderFlag, "FP16", None)
+            mode = precision
+            if precision == "int8" and explicit:
+                mode = "int8-explicit-qdq"
+                for flag in (int8_flag, fp16_flag):  # FP16 for the layers the Q/DQ graph leaves in float
+                    if flag is not None:
+                        config.set_flag(flag)
+            elif precision == "int8":
+                if int8_flag is None or not hasattr(config, "int8_calibrator"):
+                    raise EdgeError("TensorRT {} has no implicit INT8 calibration; build from the Q/DQ ONNX "
+                                    "(edge build --engine without --calibrator)".format(version))
+                if images is None:
+                    raise EdgeError("{}: float model and no calibration set: nothing to calibrate INT8 with".format(
+                        onnx_path))
+                mode = "int8-implicit-entropy2"
+                config.set_flag(int8_flag)
+                if fp16_flag is not None:
+                    config.set_flag(fp16_flag)
+                cache = calibration_cache_path(cache_dir, model_sha256, version, gpu)
+                config.int8_calibrator = _calibrator(session, images, preprocess, cache, log)
+            elif precision == "fp16":
+                if fp16_flag is None:
+                    raise EdgeError("TensorRT {} has no FP16 builder flag (weak typing was removed); "
+                                    "export an FP16 ONNX instead".format(version))
+                config.set_flag(fp16_flag)
+            timing_path = timing_cache_path(os.path.dirname(os.path.abspath(engine_path)), version, gpu)
+            timing_bytes = b""
+            if os.path.isfile(timing_path):
+                with open(timing_path, "rb") as fh:
+                    timing_bytes = fh.read()
+            timing = config.create_timing_cache(timing_bytes)
+            if not config.set_timing_cache(timing, False):  # unusable (another TensorRT build): start afresh
+                log("engine: ignoring timing cache {} (does not match this TensorRT)".format(timing_path))
+                config.set_timing_cache(config.create_timing_cache(b""), False)
+            started = time.monotonic()
+            serialized = builder.build_serialized_network(network, config)
+            if serialized is None:
+                raise EdgeError("{}: TensorRT {} could not build an engine ({}; see its log above)".format(
+                    onnx_path, version, mode), exit_code=EXIT_FAIL)
+            seconds = time.monotonic() - started
+            _write_atomic(engine_path, bytes(memoryview(serialized)))
+            _write_atomic(timing_path, bytes(memoryview(config.get_timing_cache().serialize())))
+    finally:
+        session.release()
+    log("engine: {} ({}, TensorRT {}, {}) in {:.1f} s".format(engine_path, mode, version, gpu, seconds))
+    return {"mode": mode, "tensorrt": version, "gpu": gpu, "seconds": round(seconds, 1),
+            "workspace_mb": workspace_mb, "timing_cache": timing_path}

@@ -1,0 +1,111 @@
+"""`edge build`, `edge calibrate`, `edge rollback`: the offline build chain's commands (edge/build/steps.py)."""
+
+import argparse
+from typing import Any, Dict, Iterator
+
+from edge.build.artifacts import rollback
+from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, import_calibration_set
+from edge.build.steps import _timed, artifact_path, check_inputs, run_build, source_model
+from edge.config import Config, load_config
+from edge.errors import EXIT_OK
+
+
+def _config(args: argparse.Namespace, overrides: Dict[str, Any]) -> Config:
+    return load_config(getattr(args, "config", None), {k: v for k, v in overrides.items() if v is not None})
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    cfg = _config(args, {"build.method": args.method, "build.precision": args.precision,
+                         "build.calibration_dir": args.calibration, "build.regression_dir": args.regression})
+    plan = _timed(print, "check inputs", lambda: check_inputs(cfg, args.model, args.engine, args.calibrator,
+                                                              not args.no_progress))
+    run_build(plan)
+    return EXIT_OK
+
+
+def _frames(capture: Any, limit: int) -> Iterator[Any]:
+    capture.open()
+    try:
+        count = 0
+        while limit <= 0 or count < limit:
+            image = capture.read()
+            if image is None:
+                return
+            count += 1
+            yield image
+    finally:
+        capture.close()
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.calibrate_command == "import":
+        import_calibration_set(args.src, args.out, args.min_images)
+        return EXIT_OK
+    from edge.frame.sources import open_capture
+
+    cfg = _config(args, {"source.uri": args.source, "source.loop": False})
+    out = args.out or cfg.build.calibration_dir
+    capture_calibration_set(_frames(open_capture(cfg.source), args.frames), out, args.every, args.max_images,
+                            args.min_images or cfg.build.min_images, args.min_diff, source=cfg.source.uri)
+    return EXIT_OK
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    cfg = _config(args, {})
+    target = args.artifact or artifact_path(args.model or source_model(cfg.model.path), cfg.build.engines_dir,
+                                            cfg.build.precision, args.engine)
+    rollback(target)
+    return EXIT_OK
+
+
+def _add_build_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("build", help="calibrate, quantize, gate and install an INT8 model (CPU: Q/DQ ONNX; "
+                                            "--engine: TensorRT engine on this device)")
+    p.add_argument("--config", help="YAML config (build.* keys; see configs/example.yaml)")
+    p.add_argument("--model", help="FP32 source .onnx (default: model.path without its .int8/.fp16 suffix, as .onnx)")
+    p.add_argument("--engine", action="store_true", help="build a TensorRT engine for this GPU")
+    p.add_argument("--calibrator", action="store_true",
+                   help="with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT 8.5/10 only)")
+    p.add_argument("--method", choices=("minmax", "entropy", "percentile"), help="build.method")
+    p.add_argument("--precision", choices=("int8", "fp16", "fp32"), help="build.precision")
+    p.add_argument("--calibration", help="build.calibration_dir")
+    p.add_argument("--regression", help="build.regression_dir")
+    p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
+    p.set_defaults(func=cmd_build)
+
+
+def _add_calibrate_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("calibrate", help="make a calibration set (a folder of images + manifest.json)")
+    sub = p.add_subparsers(dest="calibrate_command", metavar="{import,capture}")
+    sub.required = True
+    imp = sub.add_parser("import", help="take existing images (odd files are skipped and listed in one line)")
+    imp.add_argument("src", help="folder of images (subfolders are kept: they are labels for a regression set)")
+    imp.add_argument("out", help="new set folder (replaced atomically)")
+    imp.add_argument("--min-images", type=int, default=32, help="fewer usable images is an error (default 32)")
+    cap = sub.add_parser("capture", help="keep every k-th frame of a source, skipping near-duplicates")
+    cap.add_argument("out", nargs="?", help="set folder (default build.calibration_dir)")
+    cap.add_argument("--config", help="YAML config (source.*, build.*)")
+    cap.add_argument("--source", help="source.uri (camera, file, folder, rtsp://...)")
+    cap.add_argument("--every", type=int, default=30, help="keep every k-th frame (default 30)")
+    cap.add_argument("--max-images", type=int, default=500, help="stop after this many (default 500)")
+    cap.add_argument("--frames", type=int, default=0, help="stop after reading this many frames (0: source end)")
+    cap.add_argument("--min-images", type=int, help="fewer is an error (default build.min_images)")
+    cap.add_argument("--min-diff", type=float, default=DEFAULT_MIN_DIFF,
+                     help="near-duplicate threshold: mean grey-level difference of 16x16 thumbnails "
+                          "(default {:g})".format(DEFAULT_MIN_DIFF))
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _add_rollback_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("rollback", help="swap the installed artifact with the one in <engines>/previous/")
+    p.add_argument("--config", help="YAML config (model.path, build.engines_dir, build.precision)")
+    p.add_argument("--model", help="FP32 source .onnx the artifact was built from")
+    p.add_argument("--engine", action="store_true", help="the TensorRT engine rather than the Q/DQ ONNX")
+    p.add_argument("--artifact", help="the installed artifact to roll back (overrides the above)")
+    p.set_defaults(func=cmd_rollback)
+
+
+def register(subparsers: Any) -> None:
+    _add_build_parser(subparsers)
+    _add_calibrate_parser(subparsers)
+    _add_rollback_parser(subparsers)

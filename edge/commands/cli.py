@@ -1,0 +1,30 @@
+"""The `edge` command: one subcommand per use, each registered by its own module in edge/commands/."""
+
+import argparse
+import sys
+from typing import List, Optional
+
+from edge import __version__
+from edge.commands import build, check, demo, export, rebuild, run
+from edge.commands.common import execute
+
+COMMANDS = (run, export, build, check, rebuild, demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge", description=__doc__)
+    parser.add_argument("--version", action="version", version="jetson-edge " + __version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return execute("edge " + args.command, args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Logits -> softmax -> top-k with labels."""
+
+import os
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import numpy as np
+
+from edge.errors import EdgeError
+
+
+@dataclass
+class Prediction:
+    indices: List[int]
+    scores: List[float]
+    labels: List[str]
+
+    def as_dict(self) -> dict:
+        return {"top": [{"index": i, "label": lab, "score": round(s, 4)}
+                        for i, lab, s in zip(self.indices, self.labels, self.scores)]}
+
+
+def load_labels(path: str) -> List[str]:
+    if not os.path.isfile(path):
+        raise EdgeError("{}: labels file not found".format(path))
+    with open(path, "r", encoding="utf-8") as fh:
+        labels = [line.rstrip("\n") for line in fh]
+    if not labels or not all(labels):
+        raise EdgeError("{}: labels file must have one non-empty label per line".format(path))
+    return labels
+
+
+class TopK:
+    def __init__(self, labels: Sequence[str], k: int = 5):
+        self.labels = list(labels)
+        self.k = min(k, len(self.labels))
+
+    def __call__(self, logits: np.ndarray) -> Prediction:
+        row = np.asarray(logits, np.float32).reshape(-1)
+        if row.shape[0] != len(self.labels):
+            raise ValueError("model gives {} classes, labels file has {}".format(row.shape[0], len(self.labels)))
+        top = np.argpartition(-row, self.k - 1)[:self.k]
+        top = top[np.argsort(-row[top])]
+        shifted = np.exp(row - row.max())
+        probs = shifted[top] / shifted.sum()
+        return Prediction([int(i) for i in top], [float(p) for p in probs], [self.labels[i] for i in top])

@@ -1,0 +1,73 @@
+"""Which preprocessor and backend to run: `auto` resolves to the GPU path only when it can work.
+
+Probes without importing tensorrt or pycuda at module level, so it is importable (and testable)
+on machines that have neither.
+"""
+
+import importlib
+import importlib.util
+from typing import Optional, Tuple
+
+from edge.config import Config
+from edge.errors import EdgeError
+
+
+def _importable(module: str) -> Optional[str]:
+    """None if `module` imports as real code, else why not."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            return "{} not importable: not installed".format(module)
+        imported = importlib.import_module(module)
+    except Exception as exc:  # a broken install raises anything from ImportError to OSError
+        return "{} not importable: {}".format(module, str(exc).strip().splitlines()[0] if str(exc).strip()
+                                                else type(exc).__name__)
+    if getattr(imported, "__file__", None) is None:  # e.g. tensorrt-stubs' .pyi files alone
+        return "{} not importable: only a namespace package (type stubs?) is installed".format(module)
+    return None
+
+
+def _cuda_device() -> Optional[str]:
+    """None if pycuda sees at least one CUDA device, else why not."""
+    problem = _importable("pycuda") or _importable("pycuda.driver")
+    if problem is not None:
+        return problem
+    drv = importlib.import_module("pycuda.driver")
+    try:
+        drv.init()
+        count = drv.Device.count()
+    except Exception as exc:  # pycuda._driver.Error when there is no driver or device
+        return "no CUDA device ({})".format(str(exc).strip() or type(exc).__name__)
+    return None if count > 0 else "no CUDA device"
+
+
+def gpu_unavailable() -> Optional[str]:
+    """None if TensorRT, pycuda and a CUDA device are all present, else the first thing missing."""
+    return _importable("tensorrt") or _cuda_device()
+
+
+def select_devices(cfg: Config) -> Tuple[str, str, str]:
+    """(preprocess device, backend kind, reason). Explicit GPU choices that cannot work raise EdgeError."""
+    pre, kind = cfg.preprocess.device, cfg.backend.kind
+    is_engine = cfg.model.path.endswith(".engine")
+    if kind == "tensorrt" and not is_engine:
+        raise EdgeError("backend.kind tensorrt needs a TensorRT .engine model, got '{}'".format(cfg.model.path))
+    if kind == "onnxruntime" and pre == "cuda":
+        raise EdgeError("preprocess.device cuda needs backend.kind tensorrt (it writes into the engine's input)")
+    problem = None if kind == "onnxruntime" or (kind == "auto" and not is_engine) else gpu_unavailable()
+    if kind == "tensorrt" and problem is not None:
+        raise EdgeError("backend.kind tensorrt is not available: " + problem)
+    if kind == "auto":
+        if not is_engine:
+            kind, reason = "onnxruntime", "model is not a .engine file"
+        elif problem is not None:
+            raise EdgeError("model.path {} is a TensorRT engine, but the GPU path is unavailable: {} "
+                            "(use the .onnx model on this machine)".format(cfg.model.path, problem))
+        else:
+            kind, reason = "tensorrt", "TensorRT, pycuda and a CUDA device are present and the model is a .engine"
+    else:
+        reason = "backend.kind {} configured".format(kind)
+    if pre == "auto":
+        pre = "cuda" if kind == "tensorrt" else "cpu"
+    elif pre == "cuda" and kind != "tensorrt":
+        raise EdgeError("preprocess.device cuda needs backend.kind tensorrt, but auto chose onnxruntime: " + reason)
+    return pre, kind, reason

@@ -1,0 +1,411 @@
+"""Frame sources: a URI -> a capture, and a grabber thread that keeps only the newest frame.
+
+URIs (config `source.uri`, flag `--source`):
+  synthetic                generated frames, paced at `source.fps`, `source.width`x`source.height`
+  PATH.mp4 | PATH/         a video file or a folder of images, paced at `source.fps`, looping if `source.loop`
+  /dev/videoN | v4l2://N   a V4L2 (USB) camera: MJPG at the configured size and fps, else raw YUYV
+  csi://N                  a MIPI CSI camera (Jetson: nvarguscamerasrc -> nvvidconv -> BGR appsink)
+  rtsp://...               an RTSP stream (H.264, H.265, MJPEG) through a low-latency pipeline
+Cameras and streams are GStreamer pipelines (edge/frame/gstreamer.py) with the Jetson's hardware elements
+on a Jetson and software ones elsewhere; an OpenCV without GStreamer falls back to its V4L2 and FFmpeg backends.
+
+The grabber reads in its own thread and overwrites a single slot, so no queue builds up: the pipeline
+always gets the newest frame, frames it never saw are counted as skipped.
+
+Live sources (cameras, RTSP, synthetic) recover on their own when the grabber is given a reconnect
+policy: a read that raises, returns nothing, or keeps returning broken images closes the capture and
+reopens it with exponential backoff (`service.reconnect_initial_s` doubling up to `service.reconnect_max_s`);
+a read that hangs is abandoned by `recover_stall()` and a fresh capture is opened beside it. Files and
+image folders are not live: their end is the end of the run.
+"""
+
+import glob
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from edge.board import is_jetson
+from edge.config import SourceConfig
+from edge.errors import EdgeError, require
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+@dataclass
+class Frame:
+    image: np.ndarray  # HxWx3 uint8 BGR
+    seq: int  # 1, 2, 3... in capture order; a gap between two frames the pipeline saw = skipped frames
+    captured: float  # time.monotonic() when the frame was in memory
+    capture_ms: float  # time spent in the read (decode for files and streams)
+
+
+class SourceEnded(Exception):
+    """A file or folder without `loop` has no more frames."""
+
+
+class SourceTimeout(Exception):
+    """No new frame within `source.timeout_s`."""
+
+
+class Capture:
+    """One device or file: open(), read() -> BGR image or None at the end, close()."""
+
+    description = ""
+    pacer: Optional["_Pacer"] = None  # generated and file frames are paced like a camera
+    live = False  # a camera or stream: a read failure is a fault to reconnect from, not the end of the run
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def pace(self) -> None:
+        """Wait until the next frame is due (not counted as capture time)."""
+        if self.pacer is not None:
+            self.pacer.wait()
+
+    def read(self) -> Optional[np.ndarray]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _Pacer:
+    """Sleeps so that successive reads happen at `fps` (camera-like pacing for generated and file frames)."""
+
+    def __init__(self, fps: float):
+        self.period = 1.0 / fps
+        self.next_at = 0.0
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        if self.next_at > now:
+            time.sleep(self.next_at - now)
+            now = self.next_at
+        self.next_at = max(self.next_at + self.period, now)
+
+
+class SyntheticCapture(Capture):
+    """Moving colour gradients with a bright square: cheap to produce, non-trivial to classify."""
+
+    live = True  # stands in for a camera
+
+    def __init__(self, width: int, height: int, fps: float, variants: int = 16):
+        self.description = "synthetic {}x{}@{:g}".format(width, height, fps)
+        self.width, self.height, self.variants = width, height, variants
+        self.pacer = _Pacer(fps)
+        self.frames: List[np.ndarray] = []
+        self.index = 0
+
+    def open(self) -> None:
+        ys, xs = np.mgrid[0:self.height, 0:self.width].astype(np.float32)
+        for k in range(self.variants):
+            phase = 2 * np.pi * k / self.variants
+            img = np.empty((self.height, self.width, 3), np.uint8)
+            img[:, :, 0] = 127 + 120 * np.sin(xs / 97.0 + phase)
+            img[:, :, 1] = 127 + 120 * np.sin(ys / 71.0 - phase)
+            img[:, :, 2] = 127 + 120 * np.sin((xs + ys) / 131.0 + 2 * phase)
+            size = max(8, min(self.width, self.height) // 5)
+            x0 = int((self.width - size) * (0.5 + 0.4 * np.cos(phase)))
+            y0 = int((self.height - size) * (0.5 + 0.4 * np.sin(phase)))
+            img[y0:y0 + size, x0:x0 + size] = 255
+            self.frames.append(img)
+
+    def read(self) -> Optional[np.ndarray]:
+        frame = self.frames[self.index % self.variants]
+        self.index += 1
+        return frame
+
+
+class ImageFolderCapture(Capture):
+    def __init__(self, folder: str, fps: float, loop: bool):
+        self.description = "images " + folder
+        self.folder, self.loop = folder, loop
+        self.pacer = _Pacer(fps)
+        self.files: List[str] = []
+        self.index = 0
+
+    def open(self) -> None:
+        self.files = sorted(f for f in glob.glob(os.path.join(self.folder, "*"))
+                            if f.lower().endswith(IMAGE_EXTENSIONS))
+        if not self.files:
+            raise EdgeError("{}: image folder has no images ({})".format(self.folder, " ".join(IMAGE_EXTENSIONS)))
+
+    def read(self) -> Optional[np.ndarray]:
+        cv2 = require("cv2")
+        for _ in range(len(self.files)):
+            if self.index >= len(self.files):
+                if not self.loop:
+                    return None
+                self.index = 0
+            path = self.files[self.index]
+            self.index += 1
+            image = cv2.imread(path, cv2.IMREAD_COLOR)
+            if image is not None:
+                return image
+        raise EdgeError("{}: no readable image in the folder".format(self.folder))
+
+
+class OpenCVCapture(Capture):
+    """cv2.VideoCapture on a file or an RTSP URL (FFmpeg)."""
+
+    def __init__(self, target: Any, api: int, description: str, fps: float = 0.0, loop: bool = False,
+                 is_file: bool = False):
+        self.target, self.api, self.description = target, api, description
+        self.loop, self.is_file = loop, is_file
+        self.live = not is_file
+        self.pacer = _Pacer(fps) if is_file else None
+        self.cap: Any = None
+
+    def open(self) -> None:
+        self.cap = require("cv2").VideoCapture(self.target, self.api)
+        if not self.cap.isOpened():
+            raise EdgeError("{}: cannot open {}".format(self.description, "video file" if self.is_file else "source"))
+
+    def read(self) -> Optional[np.ndarray]:
+        ok, image = self.cap.read()
+        if not ok and self.is_file and self.loop:
+            self.cap.set(require("cv2").CAP_PROP_POS_FRAMES, 0)
+            ok, image = self.cap.read()
+        if not ok:
+            return None
+        return image if image.ndim == 3 else np.ascontiguousarray(np.dstack([image] * 3))
+
+    def close(self) -> None:
+        if self.cap is not None:
+            self.cap.release()
+            self.cap = None
+
+
+def open_capture(cfg: SourceConfig) -> Capture:
+    """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError."""
+    uri = cfg.uri
+    if uri == "synthetic":
+        return SyntheticCapture(cfg.width, cfg.height, cfg.fps)
+    if os.path.isdir(uri):
+        return ImageFolderCapture(uri, cfg.fps, cfg.loop)
+    if uri.startswith(("csi://", "rtsp://", "v4l2://", "/dev/video")):
+        from edge.frame.gstreamer import camera_capture  # that module builds on this one
+
+        return camera_capture(cfg)
+    cv2 = require("cv2")
+    if "://" in uri:
+        raise EdgeError("source.uri: unsupported scheme in {!r} (synthetic, file, folder, /dev/videoN, v4l2://N, "
+                        "csi://N, rtsp://)".format(uri))
+    if not os.path.isfile(uri):
+        raise EdgeError("{}: video file or image folder not found".format(uri))
+    if uri.lower().endswith(IMAGE_EXTENSIONS):
+        raise EdgeError("{}: a single image is not a video source; put images in a folder".format(uri))
+    return OpenCVCapture(uri, cv2.CAP_ANY, uri, fps=cfg.fps, loop=cfg.loop, is_file=True)
+
+
+def broken_image(image: Any) -> bool:
+    """True for what a failing camera or decoder hands over instead of a frame: empty, wrong shape or dtype."""
+    return (not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3
+            or image.shape[2] != 3 or image.shape[0] == 0 or image.shape[1] == 0)
+
+
+class LatestFrameGrabber:
+    """Reads a Capture in a thread; `get()` returns the newest frame the caller has not seen yet.
+
+    With `reconnect_initial_s` set and a live capture, read errors, a lost stream (read() -> None) and
+    `max_broken` broken images in a row are faults: the capture is closed and reopened with exponential
+    backoff, `faults` and `reconnects` count them and `on_event(name, fields)` reports them. Without it
+    (files, tests) an error is raised to the consumer and None ends the source, as before.
+    """
+
+    def __init__(self, capture: Capture, timeout_s: float = 2.0, reconnect_initial_s: Optional[float] = None,
+                 reconnect_max_s: float = 30.0, reopen: Optional[Callable[[], Capture]] = None,
+                 on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None, max_broken: int = 5):
+        self.capture = capture
+        self.timeout_s = timeout_s
+        self.reconnect_initial_s = reconnect_initial_s
+        self.reconnect_max_s = max(reconnect_max_s, reconnect_initial_s or 0.0)
+        self.reopen = reopen  # builds a fresh Capture when a hung read has to be abandoned
+        self.on_event = on_event
+        self.max_broken = max_broken
+        self._cond = threading.Condition()
+        self._latest: Optional[Frame] = None
+        self._delivered_seq = 0
+        self._ended = False
+        self._error: Optional[BaseException] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._generation = 0  # bumped when a hung reader is abandoned; the old thread then exits on its own
+        self._read_started: Optional[float] = None
+        self.produced = 0
+        self.skipped = 0
+        self.broken = 0  # images rejected as broken (never handed to the pipeline)
+        self.faults = 0  # live-source failures: read errors, lost stream, broken streaks, hung reads
+        self.reconnects = 0  # successful reopenings after a fault
+        self.reconnecting = False
+
+    @property
+    def recovers(self) -> bool:
+        return self.reconnect_initial_s is not None and bool(getattr(self.capture, "live", False))
+
+    def start(self) -> "LatestFrameGrabber":
+        needs_open = False
+        try:
+            self.capture.open()
+        except Exception as exc:
+            if not self.recovers:
+                raise
+            # a camera that is not there yet: keep trying in the reader thread instead of failing the service
+            self._fault("open", exc)
+            needs_open = True
+        self._start_thread(self._generation, self.capture, needs_open)
+        return self
+
+    def _start_thread(self, generation: int, capture: Capture, needs_open: bool) -> None:
+        self._thread = threading.Thread(target=self._run, args=(generation, capture, needs_open),
+                                        name="edge-grabber", daemon=True)
+        self._thread.start()
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event, fields)
+            except Exception:  # reporting must never take the reader down
+                pass
+
+    def _fault(self, kind: str, detail: Any) -> None:
+        with self._cond:
+            self.faults += 1
+            self.reconnecting = True
+        error = detail if isinstance(detail, str) else "{}: {}".format(type(detail).__name__, detail)
+        self._emit("source_fault", source=self.capture.description, fault=kind, error=error, faults=self.faults)
+
+    def _current(self, generation: int) -> bool:
+        return generation == self._generation and not self._stop.is_set()
+
+    def _run(self, generation: int, capture: Capture, needs_open: bool) -> None:
+        delay = self.reconnect_initial_s or 0.0
+        broken_streak = 0
+        try:
+            while self._current(generation):
+                if needs_open:
+                    if self._stop.wait(delay) or not self._current(generation):
+                        break
+                    try:
+                        capture.close()
+                        capture.open()
+                    except Exception as exc:
+                        delay = min(delay * 2, self.reconnect_max_s)
+                        self._emit("source_reconnect_failed", source=capture.description,
+                                   error="{}: {}".format(type(exc).__name__, exc), retry_in_s=delay)
+                        continue
+                    needs_open = False
+                    with self._cond:
+                        self.reconnects += 1
+                        self.reconnecting = False
+                    self._emit("source_reconnected", source=capture.description, reconnects=self.reconnects)
+                capture.pace()
+                started = time.monotonic()
+                if generation == self._generation:
+                    self._read_started = started
+                try:
+                    image = capture.read()
+                except Exception as exc:
+                    if not self.recovers:
+                        raise
+                    image, needs_open = None, True
+                    if self._current(generation):
+                        self._fault("error", exc)
+                finally:
+                    if generation == self._generation:
+                        self._read_started = None
+                now = time.monotonic()
+                if not self._current(generation):
+                    break
+                if needs_open:
+                    continue
+                if image is None:
+                    if self.recovers:
+                        self._fault("lost", "no frame from the source (stream ended or device gone)")
+                        needs_open = True
+                        continue
+                    with self._cond:
+                        self._ended = True
+                        self._cond.notify_all()
+                    return
+                if broken_image(image):
+                    broken_streak += 1
+                    with self._cond:
+                        self.broken += 1
+                    if self.recovers and broken_streak >= self.max_broken:
+                        self._fault("broken", "{} broken images in a row".format(broken_streak))
+                        broken_streak, needs_open = 0, True
+                    continue
+                broken_streak = 0
+                delay = self.reconnect_initial_s or 0.0  # healthy again: the next fault starts a fresh backoff
+                with self._cond:
+                    self.produced += 1
+                    if self._latest is not None and self._latest.seq > self._delivered_seq:
+                        self.skipped += 1  # overwritten before the pipeline took it
+                    self._latest = Frame(image, self.produced, now, (now - started) * 1e3)
+                    self._cond.notify_all()
+        except BaseException as exc:  # surfaced to the consumer by get()
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            if generation != self._generation:
+                capture.close()  # an abandoned reader releases its own capture once its read returns
+
+    def stalled_for(self) -> float:
+        """Seconds the read in progress has been blocked (0 when none is)."""
+        started = self._read_started
+        return time.monotonic() - started if started is not None else 0.0
+
+    def recover_stall(self) -> bool:
+        """Abandon a read blocked for longer than `timeout_s` and read from a fresh capture (live sources
+        with `reopen` only). The hung thread exits and closes its capture when its read returns."""
+        if not self.recovers or self.reopen is None or self._stop.is_set() or self.stalled_for() < self.timeout_s:
+            return False
+        stalled = self.stalled_for()
+        with self._cond:
+            self._generation += 1
+            generation = self._generation
+        self._fault("hung", "read blocked for {:.1f} s".format(stalled))
+        self._read_started = None
+        self.capture = self.reopen()
+        self._start_thread(generation, self.capture, True)
+        return True
+
+    def get(self, timeout_s: Optional[float] = None) -> Frame:
+        """Newest unseen frame; raises SourceEnded, SourceTimeout or the capture's own error."""
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                if self._latest is not None and self._latest.seq > self._delivered_seq:
+                    self._delivered_seq = self._latest.seq
+                    return self._latest
+                if self._error is not None:
+                    raise self._error
+                if self._ended:
+                    raise SourceEnded(self.capture.description)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SourceTimeout("{}: no frame for {:.1f} s".format(self.capture.description, wait_s))
+                self._cond.wait(remaining)
+
+    def stats(self) -> Dict[str, int]:
+        with self._cond:
+            return {"produced": self.produced, "skipped": self.skipped, "broken": self.broken,
+                    "faults": self.faults, "reconnects": self.reconnects}
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=1.0)
+        if thread is None or not thread.is_alive():
+            self.capture.close()
+        # else: a read is hung in a driver; closing under it could crash, the daemon thread dies with the process

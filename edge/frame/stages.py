@@ -1,0 +1,100 @@
+"""Config -> the loaded stages of one model (CPU or GPU), with what was chosen and why.
+
+`build_stages` is the only place stages are made: `edge run` at start and on SIGHUP, `edge check`, `edge demo`
+and the rebuild's latency step all go through it. Everything the stages report about themselves (backend,
+precision, model identity) is captured here, at load time, so a model file replaced or removed on disk later
+never changes what a running service says about the model it serves.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from edge.config import Config, labels_path
+from edge.frame.postprocess import TopK, load_labels
+from edge.modelinfo import UNTRAINED_WARNING, read_model_info, sha256_file
+
+
+@dataclass
+class Stages:
+    preprocess: Callable[[Any], Any]
+    backend: Any  # edge.frame.backend.Backend, loaded
+    postprocess: TopK
+    reason: str  # why this backend and preprocessor were chosen
+    model_path: str
+    model_info: Dict[str, Any] = field(default_factory=dict)
+    sha256: str = "unknown"  # of the bytes actually loaded
+    description: Dict[str, Any] = field(default_factory=dict)  # backend.describe() at load time
+
+    @property
+    def trained(self) -> bool:
+        return bool(self.model_info.get("trained"))
+
+    @property
+    def warning(self) -> Optional[str]:
+        return None if self.trained else UNTRAINED_WARNING
+
+    @property
+    def preprocess_name(self) -> str:
+        return str(getattr(self.preprocess, "name", "?"))
+
+    @property
+    def stale_info_sha256(self) -> Optional[str]:
+        """The sidecar's sha256 when it describes other bytes than the ones loaded (a stale .json), else None."""
+        declared = self.model_info.get("sha256")
+        return declared if isinstance(declared, str) and self.sha256 != "unknown" and declared != self.sha256 \
+            else None
+
+    def facts(self) -> Dict[str, Any]:
+        """What the start line, reports and the demo say about the model being served."""
+        return dict(self.description, preprocess=self.preprocess_name, chosen_because=self.reason,
+                    weights=self.model_info.get("weights"), trained=self.trained, sha256=self.sha256)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def choose_devices(cfg: Config) -> Tuple[str, str, str]:
+    """(preprocess device, backend kind, reason) for the config's auto/explicit choices."""
+    from edge.frame.select import select_devices  # probes only; imports neither tensorrt nor pycuda at module level
+
+    return select_devices(cfg)
+
+
+def create_stages(cfg: Config) -> Tuple[Callable[[Any], Any], Any, str]:
+    """(preprocessor, backend (not yet loaded), reason). GPU modules are imported only when chosen."""
+    pre_device, backend_kind, reason = choose_devices(cfg)
+    if backend_kind == "tensorrt":
+        from edge.frame.tensorrt_backend import TensorRTBackend
+
+        backend: Any = TensorRTBackend(cfg.model.path, cuda_graph=cfg.backend.cuda_graph)
+    else:
+        from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+
+        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
+    if pre_device == "cuda":
+        from edge.frame.cuda_preprocess import CudaPreprocessor
+
+        preprocessor: Any = CudaPreprocessor(cfg.preprocess, backend)
+    else:
+        from edge.frame.preprocess import CpuPreprocessor
+
+        preprocessor = CpuPreprocessor(cfg.preprocess)
+    return preprocessor, backend, reason
+
+
+def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) -> Stages:
+    """Choose, create and load the stages for `cfg`; the backend is closed again if anything after it fails.
+    `factory` lets tests put a hanging or failing backend behind the same path."""
+    info = read_model_info(cfg.model.path)
+    preprocessor, backend, reason = factory(cfg)
+    backend.load()
+    try:
+        postprocess = TopK(load_labels(labels_path(cfg.model.path, cfg.model.labels)), cfg.runtime.top_k)
+        try:
+            sha = sha256_file(cfg.model.path)
+        except OSError:
+            sha = "unknown"
+        return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, info, sha, dict(backend.describe()))
+    except BaseException:
+        backend.close()
+        raise

@@ -1,0 +1,190 @@
+"""The one TensorRT engine loader and runner (TensorRT >= 8.5: named tensors and execute_async_v3 only).
+
+    with EngineRunner("engines/model.int8.engine") as runner:   # deserialise, allocate, bind by name
+        logits = runner.infer(tensor)                           # NumPy in, float32 NumPy out
+
+Used by the runtime backend (edge.frame.tensorrt_backend), the build's verification and the accuracy gate.
+`copy_in`, `enqueue` and `result` are the asynchronous pieces the backend times and captures; they expect
+the session's context pushed (`with runner.session:`). tensorrt and pycuda load lazily.
+"""
+
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from edge.errors import EXIT_FAIL, EdgeError, require
+from edge.frame.cuda_preprocess import CudaSession
+
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+MIN_TENSORRT = (8, 5)  # JetPack 5.1: the named-tensor API and execute_async_v3
+
+
+class TensorSpec(NamedTuple):
+    name: str
+    is_input: bool
+    shape: Tuple[int, ...]
+    dtype: "np.dtype[Any]"
+
+
+def require_tensorrt() -> str:
+    """TensorRT's version; a one-line EdgeError for type stubs alone, nothing, or a TensorRT before 8.5."""
+    module = require("tensorrt")
+    if getattr(module, "__file__", None) is None or not hasattr(module, "Runtime"):
+        raise EdgeError("tensorrt: this Python sees no TensorRT runtime (only type stubs?); "
+                        "on a Jetson: apt install python3-libnvinfer")
+    version = str(getattr(module, "__version__", "0"))
+    parts = tuple(int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2])
+    if parts < MIN_TENSORRT:
+        raise EdgeError("tensorrt {}: jetson-edge needs TensorRT >= {}.{} (JetPack >= 5.1)".format(
+            version, *MIN_TENSORRT))
+    return version
+
+
+def np_dtype(dtype: "trt.DataType") -> "np.dtype[Any]":
+    """The NumPy type of a TensorRT I/O tensor (the one table)."""
+    import tensorrt as trt
+
+    table = {trt.DataType.FLOAT: np.float32, trt.DataType.HALF: np.float16, trt.DataType.INT8: np.int8,
+             trt.DataType.INT32: np.int32, trt.DataType.BOOL: np.bool_}
+    if dtype not in table:
+        raise EdgeError("unsupported TensorRT I/O data type {}".format(dtype), exit_code=EXIT_FAIL)
+    return np.dtype(table[dtype])
+
+
+def io_tensors(engine: "trt.ICudaEngine") -> List[TensorSpec]:
+    import tensorrt as trt
+
+    specs = []
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        dims = engine.get_tensor_shape(name)
+        specs.append(TensorSpec(name, engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT,
+                                tuple(int(dims[k]) for k in range(len(dims))), np_dtype(engine.get_tensor_dtype(name))))
+    return specs
+
+
+class EngineRunner:
+    """A deserialised engine with one input, its first output, device buffers bound by name, pinned host copies.
+
+    `session`: share a CudaSession (the backend's, paired with its preprocessor); by default one of its own.
+    """
+
+    def __init__(self, engine_path: str, session: Optional[CudaSession] = None) -> None:
+        self.engine_path = engine_path
+        self.session: Optional[CudaSession] = session
+        self.input: Optional[TensorSpec] = None
+        self.output: Optional[TensorSpec] = None
+        self.context: Optional["trt.IExecutionContext"] = None
+        self._device: Dict[str, Any] = {}  # tensor name -> pycuda DeviceAllocation
+        self._host: List[np.ndarray] = []  # pinned input and output staging
+        self._objects: List[Any] = []  # logger, runtime, engine, context: released in reverse
+
+    def load(self) -> None:
+        require_tensorrt()
+        self.session = self.session.acquire() if self.session is not None else CudaSession()
+        try:
+            with self.session:
+                self._load(self.session)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, session: CudaSession) -> None:
+        import tensorrt as trt
+
+        logger = trt.Logger(trt.Logger.WARNING)  # must outlive the runtime
+        runtime = trt.Runtime(logger)
+        self._objects = [logger, runtime]
+        with open(self.engine_path, "rb") as fh:
+            engine: Optional[trt.ICudaEngine] = runtime.deserialize_cuda_engine(fh.read())
+        if engine is None:
+            raise EdgeError("{}: TensorRT {} cannot deserialise it (built for another TensorRT version or GPU? "
+                            "rebuild it on this device)".format(self.engine_path, trt.__version__))
+        self.context = engine.create_execution_context()
+        self._objects += [engine, self.context]
+        tensors = io_tensors(engine)
+        inputs = [t for t in tensors if t.is_input]
+        outputs = [t for t in tensors if not t.is_input]
+        if len(inputs) != 1 or not outputs:
+            raise EdgeError("{}: expected one input and at least one output, got {} and {}".format(
+                self.engine_path, len(inputs), len(outputs)))
+        if any(d < 0 for t in tensors for d in t.shape):
+            raise EdgeError("{}: dynamic shapes are not supported; build the engine for a fixed 1x3xHxW input".format(
+                self.engine_path))
+        self.input, self.output = inputs[0], outputs[0]
+        drv = session.drv
+        for t in tensors:
+            self._device[t.name] = drv.mem_alloc(max(1, int(np.prod(t.shape))) * t.dtype.itemsize)
+            self.context.set_tensor_address(t.name, int(self._device[t.name]))
+        self._host = [drv.pagelocked_empty(t.shape, t.dtype) for t in (self.input, self.output)]
+
+    def input_ptr(self) -> int:
+        assert self.input is not None, "load() first"
+        return int(self._device[self.input.name])
+
+    def copy_in(self, tensor: Any) -> None:
+        """Queue a host->device copy of a NumPy tensor into the input binding."""
+        assert self.session is not None and self.input is not None, "load() first"
+        array = np.asarray(tensor)
+        if array.shape != self.input.shape:
+            raise ValueError("expected input {} {}, got {}".format(self.input.shape, self.input.dtype, array.shape))
+        np.copyto(self._host[0], array, casting="same_kind")
+        self.session.drv.memcpy_htod_async(self.input_ptr(), self._host[0], self.session.stream)
+
+    def enqueue(self) -> None:
+        """Queue inference and the output copy into pinned host memory on the session's stream."""
+        assert self.session is not None and self.output is not None and self.context is not None, "load() first"
+        if not self.context.execute_async_v3(self.session.stream.handle):
+            raise EdgeError("{}: TensorRT failed to enqueue inference".format(self.engine_path), exit_code=EXIT_FAIL)
+        self.session.drv.memcpy_dtoh_async(self._host[1], self._device[self.output.name], self.session.stream)
+
+    def result(self) -> np.ndarray:
+        """The output as float32 (a copy), once the stream has passed `enqueue`."""
+        return np.asarray(self._host[1]).astype(np.float32)
+
+    def infer(self, tensor: Any) -> np.ndarray:
+        assert self.session is not None, "load() first"
+        with self.session:
+            self.copy_in(tensor)
+            self.enqueue()
+            self.session.stream.synchronize()
+            return self.result()
+
+    def close(self) -> None:
+        """Free buffers and TensorRT objects and release the session; safe to call twice."""
+        session, self.session = self.session, None
+        if session is None:
+            return
+        with session:
+            session.stream.synchronize()
+            for alloc in self._device.values():
+                alloc.free()
+            for host in self._host:
+                allocation: Any = host.base  # pycuda HostAllocation
+                if allocation is not None:
+                    allocation.free()
+            self._device.clear()
+            self._host = []
+            while self._objects:
+                self._objects.pop()
+            self.context = None
+        self.input = self.output = None
+        session.release()
+
+    def __enter__(self) -> "EngineRunner":
+        self.load()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def verify_engine(engine_path: str) -> None:
+    """Deserialise and run one inference on zeros; non-finite output is a failure."""
+    with EngineRunner(engine_path) as runner:
+        assert runner.input is not None
+        out = runner.infer(np.zeros(runner.input.shape, np.float32))
+    if not np.all(np.isfinite(out)):
+        raise EdgeError("{}: verification failed: non-finite output".format(engine_path), exit_code=EXIT_FAIL)

@@ -1,0 +1,74 @@
+"""The capture side of tests/test_gstreamer.py, run under /usr/bin/python3 with PYTHONPATH=<repo> (Debian's
+python3-opencv is the OpenCV built with GStreamer; see the docstring there). Prints JSON lines.
+
+  twin csi|usb-mjpg|usb-yuyv|rtsp WIDTH HEIGHT FPS FRAMES [URI CODEC]
+      opens the software twin of that pipeline through edge's own GStreamerCapture and reads FRAMES frames
+  grab URI CODEC TCP
+      edge's LatestFrameGrabber with a reconnect policy on open_capture(uri); one line per frame and per
+      source event, until stdin closes
+"""
+
+import dataclasses
+import json
+import sys
+import threading
+import time
+
+from edge.config import SourceConfig
+from edge.frame import gstreamer
+from edge.frame.sources import LatestFrameGrabber, SourceTimeout, open_capture
+
+# The software twin: the off-Jetson element set with videotestsrc standing in for the cameras.
+TWIN = dataclasses.replace(gstreamer.SOFTWARE, csi="videotestsrc is-live=true",
+                           v4l2="videotestsrc is-live=true ! jpegenc")  # a USB camera that offers MJPG
+RAW_ONLY = dataclasses.replace(TWIN, v4l2="videotestsrc is-live=true")  # a USB camera without MJPG
+
+
+def emit(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def twin(kind, width, height, fps, frames, uri="", codec="auto"):
+    if kind == "csi":
+        capture = gstreamer.GStreamerCapture("csi://0", [("NV12", gstreamer.csi_pipeline(
+            0, width, height, fps, TWIN))], TWIN, fps)
+    elif kind == "rtsp":
+        capture = gstreamer.GStreamerCapture(uri, [(codec, gstreamer.rtsp_pipeline(uri, codec, False, TWIN))], TWIN)
+    else:
+        elements = TWIN if kind == "usb-mjpg" else RAW_ONLY
+        capture = gstreamer.GStreamerCapture("/dev/video0", gstreamer.usb_pipelines(
+            "/dev/video0", width, height, fps, elements), elements, fps)
+    capture.open()
+    start = time.monotonic()
+    shapes = {capture.read().shape for _ in range(frames)}
+    seconds = time.monotonic() - start
+    capture.close()
+    emit(description=capture.description, negotiated=capture.negotiated, pipeline=capture.target,
+         shapes=sorted(shapes), seconds=seconds)
+
+
+def grab(uri, codec, tcp):
+    cfg = SourceConfig(uri=uri, rtsp_codec=codec, rtsp_tcp=tcp == "tcp", timeout_s=2.0)
+    grabber = LatestFrameGrabber(open_capture(cfg), cfg.timeout_s, reconnect_initial_s=0.05, reconnect_max_s=0.4,
+                                 reopen=lambda: open_capture(cfg),
+                                 on_event=lambda name, fields: emit(event=name, t=time.monotonic(), **fields))
+    closed = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
+    grabber.start()
+    emit(event="started", source=grabber.capture.description)
+    while not closed.is_set():
+        try:
+            frame = grabber.get(0.5)
+        except SourceTimeout:
+            grabber.recover_stall()  # as edge.service.runtime does
+            continue
+        emit(frame=frame.seq, shape=frame.image.shape, t=frame.captured, **grabber.stats())
+    grabber.stop()
+
+
+if __name__ == "__main__":
+    command, args = sys.argv[1], sys.argv[2:]
+    if command == "twin":
+        twin(args[0], *map(int, args[1:5]), *args[5:])
+    else:
+        grab(*args)

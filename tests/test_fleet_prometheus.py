@@ -1,0 +1,269 @@
+"""deploy/prometheus and deploy/grafana against real parts: promtool, a real `edge run`, Prometheus in agent mode
+and a second Prometheus receiving its remote_write (all on 127.0.0.1, free ports, bounded waits)."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+import service_helpers as sh
+import service_jtop as sj
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROM_DIR = os.path.join(REPO, "deploy", "prometheus")
+DASHBOARD = os.path.join(REPO, "deploy", "grafana", "jetson-edge.json")
+DEVICE = "e2e-jetson"
+METRIC = re.compile(r"\b((?:edge|process)_[a-z0-9_]+)\b")
+
+
+def tool(name):
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip("{} not installed (Debian: apt-get install prometheus; scripts/bootstrap.sh --dev as root)".format(
+            name))
+    return path
+
+
+def http_get(url, timeout=5):
+    """(status, body); an HTTP error status is returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def rules():
+    with open(os.path.join(PROM_DIR, "rules.yml")) as fh:
+        return [r for g in yaml.safe_load(fh)["groups"] for r in g["rules"]]
+
+
+def dashboard_exprs():
+    with open(DASHBOARD) as fh:
+        dash = json.load(fh)
+    return [t["expr"] for p in dash["panels"] for t in p["targets"]]
+
+
+def referenced_metrics():
+    """Raw metric names (no recording rules: those contain ':') in every rule and dashboard expression."""
+    return {m for expr in [r["expr"] for r in rules()] + dashboard_exprs() for m in METRIC.findall(expr)}
+
+
+class Daemon:
+    """A real `edge run` (CPU backend, synthetic source) with metrics on 127.0.0.1; stopped by PID."""
+
+    def __init__(self, tmp_path, model, port):
+        self.port = port
+        config = sh.write_config(tmp_path / "edge.yaml", {
+            "model": {"path": model}, "source": {"uri": "synthetic", "width": 160, "height": 120, "fps": 30},
+            "backend": {"kind": "onnxruntime"}, "preprocess": {"device": "cpu"},
+            "runtime": {"budget_ms": 30, "warmup": 2},
+            "service": {"metrics": {"enabled": True, "host": "127.0.0.1", "port": port},
+                        "telemetry": {"enabled": True, "interval_s": 0.5}}})
+        self.log = open(str(tmp_path / "edge.log"), "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=REPO,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_healthy(self, timeout=90):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "edge run exited: " + self.output()
+            try:
+                if http_get("http://127.0.0.1:{}/healthz".format(self.port))[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("edge run not healthy within {} s: {}".format(timeout, self.output()))
+
+    def scrape(self):
+        status, body = http_get("http://127.0.0.1:{}/metrics".format(self.port))
+        assert status == 200
+        return body
+
+    def output(self):
+        self.log.flush()
+        with open(self.log.name) as fh:
+            return fh.read()[-3000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.log.close()
+
+
+class Prometheus:
+    """A real Prometheus server on a free 127.0.0.1 port; stopped by PID."""
+
+    def __init__(self, tmp_path, name, config, flags, env=None):
+        self.port = sh.free_port()
+        self.url = "http://127.0.0.1:{}".format(self.port)
+        path = tmp_path / (name + ".yml")
+        path.write_text(yaml.safe_dump(config))
+        self.log_path = str(tmp_path / (name + ".log"))
+        storage = "--storage.agent.path=" if "agent" in " ".join(flags) else "--storage.tsdb.path="
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [tool("prometheus"), "--config.file=" + str(path), storage + str(tmp_path / (name + "-data")),
+                 "--web.listen-address=127.0.0.1:{}".format(self.port)] + flags,
+                stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
+
+    def wait_ready(self, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "prometheus exited: " + self.output()
+            try:
+                if http_get(self.url + "/-/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("prometheus not ready: " + self.output())
+
+    def api(self, path, **params):
+        status, body = http_get("{}/api/v1/{}?{}".format(self.url, path, urllib.parse.urlencode(params)))
+        data = json.loads(body)
+        assert status == 200 and data["status"] == "success", (params, body)
+        return data["data"]
+
+    def output(self):
+        with open(self.log_path) as fh:
+            return fh.read()[-3000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+def poll(fn, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError("{} within {} s".format(what, timeout))
+
+
+def test_promtool_checks_the_rules():
+    proc = subprocess.run([tool("promtool"), "check", "rules", "rules.yml"], cwd=PROM_DIR, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 15 rules found" in proc.stdout
+
+
+def test_promtool_unit_tests_cover_every_alert_firing_and_not_firing():
+    with open(os.path.join(PROM_DIR, "rules_test.yml")) as fh:
+        cases = [c for t in yaml.safe_load(fh)["tests"] for c in t.get("alert_rule_test", [])]
+    for alert in [r["alert"] for r in rules() if "alert" in r]:
+        mine = [c for c in cases if c["alertname"] == alert]
+        assert any(c["exp_alerts"] for c in mine), alert + " has no firing case"
+        assert any(not c["exp_alerts"] for c in mine), alert + " has no not-firing case"
+    proc = subprocess.run([tool("promtool"), "test", "rules", "rules_test.yml"], cwd=PROM_DIR, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+def test_the_agent_example_is_a_valid_agent_config():
+    proc = subprocess.run([tool("promtool"), "check", "config", "--agent", "agent.yml"], cwd=PROM_DIR,
+                          capture_output=True, text=True, env=dict(os.environ, NODE_NAME="jetson-01"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_daemon_to_agent_to_receiver_carries_the_device_label(tmp_path, small_model):
+    """edge run -> Prometheus agent (the shipped agent.yml) -> Prometheus with the remote-write receiver and the
+    shipped rules; the receiver has the daemon's series and the recording rules' results for the device, and
+    every dashboard query runs there."""
+    tool("prometheus")
+    daemon = Daemon(tmp_path, small_model, sh.free_port())
+    receiver = agent = None
+    try:
+        receiver = Prometheus(tmp_path, "receiver", {
+            "global": {"evaluation_interval": "1s"},
+            "rule_files": [os.path.join(PROM_DIR, "rules.yml")]}, ["--web.enable-remote-write-receiver"])
+        with open(os.path.join(PROM_DIR, "agent.yml")) as fh:
+            config = yaml.safe_load(fh)
+        config["global"]["scrape_interval"] = "1s"
+        config["scrape_configs"][0]["static_configs"] = [{"targets": ["127.0.0.1:{}".format(daemon.port)]}]
+        config["remote_write"] = [{"url": receiver.url + "/api/v1/write",
+                                   "queue_config": {"batch_send_deadline": "1s"}}]
+        agent = Prometheus(tmp_path, "agent", config, ["--enable-feature=agent,expand-external-labels"],
+                           env={"NODE_NAME": DEVICE})
+        daemon.wait_healthy()
+        receiver.wait_ready()
+        agent.wait_ready()
+
+        def series():
+            found = receiver.api("series", **{"match[]": '{__name__=~"edge_.+|process_.+", device="%s"}' % DEVICE})
+            return {s["__name__"]: s for s in found}
+
+        names = poll(lambda: (lambda s: s if "edge_frame_latency_seconds_bucket" in s else None)(series()), 60,
+                     "no edge_ series with device={} at the receiver".format(DEVICE))
+        for name in ("edge_frames_total", "edge_deadline_misses_total", "edge_stage_duration_seconds_bucket",
+                     "edge_budget_seconds", "process_resident_memory_bytes", "edge_telemetry_degraded"):
+            assert name in names, sorted(names)
+        assert names["edge_frames_total"]["job"] == "jetson-edge"
+        p99 = poll(lambda: receiver.api("query", query='device:edge_frame_latency_seconds:p99_5m{device="%s"}'
+                                        % DEVICE)["result"], 60, "no recorded p99 for the device")
+        assert 0 < float(p99[0]["value"][1]) < 1.0
+        stages = poll(lambda: receiver.api("query", query='device_stage:edge_stage_duration_seconds:p50_5m{device='
+                                           '"%s"}' % DEVICE)["result"], 30, "no recorded stage p50")
+        assert {r["metric"]["stage"] for r in stages} >= {"preprocess", "infer"}
+        for expr in dashboard_exprs():
+            query = expr.replace("$device", DEVICE).replace("$__rate_interval", "1m")
+            receiver.api("query", query=query)  # asserts the query parses and runs
+    finally:
+        for proc in (agent, receiver):
+            if proc is not None:
+                proc.stop()
+        daemon.stop()
+
+
+@pytest.fixture
+def jtop_service():
+    why = sj.unavailable()
+    if why:
+        pytest.skip("real jtop service not runnable here: " + why)
+    service = sj.JtopService()
+    try:
+        service.setup()
+        service.start()
+        yield service
+    finally:
+        service.cleanup()
+
+
+def test_every_metric_in_the_rules_and_dashboard_is_in_a_live_scrape(tmp_path, small_model, jtop_service):
+    """A real `edge run` reading the real jtop service (testing mode: the jtop-only gauges are there too)."""
+    daemon = Daemon(tmp_path, small_model, sh.free_port())
+    try:
+        daemon.wait_healthy()
+        poll(lambda: "edge_telemetry_source_info{source=\"jtop\"}" in daemon.scrape(), 20, "telemetry not from jtop")
+        text = daemon.scrape()
+    finally:
+        daemon.stop()
+    scraped = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    wanted = referenced_metrics()
+    assert len(wanted) >= 20, sorted(wanted)
+    assert wanted <= scraped, "not in a live scrape: {}".format(sorted(wanted - scraped))
