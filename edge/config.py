@@ -5,13 +5,16 @@ one line and exit code 2. Defaults make an empty file (or no file) a working con
 """
 
 import dataclasses
+import math
 import os
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import yaml
 
 from edge.errors import EdgeError
+from edge.fileio import read_regular
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -75,6 +78,7 @@ class BuildConfig:
     calibration_dir: str = "calibration/default"
     regression_dir: str = "calibration/regression"
     method: str = "minmax"  # minmax | entropy | percentile
+    quantizer: str = "onnxruntime"  # onnxruntime | modelopt (opset 19: TensorRT >= 10 only; docs/build.md)
     exclude_sensitive: bool = True
     min_images: int = 32
     precision: str = "int8"  # int8 | fp16 | fp32
@@ -121,18 +125,39 @@ _CHOICES = {
     "preprocess.device": ("auto", "cpu", "cuda"),
     "backend.kind": ("auto", "onnxruntime", "tensorrt"),
     "build.method": ("minmax", "entropy", "percentile"),
+    "build.quantizer": ("onnxruntime", "modelopt"),
     "build.precision": ("int8", "fp16", "fp32"),
 }
 
-_POSITIVE = {
-    "source.width", "source.height", "source.fps", "source.timeout_s", "preprocess.resize",
-    "preprocess.crop", "runtime.budget_ms", "runtime.top_k", "runtime.report_every",
-    "runtime.latency_window", "runtime.max_consecutive_errors", "build.min_images",
-    "build.workspace_mb", "service.telemetry.interval_s", "service.reconnect_initial_s",
-    "service.reconnect_max_s",
+# Every numeric key's sane range (inclusive; "> 0" is written as the smallest useful value): beyond
+# these a value allocates gigabytes, busy-loops or switches a check off. NaN and inf are refused everywhere.
+_RANGES = {
+    "source.width": (1, 16384), "source.height": (1, 16384), "source.fps": (0.01, 1000.0),
+    "source.timeout_s": (0.01, 3600.0),
+    "preprocess.resize": (1, 4096), "preprocess.crop": (1, 4096),
+    "backend.intra_op_threads": (0, 256),
+    "runtime.budget_ms": (0.001, 3600000.0), "runtime.frames": (0, 10 ** 10), "runtime.warmup": (0, 100000),
+    "runtime.top_k": (1, 1000), "runtime.report_every": (1, 10 ** 9), "runtime.latency_window": (1, 1000000),
+    "runtime.max_consecutive_errors": (1, 1000000),
+    "build.min_images": (1, 1000000), "build.workspace_mb": (1, 1 << 20),
+    "build.gate.min_agreement": (0.0, 1.0), "build.gate.min_mean_cosine": (0.0, 1.0),
+    "build.gate.max_top1_drop_pp": (0.0, 100.0),
+    "service.metrics.port": (1, 65535), "service.telemetry.interval_s": (0.01, 3600.0),
+    "service.reconnect_initial_s": (0.001, 3600.0), "service.reconnect_max_s": (0.001, 86400.0),
 }
-_NON_NEGATIVE = {"runtime.frames", "runtime.warmup", "backend.intra_op_threads"}
-_FRACTIONS = {"build.gate.min_agreement", "build.gate.min_mean_cosine"}
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_NODES = 10000  # a config has ~60; an alias bomb expands to billions
+
+
+def _show(value: Any) -> str:
+    """A value for an error line: bounded however large or deeply nested (an alias bomb) it is."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 50, 50
+_REPR.maxlong = 30
 
 
 def _type_name(tp: Any) -> str:
@@ -145,7 +170,7 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     if getattr(tp, "__origin__", None) in (list, List):
         (item_tp,) = tp.__args__
         if not isinstance(value, list):
-            raise EdgeError("{}: '{}' must be a list, got {!r}".format(where, key, value))
+            raise EdgeError("{}: '{}' must be a list, got {}".format(where, key, _show(value)))
         return [_coerce(v, item_tp, where, "{}[{}]".format(key, i)) for i, v in enumerate(value)]
     ok = (
         isinstance(value, bool) if tp is bool
@@ -154,19 +179,26 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
         else isinstance(value, tp)
     )
     if not ok:
-        raise EdgeError("{}: '{}' must be {}, got {!r}".format(where, key, _type_name(tp), value))
-    return float(value) if tp is float else value
+        raise EdgeError("{}: '{}' must be {}, got {}".format(where, key, _type_name(tp), _show(value)))
+    if tp is float:
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise EdgeError("{}: '{}' must be a finite number, got {}".format(where, key, _show(value)))
+    return value
 
 
 def _build(cls: Any, data: Any, where: str, prefix: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise EdgeError("{}: '{}' must be a mapping, got {!r}".format(where, prefix or "<top level>", data))
+        raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, prefix or "<top level>", _show(data)))
     fields = {f.name: f for f in dataclasses.fields(cls) if not (cls is Config and f.name == "path")}
     values = {}
     for key, value in data.items():
-        dotted = prefix + "." + str(key) if prefix else str(key)
+        dotted = prefix + "." + str(key)[:60] if prefix else str(key)[:60]
         if key not in fields:
             raise EdgeError("{}: unknown key '{}' (expected one of: {})".format(where, dotted, ", ".join(fields)))
         values[key] = _coerce(value, fields[key].type, where, dotted)
@@ -182,16 +214,11 @@ def _check_values(cfg: Config, where: str) -> None:
 
     for key, choices in _CHOICES.items():
         if get(key) not in choices:
-            raise EdgeError("{}: '{}' must be one of {}, got {!r}".format(where, key, "|".join(choices), get(key)))
-    for key in _POSITIVE:
-        if not get(key) > 0:
-            raise EdgeError("{}: '{}' must be > 0, got {!r}".format(where, key, get(key)))
-    for key in _NON_NEGATIVE:
-        if get(key) < 0:
-            raise EdgeError("{}: '{}' must be >= 0, got {!r}".format(where, key, get(key)))
-    for key in _FRACTIONS:
-        if not 0.0 <= get(key) <= 1.0:
-            raise EdgeError("{}: '{}' must be between 0 and 1, got {!r}".format(where, key, get(key)))
+            raise EdgeError("{}: '{}' must be one of {}, got {}".format(where, key, "|".join(choices), _show(get(key))))
+    for key, (low, high) in _RANGES.items():
+        if not low <= get(key) <= high:
+            raise EdgeError("{}: '{}' must be between {} and {}, got {}".format(where, key, low, high,
+                                                                                 _show(get(key))))
     pre = cfg.preprocess
     if pre.crop > pre.resize:
         raise EdgeError("{}: 'preprocess.crop' ({}) must not exceed 'preprocess.resize' ({})".format(
@@ -199,11 +226,12 @@ def _check_values(cfg: Config, where: str) -> None:
     for key in ("mean", "std"):
         values = getattr(pre, key)
         if len(values) != 3:
-            raise EdgeError("{}: 'preprocess.{}' must list 3 numbers (R, G, B), got {!r}".format(where, key, values))
-    if any(s <= 0 for s in pre.std):
-        raise EdgeError("{}: 'preprocess.std' values must be > 0, got {!r}".format(where, pre.std))
-    if not 0 < cfg.service.metrics.port < 65536:
-        raise EdgeError("{}: 'service.metrics.port' must be 1-65535, got {!r}".format(where, cfg.service.metrics.port))
+            raise EdgeError("{}: 'preprocess.{}' must list 3 numbers (R, G, B), got {}".format(
+                where, key, _show(values)))
+    for key, low in (("mean", 0.0), ("std", 0.001)):  # pixels are scaled to 0-1 first; std divides
+        if not all(low <= v <= 1.0 for v in getattr(pre, key)):
+            raise EdgeError("{}: 'preprocess.{}' values must be between {} and 1.0, got {}".format(
+                where, key, low, _show(getattr(pre, key))))
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None) -> Config:
@@ -211,20 +239,54 @@ def load_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] 
     where = path or "<defaults>"
     data: Dict[str, Any] = {}
     if path is not None:
-        if not os.path.isfile(path):
-            raise EdgeError("{}: config file not found".format(path))
-        try:
-            with open(path, "r", encoding="utf-8") as fh:
-                data = yaml.safe_load(fh) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = " (line {})".format(mark.line + 1) if mark is not None else ""
-            raise EdgeError("{}: not valid YAML{}: {}".format(path, line, getattr(exc, "problem", exc))) from None
-        except OSError as exc:
-            raise EdgeError("{}: cannot read config: {}".format(path, exc.strerror)) from None
-        if not isinstance(data, dict):
-            raise EdgeError("{}: top level must be a mapping of sections, got {!r}".format(path, data))
+        data = _read_yaml(path)
     return _from_data(data, overrides, where, path)
+
+
+def _read_yaml(path: str) -> Dict[str, Any]:
+    """The file's top-level mapping. Not UTF-8, over MAX_CONFIG_BYTES, nested too deeply or expanding (through
+    aliases) to more than MAX_YAML_NODES values: one EdgeError, found before any value is built."""
+    if not os.path.isfile(path):
+        raise EdgeError("{}: config file not found".format(path))
+    raw, why = read_regular(path, MAX_CONFIG_BYTES)
+    if raw is None:
+        raise EdgeError("{}: cannot read config: {}".format(path, why))
+    try:
+        loader = yaml.SafeLoader(raw.decode("utf-8"))
+        try:
+            node = loader.get_single_node()
+            if node is not None and _expanded_size(node) > MAX_YAML_NODES:
+                raise EdgeError("{}: more than {} values once aliases are expanded (a YAML alias bomb?)".format(
+                    path, MAX_YAML_NODES))
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except UnicodeDecodeError as exc:
+        raise EdgeError("{}: not UTF-8 text (byte {})".format(path, exc.start)) from None
+    except RecursionError:
+        raise EdgeError("{}: nested too deeply".format(path)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = " (line {})".format(mark.line + 1) if mark is not None else ""
+        raise EdgeError("{}: not valid YAML{}: {}".format(path, line, getattr(exc, "problem", exc))) from None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise EdgeError("{}: top level must be a mapping of sections, got {}".format(path, _show(data)))
+    return data
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes the document has with every alias expanded; stops counting past MAX_YAML_NODES."""
+    count, stack = 0, [root]
+    while stack and count <= MAX_YAML_NODES:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack.extend((key, value))
+    return count
 
 
 def with_overrides(cfg: Config, overrides: Dict[str, Any]) -> Config:
@@ -238,8 +300,13 @@ def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where:
     for dotted, value in (overrides or {}).items():
         node = data
         parts = dotted.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
+        for i, part in enumerate(parts[:-1]):
+            if node.get(part) is None:  # `runtime:` with nothing under it
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, ".".join(parts[:i + 1]),
+                                                                              _show(node)))
         node[parts[-1]] = value
     cfg = _build(Config, data, where)
     _check_values(cfg, where)

@@ -9,6 +9,7 @@ import os
 from typing import Any, Dict
 
 from edge.errors import EdgeError
+from edge.fileio import atomic_write, load_json
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
 
@@ -30,19 +31,13 @@ def read_model_info(model_path: str) -> Dict[str, Any]:
     path = info_path(model_path)
     if not os.path.isfile(path):
         return {"weights": "unknown (no {})".format(os.path.basename(path)), "trained": False}
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            info = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise EdgeError("{}: unreadable model info: {}".format(path, exc)) from None
+    info = load_json(path, "model info")
     if not isinstance(info, dict) or not isinstance(info.get("trained"), bool):
         raise EdgeError("{}: model info must be a JSON object with a boolean 'trained'".format(path))
     return info
 
 
-def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
+def write_json_atomic(path: str, data: Dict[str, Any], what: str = "JSON file") -> None:
+    """Sorted, indented JSON, written whole or not at all (edge.fileio.atomic_write)."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")), what)

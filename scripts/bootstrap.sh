@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras="cpu,export,service,check"
-if [ "${1:-}" = "--dev" ]; then extras="$extras,dev"; fi
+if [ "${1:-}" = "--dev" ]; then extras="$extras,dev,fleet"; fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
@@ -16,11 +16,17 @@ if [ "${1:-}" = "--dev" ]; then extras="$extras,dev"; fi
 if [ "${1:-}" = "--dev" ]; then
   # tensorrt-stubs depends on tensorrt, whose PyPI package only downloads from NVIDIA's index.
   .venv/bin/pip install -q --no-deps tensorrt-stubs
+  .venv/bin/pip install -q -e ".[modelopt]"  # ModelOpt quantizer tests; its [onnx] extra would replace onnx and add onnxruntime-gpu
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     missing=()
     command -v systemd-analyze >/dev/null || missing+=(systemd)
     command -v promtool >/dev/null || missing+=(prometheus)
     command -v chromium >/dev/null || missing+=(chromium)
+    # GStreamer, a GStreamer-enabled OpenCV and gst-rtsp-server for tests/test_gstreamer.py (/usr/bin/python3)
+    command -v gst-inspect-1.0 >/dev/null && ls /usr/lib/*/girepository-1.0/GstRtspServer-1.0.typelib >/dev/null 2>&1 \
+      && /usr/bin/python3 -c 'import cv2, gi, yaml, numpy' 2>/dev/null || missing+=(gstreamer1.0-tools \
+      gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly \
+      gstreamer1.0-libav gir1.2-gst-rtsp-server-1.0 python3-gi python3-opencv python3-numpy python3-yaml)
     if [ ${#missing[@]} -gt 0 ]; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null

@@ -30,7 +30,14 @@ while [ $# -gt 0 ]; do
     *) echo "install_service.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-case "$prefix" in /*) ;; *) echo "install_service.sh: --prefix must be absolute, got $prefix" >&2; exit 2 ;; esac
+# The prefix goes into the unit's ExecStart= (through sed): only an absolute path of plain characters, so no
+# space splits ExecStart=, no '&' or '|' changes the sed substitution and no sed command can be smuggled in.
+if ! [[ "$prefix" =~ ^/[A-Za-z0-9._+@/-]*$ ]] || [[ "$prefix" == *//* || "$prefix" =~ (^|/)\.\.?(/|$) ]]; then
+  echo "install_service.sh: --prefix must be an absolute path of letters, digits and . _ + @ - / only, got '$prefix'" >&2
+  exit 2
+fi
+prefix="${prefix%/}"
+prefix="${prefix:-/}"
 
 destdir="${DESTDIR:-}"
 destdir="${destdir%/}"

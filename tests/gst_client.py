@@ -24,8 +24,12 @@ TWIN = dataclasses.replace(gstreamer.SOFTWARE, csi="videotestsrc is-live=true",
 RAW_ONLY = dataclasses.replace(TWIN, v4l2="videotestsrc is-live=true")  # a USB camera without MJPG
 
 
+LOCK = threading.Lock()  # the grabber thread and the main thread both print
+
+
 def emit(**fields):
-    print(json.dumps(fields), flush=True)
+    with LOCK:
+        print(json.dumps(fields), flush=True)
 
 
 def twin(kind, width, height, fps, frames, uri="", codec="auto"):

@@ -7,19 +7,17 @@ import shutil
 
 import pytest
 
-from edge.board import current_system, read_l4t
+from edge.board import check_engine_manifest, check_manifest, current_system, engine_expectations, read_l4t
 from edge.build import artifacts
 from edge.build.artifacts import (
     artifact_is_current,
-    check_engine_manifest,
-    check_manifest,
     install,
     make_manifest,
     rollback,
     staging_path,
-    system_expectations,
     verify_onnx,
 )
+from edge.build.plan import FORMATS
 from edge.errors import EdgeError
 from edge.modelinfo import info_path, read_model_info, sha256_file
 
@@ -102,11 +100,11 @@ def test_engine_manifest_is_checked_against_this_system(tmp_path):
     with pytest.raises(EdgeError, match=r"built for system.compute_capability '8.7', expected None; "
                                         r"rebuild with: edge build --engine --model /e/m.onnx"):
         check_engine_manifest(str(engine))
-    here = system_expectations("tensorrt-engine")
+    here = engine_expectations()
     manifest["system"] = {k.split(".")[1]: v for k, v in here.items()}
     (tmp_path / "m.int8.json").write_text(json.dumps(manifest))
     assert check_engine_manifest(str(engine))["trained"] is True
-    assert system_expectations("onnx-qdq") == {}
+    assert FORMATS["tensorrt-engine"].tied_to_board and not FORMATS["onnx-qdq"].tied_to_board
 
 
 def test_install_keeps_previous_and_rollback_swaps(small_model, digits_onnx_pair, tmp_path):

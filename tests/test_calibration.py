@@ -17,7 +17,6 @@ from edge.build.calibration import (
     load_calibration_set,
     make_default_sets,
     read_trt_calibration_cache,
-    write_trt_calibration_cache,
 )
 from edge.errors import EdgeError
 
@@ -180,6 +179,14 @@ def test_shipped_default_sets_are_valid_small_disjoint_and_reproducible(tmp_path
         for name in shipped.files[::7]:  # same pixels up to libjpeg differences between OpenCV builds
             a, b = shipped.read(name).astype(int), new.read(name).astype(int)
             assert a.shape == b.shape and np.abs(a - b).mean() < 1.0, name
+
+
+def write_trt_calibration_cache(path, amax, trt_version, algorithm="EntropyCalibration2"):
+    """`{tensor: amax}` as TensorRT writes its cache: scale = amax / 127 as big-endian float32 hex."""
+    lines = ["TRT-{}-{}".format(int(trt_version), algorithm)]
+    lines += ["{}: {}".format(name, struct.pack(">f", float(amax[name]) / 127.0).hex()) for name in sorted(amax)]
+    with open(path, "w", encoding="ascii") as fh:
+        fh.write("\n".join(lines) + "\n")
 
 
 def test_trt_calibration_cache_round_trip(tmp_path):

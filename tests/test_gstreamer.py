@@ -190,7 +190,7 @@ def test_rss_is_flat_across_50_reconnects(server):
         client.frames(5)
         for n in range(1, 51):
             srv.drop()
-            client.wait_for(lambda x: x.get("event") == "source_reconnected" and x["reconnects"] == n)
+            client.wait_for(lambda x, n=n: x.get("event") == "source_reconnected" and x["reconnects"] == n)
             client.frames(3)
             rss.append(client.rss_kb())
     finally:

@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -174,3 +175,51 @@ def test_runtime_serves_metrics_on_localhost_and_they_match_its_recorder(small_m
         runtime.close()
     with pytest.raises(OSError):
         scrape(port)  # closed with the runtime
+
+
+def healthz(port):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:{}/healthz".format(port), timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_healthz_says_whether_a_frame_completed_within_the_window():
+    s = MetricsSink(30.0, stale_after_s=0.3)
+    port = s.serve("127.0.0.1", 0)
+    try:
+        assert healthz(port) == (503, "no frame completed yet\n")
+        s.on_result(result(1, "error"))  # a failed frame is not a completed one
+        assert healthz(port)[0] == 503
+        s.on_result(result(2, "miss", e2e_ms=45.0))  # late, but completed
+        status, body = healthz(port)
+        assert status == 200 and body.startswith("ok: last frame") and body.count("\n") == 1
+        time.sleep(0.4)
+        status, body = healthz(port)
+        assert status == 503 and body.startswith("no frame completed for 0.") and body.endswith("(limit 0.3 s)\n")
+        assert "edge_frames_total" in scrape(port)  # /metrics unchanged beside it
+    finally:
+        s.close()
+    assert MetricsSink(30.0).stale_after_s == 10.0  # the default, as documented
+
+
+def test_process_resident_memory_is_exported_for_the_memory_growth_alert(sink):
+    s, port = sink
+    rss = value(samples(scrape(port)), "process_resident_memory_bytes")
+    assert rss > 10e6
+
+
+def test_throttle_signals_are_exported_in_base_units():
+    snap = TelemetrySnapshot(time=time.time(), source="jtop", cpu_freq_max_mhz=2035.2, gpu_freq_max_mhz=921.6,
+                             overcurrent={"VDD_IN": True, "VDD_CPU_GPU_CV": False})
+    s = MetricsSink(30.0, telemetry=lambda: snap)
+    port = s.serve("127.0.0.1", 0)
+    try:
+        p = samples(scrape(port))
+    finally:
+        s.close()
+    assert value(p, "edge_cpu_frequency_max_hertz") == pytest.approx(2035.2e6)
+    assert value(p, "edge_gpu_frequency_max_hertz") == pytest.approx(921.6e6)
+    assert value(p, "edge_power_rail_overcurrent", rail="VDD_IN") == 1
+    assert value(p, "edge_power_rail_overcurrent", rail="VDD_CPU_GPU_CV") == 0

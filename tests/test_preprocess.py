@@ -79,3 +79,73 @@ def test_rejects_wrong_frames():
         pre(np.zeros((10, 10), np.uint8))
     with pytest.raises(ValueError, match="HxWx3 uint8"):
         pre(np.zeros((10, 10, 3), np.float32))
+
+
+# --- preprocessing constants travel with the model (edge.frame.preprocess.model_preprocess) ---------------------
+
+EFFNET = {"resize": 256, "crop": 224, "mean": [127 / 255] * 3, "std": [128 / 255] * 3}
+
+
+def test_model_info_constants_replace_config_defaults():
+    from edge.frame.preprocess import model_preprocess
+
+    got = model_preprocess(PreprocessConfig(device="cpu"), {"preprocess": EFFNET}, "m.onnx", "c.yaml")
+    assert (got.device, got.resize, got.crop, got.mean, got.std) == ("cpu", 256, 224, EFFNET["mean"], EFFNET["std"])
+    same = PreprocessConfig(mean=[0.498039] * 3, std=[0.501961] * 3)  # the model's values, as a YAML file spells them
+    assert model_preprocess(same, {"preprocess": EFFNET}, "m.onnx", "c.yaml").mean == EFFNET["mean"]
+    mine = PreprocessConfig(mean=[0.5, 0.4, 0.3])
+    assert model_preprocess(mine, {"trained": True}, "m.onnx", "c.yaml") is mine  # no constants: the config's
+
+
+@pytest.mark.parametrize("key, value", [("mean", [0.5, 0.5, 0.5]), ("std", [0.25] * 3), ("resize", 288),
+                                        ("crop", 192)])
+def test_a_config_value_contradicting_the_model_is_one_line(key, value):
+    from edge.errors import EdgeError
+    from edge.frame.preprocess import model_preprocess
+
+    with pytest.raises(EdgeError) as err:
+        model_preprocess(PreprocessConfig(**{key: value}), {"preprocess": EFFNET}, "m.onnx", "c.yaml")
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("c.yaml: 'preprocess.{}'".format(key)) and "m.json" in text
+
+
+@pytest.mark.parametrize("bad", [{"resize": 256}, dict(EFFNET, std=[0.5, 0.0, 0.5]), dict(EFFNET, crop=300),
+                                 dict(EFFNET, mean="grey"), dict(EFFNET, resize=256.5)])
+def test_an_impossible_model_info_is_refused(bad):
+    from edge.errors import EdgeError
+    from edge.frame.preprocess import model_preprocess
+
+    with pytest.raises(EdgeError, match=r"^m\.json: "):
+        model_preprocess(PreprocessConfig(), {"preprocess": bad}, "m.onnx", "c.yaml")
+
+
+def test_build_stages_feeds_the_model_its_own_constants(small_model, tmp_path):
+    """Every command's stages (CPU preprocessor, and the config the CUDA one would get) use the model info's."""
+    import json
+    import shutil
+
+    from edge.config import load_config
+    from edge.errors import EdgeError
+    from edge.frame.stages import build_stages, create_stages
+
+    model = str(tmp_path / "m.onnx")
+    shutil.copy(small_model, model)
+    shutil.copy(small_model[:-5] + ".labels.txt", str(tmp_path / "m.labels.txt"))
+    info = json.load(open(small_model[:-5] + ".json"))
+    info["preprocess"] = EFFNET
+    (tmp_path / "m.json").write_text(json.dumps(info))
+    seen = []
+
+    def factory(cfg):
+        seen.append(cfg.preprocess)
+        return create_stages(cfg)
+
+    stages = build_stages(load_config(None, {"model.path": model, "preprocess.device": "cpu"}), factory)
+    try:
+        assert seen[0].mean == EFFNET["mean"] and stages.preprocess.cfg.std == EFFNET["std"]
+        frame = np.full((240, 320, 3), 127, np.uint8)
+        assert np.allclose(stages.preprocess(frame), 0.0, atol=1e-6)  # (127 - 127) / 128
+    finally:
+        stages.close()
+    with pytest.raises(EdgeError, match="'preprocess.mean' is .* trained with"):
+        build_stages(load_config(None, {"model.path": model, "preprocess.mean": [0.5, 0.5, 0.5]}))

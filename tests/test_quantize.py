@@ -2,6 +2,7 @@
 each way ONNX Runtime's other settings break them, calibration methods really differ, sensitive nodes stay float."""
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -192,8 +193,9 @@ def test_progress_bar_log_line_and_no_leftovers(digits, tmp_path, capsys):  # no
                         "percentile", False, show_progress=True, log=lines.append)
     err = capsys.readouterr().err
     assert "calibrate (percentile)" in err and "/8" in err
-    assert len(lines) == 1 and "(percentile, 8 images, 0 nodes kept in float)" in lines[0]
-    assert info["method"] == "percentile" and info["excluded_nodes"] == []
+    assert len(lines) == 1 and "(onnxruntime percentile, 8 images, 0 nodes kept in float, " in lines[0]
+    assert info["method"] == "percentile" and info["excluded_nodes"] == [] and info["quantizer"] == "onnxruntime"
+    assert "{} Q/DQ nodes)".format(info["qdq_nodes"]) in lines[0] and info["qdq_nodes"] > 100
     assert validate_qdq(out) == [] and sorted(os.listdir(str(tmp_path))) == ["q.onnx"]
 
 
@@ -204,3 +206,61 @@ def test_percentile_on_random_weights_is_a_one_line_error(small_model, tmp_path)
                      show_progress=False, log=quiet)
     assert "\n" not in str(err.value) and err.value.exit_code == 1
     assert not os.path.exists(str(tmp_path / "q.onnx"))
+
+
+# --- the opset limit per target TensorRT, and NVIDIA ModelOpt's quantizer ----------------------------------------
+
+@pytest.mark.parametrize("tensorrt, newest", [(None, 20), ("8.5.2", 17), ("8.6.1", 17), ("10.3.0", 20),
+                                              ("10", 20), ("11.4.1", 25), ("8.2.1", 17)])
+def test_opset_limit_follows_the_target_tensorrt(tensorrt, newest):
+    assert quant.max_opset(tensorrt) == newest
+
+
+def test_validator_takes_the_target_tensorrt_into_account(digits_qdq, tmp_path):  # noqa: F811
+    model = onnx.load(digits_qdq)
+    model.opset_import[0].version = 19  # what ModelOpt writes
+    path = str(tmp_path / "opset19.onnx")
+    onnx.save(model, path)
+    assert validate_qdq(path, "10.3.0") == [] and validate_qdq(path) == []
+    assert validate_qdq(path, "8.5.2") == ["opset 19 outside 13-17 (what TensorRT 8.5.2 parses)"]
+    with pytest.raises(EdgeError, match="TensorRT version 'ten'"):
+        validate_qdq(path, "ten")
+
+
+def test_unknown_quantizer_is_one_line(small_model, tmp_path):
+    why = re.escape("build.quantizer: expected one of onnxruntime|modelopt, got 'tflite'")
+    with pytest.raises(EdgeError, match=why):
+        quantize_qdq(small_model, str(tmp_path / "q.onnx"), None, PreprocessConfig(), quantizer="tflite")
+
+
+@pytest.fixture(scope="module")
+def modelopt_qdq(small_model, tmp_path_factory):
+    """ModelOpt's Q/DQ model of MobileNetV3-Small, and whether the FP32 file stayed byte for byte the same."""
+    pytest.importorskip("modelopt.onnx.quantization")
+    work = tmp_path_factory.mktemp("modelopt")
+    before = open(small_model, "rb").read()
+    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
+    out = str(work / "q.onnx")
+    info = quantize_qdq(small_model, out, images, PreprocessConfig(), "minmax", True, show_progress=False, log=quiet,
+                        quantizer="modelopt")
+    return out, info, open(small_model, "rb").read() == before, sorted(os.listdir(str(work)))
+
+
+def test_modelopt_output_is_for_tensorrt_10_and_leaves_its_input_alone(modelopt_qdq):
+    out, info, unchanged, files = modelopt_qdq
+    assert unchanged, "ModelOpt rewrote the FP32 model in place"
+    assert files == ["q.onnx"]  # no intermediate files left beside the output
+    assert info["quantizer"] == "modelopt" and info["opset"] == 19 and info["qdq_nodes"] > 100
+    assert validate_qdq(out, "10.3.0") == []
+    assert validate_qdq(out, "8.5.2") == ["opset 19 outside 13-17 (what TensorRT 8.5.2 parses)"]
+    model = onnx.load(out)
+    assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT  # not converted to fp16
+    assert info["excluded_nodes"]  # MobileNetV3's sensitive nodes, handed to ModelOpt as nodes_to_exclude
+
+
+def test_modelopt_refuses_percentile_in_one_line(small_model, tmp_path):
+    pytest.importorskip("modelopt.onnx.quantization")
+    why = re.escape("build.method percentile: ModelOpt calibrates with minmax|entropy only")
+    with pytest.raises(EdgeError, match=why):
+        quantize_qdq(small_model, str(tmp_path / "q.onnx"), None, PreprocessConfig(), "percentile",
+                     quantizer="modelopt")

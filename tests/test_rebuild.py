@@ -180,8 +180,8 @@ def test_rebuild_installs_and_reloads_the_running_service(ws):
         start = out.wait_for("start")
         assert start["precision"] == "fp32" and start["model"] == "engines/m.int8.onnx"
         (ws / "edge.pid").write_text("{}\n".format(service.pid))
-        proc = subprocess.run([sys.executable, "-m", "edge.commands.rebuild", "--config", "cfg.yaml", "--pidfile", "edge.pid"]
-                              + [str(a) for a in CHEAP], cwd=str(ws), capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([sys.executable, "-m", "edge.commands.rebuild", "--config", "cfg.yaml",
+                               "--pidfile", "edge.pid"] + [str(a) for a in CHEAP], cwd=str(ws), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         for number, name in enumerate(STEPS, 1):
             assert "rebuild: step {}/7 '{}' done".format(number, name) in proc.stdout
@@ -279,6 +279,18 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
         assert "> budget 0.001 ms" in lines[0]
     later = STEPS[STEPS.index(step) + 1:]
     assert not any("'{}' done".format(name) in out for name in later)
+
+
+def test_ctrl_c_at_the_very_end_completes_the_install_and_leaves_no_work_folder(ws, capsys, monkeypatch):
+    """Ctrl-C during the last step (issue 10 item 14): the install stands, no 'interrupted', nothing left over."""
+    monkeypatch.chdir(ws)
+    monkeypatch.setattr(rebuild, "step_reload", lambda *a: os.kill(os.getpid(), signal.SIGINT))
+    before = sha(str(ws / "engines/m.int8.onnx"))
+    rc, out, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--no-reload", *CHEAP)
+    assert rc == 0 and "interrupted" not in err, err
+    assert "rebuild: step 7/7 'reload' done" in out and "it was completed" in out
+    assert sha(str(ws / "engines/m.int8.onnx")) != before
+    assert leftovers(ws) == [str(ws / "cal" / "current.previous")]  # the previous set is kept by design
 
 
 def test_edge_rebuild_is_registered_and_the_script_calls_it(tmp_path):

@@ -4,17 +4,10 @@ import time
 import numpy as np
 import pytest
 
-from edge.config import SourceConfig
+from edge.config import SourceConfig, load_config
 from edge.errors import EdgeError
-from edge.frame.sources import (
-    Capture,
-    LatestFrameGrabber,
-    SourceEnded,
-    SourceTimeout,
-    csi_pipeline,
-    open_capture,
-    rtsp_pipeline,
-)
+from edge.frame.gstreamer import APPSINK, JETSON, SOFTWARE, csi_pipeline, rtsp_pipeline, usb_pipelines
+from edge.frame.sources import Capture, LatestFrameGrabber, SourceEnded, SourceTimeout, open_capture
 
 from conftest import write_video
 
@@ -150,11 +143,50 @@ def test_uri_errors():
             open_capture(SourceConfig(uri=fh.name))
 
 
-def test_gstreamer_pipelines_drop_stale_frames():
+def test_jetson_pipelines_use_the_hardware_blocks_and_keep_only_the_newest_frame():
     csi = csi_pipeline(0, 1280, 720, 30)
-    assert csi.startswith("nvarguscamerasrc sensor-id=0 ")
-    assert "nvvidconv" in csi and "format=BGR ! appsink drop=true max-buffers=1 sync=false" in csi
-    for on_jetson in (True, False):
-        rtsp = rtsp_pipeline("rtsp://10.0.0.2/stream", on_jetson)
-        assert "latency=0" in rtsp and rtsp.endswith("appsink drop=true max-buffers=1 sync=false")
-    assert "nvv4l2decoder" in rtsp_pipeline("rtsp://x", True)
+    assert csi.startswith("nvarguscamerasrc sensor-id=0 ! video/x-raw(memory:NVMM),width=1280,height=720,"
+                          "framerate=30/1,format=NV12 ! nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! ")
+    rtsp = rtsp_pipeline("rtsp://10.0.0.2/stream", "auto", True, JETSON)
+    assert rtsp.startswith("rtspsrc location=rtsp://10.0.0.2/stream latency=0 drop-on-latency=true protocols=tcp "
+                           "! parsebin ! nvv4l2decoder enable-max-performance=1 ! nvvidconv ! ")
+    assert "! rtph265depay ! h265parse ! nvv4l2decoder " in rtsp_pipeline("rtsp://x", "h265", False, JETSON)
+    assert "protocols" not in rtsp_pipeline("rtsp://x", "h265", False, JETSON)
+    (mjpg, first), (yuyv, second) = usb_pipelines("/dev/video1", 1280, 720, 30, JETSON)
+    assert (mjpg, yuyv) == ("MJPG", "YUYV")
+    assert first.startswith("v4l2src device=/dev/video1 ! image/jpeg,width=1280,height=720,framerate=30/1 ! "
+                            "nvv4l2decoder enable-max-performance=1 mjpeg=1 ! nvvidconv ! ")
+    assert "! video/x-raw,format=YUY2,width=1280,height=720,framerate=30/1 ! videoconvert ! " in second
+    assert all(p.endswith(" ! " + APPSINK) for p in (csi, rtsp, first, second))
+
+
+def test_software_pipelines_are_the_same_builders_with_software_elements():
+    assert "! rtph264depay ! h264parse ! avdec_h264 ! videoconvert ! " in rtsp_pipeline("rtsp://x", "h264", False,
+                                                                                        SOFTWARE)
+    assert "! parsebin ! decodebin ! videoconvert ! " in rtsp_pipeline("rtsp://x", "auto", False, SOFTWARE)
+    assert "! image/jpeg,width=640,height=480,framerate=15/1 ! jpegdec ! videoconvert ! " in usb_pipelines(
+        "/dev/video0", 640, 480, 15, SOFTWARE)[0][1]
+    with pytest.raises(EdgeError, match=r"source.uri csi://0: a CSI camera needs a Jetson"):
+        csi_pipeline(0, 640, 480, 15, SOFTWARE)
+
+
+def test_rtsp_options_are_validated(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("source:\n  rtsp_codec: vp9\n")
+    with pytest.raises(EdgeError, match=r"bad.yaml: 'source.rtsp_codec' must be one of auto\|h264\|h265\|mjpeg"):
+        load_config(str(config))
+    config.write_text("source:\n  rtsp_tcp: yes please\n")
+    with pytest.raises(EdgeError, match=r"'source.rtsp_tcp' must be true or false"):
+        load_config(str(config))
+
+
+def test_an_opencv_without_gstreamer_uses_its_own_backends():
+    cv2 = pytest.importorskip("cv2")
+    if "YES" in [line for line in cv2.getBuildInformation().splitlines() if "GStreamer" in line][0]:
+        pytest.skip("this OpenCV has GStreamer (tests/test_gstreamer.py covers it)")
+    with pytest.raises(EdgeError, match=r"csi://0: this OpenCV has no GStreamer"):
+        open_capture(SourceConfig(uri="csi://0"))
+    assert open_capture(SourceConfig(uri="rtsp://127.0.0.1:9/x")).api == cv2.CAP_FFMPEG
+    usb = open_capture(SourceConfig(uri="v4l2://57"))
+    with pytest.raises(EdgeError, match=r"^v4l2://57: cannot open source$"):
+        usb.open()

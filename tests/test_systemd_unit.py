@@ -3,6 +3,7 @@
 import hashlib
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -177,3 +178,44 @@ def test_installer_dry_run_on_the_real_system_only_prints(tmp_path):
 def test_installer_rejects_bad_options(tmp_path):
     assert run_install("--bogus", destdir=tmp_path).returncode == 2
     assert run_install("--prefix", "relative/path", destdir=tmp_path).returncode == 2
+
+
+EXPOSURE_MAX = 1.9  # systemd-analyze security --offline=true: 8.2 EXPOSED before issue 10, 1.9 OK after
+
+
+def test_unit_exposure_score_does_not_rise():
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed (Debian package systemd; scripts/bootstrap.sh --dev as root)")
+    proc = subprocess.run([analyze, "security", "--offline=true", "--no-pager", UNIT], capture_output=True,
+                          text=True, timeout=60)
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", proc.stdout + proc.stderr)
+    assert match, proc.stdout + proc.stderr
+    assert float(match.group(1)) <= EXPOSURE_MAX, proc.stdout
+    keys = {k for _, k, _ in unit_settings()}
+    assert not {"PrivateDevices", "MemoryDenyWriteExecute", "DevicePolicy", "DeviceAllow", "ProtectClock"} & keys
+    assert get("BindReadOnlyPaths") == "-/tmp/argus_socket" and get("PrivateTmp") == "yes"
+    assert get("CapabilityBoundingSet") == "" and "AF_UNIX" in get("RestrictAddressFamilies")
+
+
+HOSTILE_PREFIXES = ["/srv/my edge", "/x&y", "/x|;e touch {marker};s|y|", "/a\\b", "/srv/$(touch {marker})",
+                    "/srv/`touch {marker}`", "/srv/../etc", "/srv//edge", "relative/path", "/srv/edge\nExecStartPre=/x",
+                    "/srv/'q'", "/srv/edge;rm"]
+
+
+@pytest.mark.parametrize("prefix", HOSTILE_PREFIXES)
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_installer_refuses_a_hostile_prefix_and_changes_nothing(tmp_path, prefix, dry_run):
+    marker = tmp_path / "P"
+    dest = tmp_path / "root"
+    args = (["--dry-run"] if dry_run else []) + ["--prefix", prefix.format(marker=marker)]
+    proc = run_install(*args, destdir=dest)
+    assert proc.returncode == 2 and "--prefix must be an absolute path" in proc.stderr, proc.stdout + proc.stderr
+    assert not marker.exists() and not dest.exists()
+
+
+def test_installer_accepts_a_plain_prefix_with_a_trailing_slash(tmp_path):
+    dest = tmp_path / "root"
+    assert run_install("--prefix", "/srv/edge-1.2_x/", destdir=dest).returncode == 0
+    unit = (dest / "etc/systemd/system/jetson-edge.service").read_text()
+    assert "ExecStart=/srv/edge-1.2_x/.venv/bin/edge run --config" in unit

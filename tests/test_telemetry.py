@@ -194,6 +194,17 @@ def test_real_jtop_service_read_through_telemetry(jtop_service):
     assert 'edge_nvpmodel_info{mode="MODE_15W"} 1.0' in text and "edge_gpu_load_ratio 0.42" in text
 
 
+def test_real_service_reports_clock_ceilings_and_rail_limits(jtop_service):
+    telemetry = Telemetry(0.5, mode="jtop")
+    try:
+        snap = telemetry.sample()
+    finally:
+        telemetry.stop()
+    assert snap.source == "jtop", snap.degraded
+    assert snap.cpu_freq_max_mhz == pytest.approx(2035.2) and snap.gpu_freq_max_mhz == pytest.approx(921.6)
+    assert snap.overcurrent == {"VDD_CPU_GPU_CV": False, "TOT": False}  # 600 / 1330 mA, limit 10000 mA
+
+
 def test_real_service_version_mismatch_is_degraded(jtop_service, monkeypatch):
     client_module = importlib.import_module("jtop.jtop")  # the module (jtop.jtop the attribute is the class)
     monkeypatch.setattr(client_module, "get_var", lambda regex: "4.3.1")  # an old client against 7.x
@@ -256,3 +267,30 @@ def test_service_restart_degrades_then_recovers(jtop_service):
     assert up.source == "jtop" and up.degraded is None and telemetry.connected == 2
     events = [e for e, _ in logged]
     assert "telemetry_degraded" in events and events[-1] == "telemetry_recovered"
+
+
+def test_clock_ceilings_and_overcurrent_rails_from_jtop():
+    cpu = {"cpu": [{"online": True, "freq": {"cur": 1190400, "max": 2265600}},
+                   {"online": True, "freq": {"cur": 1420800, "max": 2265600}},
+                   {"online": False, "freq": {"cur": 0, "max": 0}}]}
+    power = {"rail": {"VDD_CPU_GPU_CV": {"volt": 5000, "curr": 3000, "warn": 3000, "crit": 4000},
+                      "VDD_SOC": {"volt": 5000, "curr": 500, "warn": 2000},
+                      "VDD_NOLIMIT": {"volt": 5000, "curr": 500}},  # no warn limit: not reported
+             "tot": {"volt": 5000, "curr": 1970, "warn": 10000, "power": 9850}}
+    snap = snapshot_from_jtop(XAVIER_STATS, cpu, XAVIER_GPU, XAVIER_MEMORY, power=power)
+    assert snap.cpu_freq_max_mhz == pytest.approx(2265.6)  # offline cores do not count
+    assert snap.gpu_freq_max_mhz == pytest.approx(1377.0)
+    assert snap.overcurrent == {"VDD_CPU_GPU_CV": True, "VDD_SOC": False, "TOT": False}
+    bare = snapshot_from_jtop({"GPU": 3}, power={"rail": {}, "tot": {}})
+    assert bare.overcurrent == {} and bare.cpu_freq_max_mhz is None and bare.gpu_freq_max_mhz is None
+
+
+def test_linux_reader_reports_the_devfreq_gpu_ceiling(tmp_path):
+    gpu = tmp_path / "devfreq" / "17000000.gpu"
+    (gpu / "device" / "of_node").mkdir(parents=True)
+    (gpu / "device" / "of_node" / "name").write_text("gpu")
+    (gpu / "cur_freq").write_text("306000000")
+    (gpu / "max_freq").write_text("921600000")
+    snap = LinuxReader(str(tmp_path / "thermal"), str(tmp_path / "devfreq")).read()
+    assert snap.gpu_freq_max_mhz == pytest.approx(921.6) and snap.overcurrent == {}
+

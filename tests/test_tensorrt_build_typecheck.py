@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULE = ROOT / "edge" / "gpu" / "tensorrt_build.py"
+MODULE = ROOT / "edge" / "build" / "tensorrt_engine.py"
 FLAGS = ["--strict", "--follow-imports=silent", "--ignore-missing-imports", "--no-incremental"]
 
 
@@ -55,14 +55,14 @@ def test_tensorrt_build_passes_strict_mypy(stub_path, tmp_path):
 
 
 def test_a_misspelt_tensorrt_call_is_caught(stub_path, tmp_path):
-    pkg = tmp_path / "edge" / "gpu"
+    pkg = tmp_path / "edge" / "build"
     pkg.mkdir(parents=True)
     (tmp_path / "edge" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     text = MODULE.read_text(encoding="utf-8")
     assert "config.set_memory_pool_limit(" in text
     misspelt = text.replace("config.set_memory_pool_limit(", "config.set_memory_pool_limt(")
-    (pkg / "tensorrt_build.py").write_text(misspelt)
+    (pkg / "tensorrt_engine.py").write_text(misspelt)
     proc = run_mypy(stub_path, tmp_path, "edge/build/tensorrt_engine.py", tmp_path / "cache")
     assert proc.returncode != 0
     assert '"IBuilderConfig" has no attribute "set_memory_pool_limt"' in proc.stdout, proc.stdout

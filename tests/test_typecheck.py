@@ -46,8 +46,8 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, str]:
     return out, stub_version
 
 
-GPU_FILES = ("edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_backend.py", "edge/frame/select.py",
-             "edge/build/tensorrt_engine.py")
+GPU_FILES = ("edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_runner.py", "edge/frame/tensorrt_backend.py",
+             "edge/frame/select.py", "edge/build/tensorrt_engine.py")
 
 
 def mypy(mypy_path: Path, *targets: str, cwd: Path = ROOT) -> "subprocess.CompletedProcess[str]":
@@ -102,12 +102,12 @@ def test_stubs_cover_the_calls_and_a_misspelling_fails(stubs: Tuple[Path, str], 
             assert expected in proc.stdout, proc.stdout
 
 
-def test_misspelt_call_in_the_backend_fails(stubs: Tuple[Path, str], tmp_path: Path) -> None:
-    """The backend's own TensorRT calls are checked: misspell one in a copy of the package."""
+def test_misspelt_call_in_the_runner_fails(stubs: Tuple[Path, str], tmp_path: Path) -> None:
+    """The engine runner's TensorRT calls are checked: misspell one in a copy of the package."""
     copy = tmp_path / "repo"
     shutil.copytree(str(ROOT / "edge"), str(copy / "edge"), ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(str(ROOT / "mypy.ini"), str(copy / "mypy.ini"))
-    backend = copy / "edge" / "frame" / "tensorrt_backend.py"
+    backend = copy / "edge" / "frame" / "tensorrt_runner.py"
     source = backend.read_text(encoding="utf-8")
     assert "engine.get_tensor_name(" in source
     backend.write_text(source.replace("engine.get_tensor_name(", "engine.get_tensor_nam("), encoding="utf-8")

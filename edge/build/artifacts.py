@@ -1,4 +1,4 @@
-"""Built artifacts: their manifest, the check that they fit this system, atomic install and rollback.
+"""Built artifacts: their manifest, whether one is current, atomic install and rollback.
 
 Beside every artifact sits `<artifact stem>.json` (edge.modelinfo.info_path): the source model's info
 (`trained` included) extended with what the artifact was built from and on:
@@ -11,11 +11,10 @@ Beside every artifact sits `<artifact stem>.json` (edge.modelinfo.info_path): th
 Install: the new file is verified where it was written (same folder, temporary name), the current artifact
 and its manifest are linked (or copied) into `<engines>/previous/`, then renames put the new files in place.
 A failure before the renames leaves the installed artifact untouched; `rollback()` swaps previous and current.
+Checking a manifest against what is expected (and an engine against this board) is edge.board's.
 """
 
 import os
-import platform
-import re
 import shutil
 import tempfile
 import time
@@ -23,12 +22,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.board import current_system
+from edge.board import check_manifest
 from edge.errors import EXIT_FAIL, EdgeError, require
 from edge.modelinfo import info_path, write_json_atomic
 
 PREVIOUS = "previous"
-SYSTEM_KEYS = ("system.tensorrt", "system.gpu", "system.compute_capability", "system.l4t")
 
 
 def labels_file(artifact_path: str) -> str:
@@ -57,76 +55,13 @@ def make_manifest(artifact_path: str, source_info: Dict[str, Any], source_path: 
     return manifest
 
 
-def _lookup(manifest: Dict[str, Any], dotted: str) -> Any:
-    node: Any = manifest
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def read_manifest(artifact_path: str) -> Dict[str, Any]:
-    import json
-
-    path = info_path(artifact_path)
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def check_manifest(artifact_path: str, expected: Dict[str, Any], rebuild: str = "edge build") -> None:
-    """Refuse (one-line EdgeError with the reason and the rebuild command) an artifact that does not match.
-
-    `expected` maps dotted manifest keys ('source.sha256', 'system.tensorrt', ...) to required values.
-    """
-    from edge.modelinfo import sha256_file
-
-    tail = "; rebuild with: " + rebuild
-    if not os.path.isfile(artifact_path):
-        raise EdgeError("{}: not built yet{}".format(artifact_path, tail))
-    manifest = read_manifest(artifact_path)
-    if not manifest:
-        raise EdgeError("{}: no readable manifest {}{}".format(
-            artifact_path, os.path.basename(info_path(artifact_path)), tail))
-    if manifest.get("sha256") != sha256_file(artifact_path):
-        raise EdgeError("{}: file differs from the sha256 in its manifest{}".format(artifact_path, tail))
-    for key in sorted(expected):
-        have = _lookup(manifest, key)
-        if have != expected[key]:
-            raise EdgeError("{}: built for {} {!r}, expected {!r}{}".format(artifact_path, key, have, expected[key],
-                                                                            tail))
-
-
 def artifact_is_current(artifact_path: str, expected: Dict[str, Any], rebuild: str = "edge build") -> Tuple[bool, str]:
-    """(True, '') when `check_manifest` accepts the artifact, else (False, reason): for `build.auto_rebuild`."""
+    """(True, '') when edge.board.check_manifest accepts the artifact, else (False, reason)."""
     try:
         check_manifest(artifact_path, expected, rebuild)
     except EdgeError as exc:
         return False, str(exc)
     return True, ""
-
-
-def system_expectations(fmt: str, system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """What an artifact of `fmt` must match on this system: engines are tied to TRT/GPU/L4T, Q/DQ ONNX is portable."""
-    if fmt != "tensorrt-engine":
-        return {}
-    system = system or current_system()
-    return {key: system[key.split(".", 1)[1]] for key in SYSTEM_KEYS}
-
-
-def check_engine_manifest(engine_path: str, rebuild: Optional[str] = None) -> Dict[str, Any]:
-    """The TensorRT backend's load check: an engine runs only on the TensorRT/GPU/L4T it was built with.
-
-    Returns the manifest; a missing manifest or any mismatch is a one-line EdgeError with the rebuild command.
-    """
-    rebuild = rebuild or "edge build --engine --model {}".format(
-        _lookup(read_manifest(engine_path), "source.path") or "<fp32 .onnx>")
-    check_manifest(engine_path, system_expectations("tensorrt-engine"), rebuild)
-    return read_manifest(engine_path)
 
 
 def verify_onnx(path: str) -> None:

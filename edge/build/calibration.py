@@ -8,7 +8,8 @@
 The set hash is the sha256 of `sha256sum`-style lines ("<file sha256>  <name>\\n", sorted by name), so
 it names exactly the bytes a calibration saw; artifact manifests record it. Images in a subfolder
 (`regression/7/x.png`) carry that folder's name as their label (edge.build.gate). Every write goes to a
-temporary folder beside the target and is renamed into place: a set is never half-written.
+temporary folder beside the target and is renamed into place: a set is never half-written, and only a folder
+whose manifest lists every file in it is ever replaced (anything else may hold the user's files).
 
 Also here: TensorRT's native calibration cache format (`TRT-<ver>-EntropyCalibration2` header, then
 `tensor: <hex of the big-endian float32 scale>` lines, scale = amax / 127), written and read without TensorRT.
@@ -16,7 +17,6 @@ Also here: TensorRT's native calibration cache format (`TRT-<ver>-EntropyCalibra
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -29,6 +29,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 
 from edge.errors import EdgeError, require
+from edge.fileio import MAX_IMAGE_PIXELS, check_replaceable, image_size, load_json, read_regular
+from edge.modelinfo import write_json_atomic
 
 MANIFEST = "manifest.json"
 MIN_SIDE = 32  # smaller images cannot be resized/cropped meaningfully
@@ -89,12 +91,11 @@ def load_calibration_set(path: str, min_images: int = 1, verify: bool = True,
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
         raise EdgeError("{}: no {}, so not a {} ({})".format(path, MANIFEST, what, hint))
+    manifest = load_json(manifest_path, "manifest")
     try:
-        with open(manifest_path, "r", encoding="utf-8") as fh:
-            manifest = json.load(fh)
-        entries = {e["name"]: e["sha256"] for e in manifest["files"]}
-        recorded = manifest["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        entries = {str(e["name"]): str(e["sha256"]) for e in manifest["files"]}
+        recorded = str(manifest["sha256"])
+    except (KeyError, TypeError) as exc:
         raise EdgeError("{}: unreadable manifest ({}: {})".format(manifest_path, type(exc).__name__, exc)) from None
     if verify:
         actual = {}
@@ -116,15 +117,24 @@ def load_calibration_set(path: str, min_images: int = 1, verify: bool = True,
 
 
 @contextlib.contextmanager
-def _atomic_dir(out_dir: str) -> Iterator[str]:
-    """Yields a temporary folder beside `out_dir`; on success it replaces `out_dir`, on any error it is removed."""
+def _atomic_dir(out_dir: str, keep_out: Optional[str] = None) -> Iterator[str]:
+    """Yields a temporary folder beside `out_dir`; on success it replaces `out_dir` (only a set written here: see
+    edge.fileio.check_replaceable), on any error it is removed. `keep_out` (the source) and `out_dir` must not
+    overlap."""
     out_dir = os.path.abspath(out_dir)
+    real = os.path.realpath(out_dir)
+    if keep_out is not None:
+        other = os.path.realpath(keep_out)
+        if other == real or other.startswith(real + os.sep) or real.startswith(other + os.sep):
+            raise EdgeError("{}: the output folder must not contain, or be inside, {}".format(out_dir, keep_out))
+    check_replaceable(out_dir, MANIFEST)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".tmp-", dir=parent)
     try:
         yield tmp
         os.chmod(tmp, 0o755)
+        check_replaceable(out_dir, MANIFEST)  # still true after the (long) copy
         old = None
         if os.path.exists(out_dir):
             old = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".old-", dir=parent)
@@ -154,9 +164,7 @@ def _write_manifest(folder: str, hashes: Dict[str, str], sizes: Dict[str, Tuple[
                   for n in sorted(hashes)],
     }
     manifest.update(extra)
-    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+    write_json_atomic(os.path.join(folder, MANIFEST), manifest, "manifest")
     return manifest
 
 
@@ -252,6 +260,29 @@ def _summary(skipped: Dict[str, List[str]], total: int) -> str:
     return "import: skipped {} of {} files: {}".format(sum(len(v) for v in skipped.values()), total, "; ".join(parts))
 
 
+def _decode_candidate(path: str, rel: str) -> Tuple[bytes, Optional[np.ndarray], Optional[str]]:
+    """(bytes, decoded image, None) or (b"", None, why it is skipped). Only regular files up to MAX_IMAGE_BYTES
+    and MAX_IMAGE_PIXELS are decoded: FIFOs, devices, link loops, dangling links and pixel bombs are named."""
+    cv2 = require("cv2")
+    data, why = read_regular(path)
+    if data is None:
+        return b"", None, why
+    if not data:
+        return data, None, "zero-byte"
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        return data, None, "more than {} megapixels".format(MAX_IMAGE_PIXELS // 1000000)
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error:  # e.g. OpenCV's own pixel limit for a format image_size does not read
+        image = None
+    if image is None:
+        return data, None, "unreadable" if rel.lower().endswith(_DECODABLE) else "not an image"
+    if min(image.shape[:2]) < MIN_SIDE:
+        return data, None, "smaller than {} px".format(MIN_SIDE)
+    return data, image, None
+
+
 def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, source: Optional[str] = None,
                            log: Callable[..., None] = print) -> CalibrationSet:
     """Copy the usable images under `src_dir` (subfolders kept: they are labels) into a new set at `out_dir`.
@@ -262,8 +293,6 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
     cv2 = require("cv2")
     if not os.path.isdir(src_dir):
         raise EdgeError("{}: source folder not found".format(src_dir))
-    if os.path.abspath(src_dir) == os.path.abspath(out_dir):
-        raise EdgeError("{}: import into a different folder than the source".format(out_dir))
     candidates = []
     for root, dirs, files in os.walk(src_dir):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -273,20 +302,9 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
     skipped: Dict[str, List[str]] = {}
     hashes: Dict[str, str] = {}
     sizes: Dict[str, Tuple[int, int]] = {}
-    with _atomic_dir(out_dir) as tmp:
+    with _atomic_dir(out_dir, keep_out=src_dir) as tmp:
         for rel in candidates:
-            with open(os.path.join(src_dir, rel), "rb") as fh:
-                data = fh.read()
-            reason = None
-            image = None
-            if not data:
-                reason = "zero-byte"
-            else:
-                image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-                if image is None:
-                    reason = "unreadable" if rel.lower().endswith(_DECODABLE) else "not an image"
-                elif min(image.shape[:2]) < MIN_SIDE:
-                    reason = "smaller than {} px".format(MIN_SIDE)
+            data, image, reason = _decode_candidate(os.path.join(src_dir, rel), rel)
             if image is None or reason is not None:
                 skipped.setdefault(reason or "unreadable", []).append(rel)
                 continue
@@ -406,19 +424,6 @@ def make_default_sets(root: str = "calibration", seed: int = 0,
 # --- TensorRT's native calibration cache -----------------------------------------------------------------
 
 _CACHE_HEADER = re.compile(r"^TRT-(\d+)-(\w+)$")
-
-
-def write_trt_calibration_cache(path: str, amax: Dict[str, float], trt_version: int,
-                                algorithm: str = "EntropyCalibration2") -> None:
-    """Write `{tensor: amax}` as TensorRT reads it: scale = amax / 127 as big-endian float32 hex."""
-    lines = ["TRT-{}-{}".format(int(trt_version), algorithm)]
-    for name in sorted(amax):
-        scale = float(amax[name]) / 127.0
-        lines.append("{}: {}".format(name, struct.pack(">f", scale).hex()))
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
 
 
 def read_trt_calibration_cache(data: bytes) -> Tuple[int, str, Dict[str, float]]:

@@ -22,8 +22,8 @@ import numpy as np
 from edge.build.calibration import CalibrationSet
 from edge.config import GateConfig, PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError
-from edge.modelinfo import write_json_atomic
 from edge.frame.preprocess import CpuPreprocessor
+from edge.modelinfo import write_json_atomic
 
 Infer = Callable[[np.ndarray], np.ndarray]
 MAX_FLIPS_LISTED = 100

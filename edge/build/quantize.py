@@ -1,9 +1,10 @@
-"""FP32 ONNX -> TensorRT-compatible INT8 Q/DQ ONNX, calibrated on CPU with ONNX Runtime.
+"""FP32 ONNX -> TensorRT-compatible INT8 Q/DQ ONNX, calibrated on CPU with ONNX Runtime (default) or ModelOpt.
 
 What TensorRT's ONNX parser accepts (tensorrt-int8.md): symmetric signed INT8 (all zero-points 0),
-per-tensor activations, per-channel weights on the output-channel axis, opset 13-20, FP32 weights behind a
-QuantizeLinear -> DequantizeLinear pair (no INT8 initializers) and no DequantizeLinear on biases.
-`quantize_qdq` asks ONNX Runtime for exactly that and `validate_qdq` checks the result.
+per-tensor activations, per-channel weights on the output-channel axis, opset 13 up to what the target TensorRT
+parses (TENSORRT_MAX_OPSET), FP32 weights behind a QuantizeLinear -> DequantizeLinear pair (no INT8 initializers)
+and no DequantizeLinear on biases. `quantize_qdq` asks ONNX Runtime (or NVIDIA ModelOpt, `build.quantizer`) for
+exactly that and `validate_qdq` checks the result.
 
 Ranges are computed first with ONNX Runtime's calibrator (so entropy calibration gets 512 histogram
 bins: with quantize_static's defaults its scales equal MinMax's, cpu-baseline.md) and handed to
@@ -15,6 +16,8 @@ import inspect
 import io
 import logging
 import os
+import re
+import shutil
 import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -27,7 +30,12 @@ from edge.errors import EXIT_FAIL, EdgeError, require
 from edge.frame.preprocess import CpuPreprocessor
 
 METHODS = ("minmax", "entropy", "percentile")
+QUANTIZERS = ("onnxruntime", "modelopt")
 OPSET_MIN, OPSET_MAX = 13, 20  # per-axis QuantizeLinear needs 13; ORT static INT8 does not support >= 21
+# The newest opset TensorRT's ONNX parser reads, from (major, minor) on: onnx-tensorrt docs/operators.md of each
+# release ("TensorRT 8.5 supports operators up to Opset 17", "TensorRT 10.0 ... opset 9 to opset 20") and
+# NVIDIA's ONNX Opset Guide for 11.x (25). ModelOpt's opset-19 output therefore needs TensorRT >= 10.
+TENSORRT_MAX_OPSET = (((8, 5), 17), ((8, 6), 17), ((10, 0), 20), ((11, 0), 25))
 ENTROPY_BINS = 512
 PERCENTILE = 99.999
 CHUNK = 32  # images per calibrator pass: bounds the intermediate outputs held in memory
@@ -124,13 +132,26 @@ def _opset(model: Any) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+def max_opset(tensorrt: Optional[str]) -> int:
+    """The newest opset a Q/DQ model may have for TensorRT `tensorrt` ('8.5.2', '10.3.0'); None: no target named,
+    the limit ONNX Runtime's quantizer and TensorRT 10 share. Releases before 8.5 get 8.5's (they are refused
+    when an engine is built)."""
+    if tensorrt is None:
+        return OPSET_MAX
+    try:
+        version = tuple(int(part) for part in (tensorrt.split(".") + ["0"])[:2])
+    except ValueError:
+        raise EdgeError("TensorRT version {!r}: expected MAJOR.MINOR[.PATCH]".format(tensorrt)) from None
+    return max([limit for since, limit in TENSORRT_MAX_OPSET if since <= version] or [TENSORRT_MAX_OPSET[0][1]])
+
+
 def _quantize_static_has_cache() -> bool:
     q = require("onnxruntime.quantization")
     return "calibration_cache_path" in inspect.signature(q.quantize_static).parameters
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """ORT's quantizer logs pre-processing advice and prints histogram progress; keep the one-line-per-step log."""
     root = logging.getLogger()
     level = root.level
@@ -158,7 +179,7 @@ def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: Preproces
         reader = PreprocessedReader(images, preprocess, calibrator.infer_session.get_inputs()[0].name,
                                     progress=bar)
         try:
-            with _quiet():
+            with quiet():
                 while reader.next_chunk():
                     calibrator.collect_data(reader)
                 return calibrator.compute_data()
@@ -169,8 +190,16 @@ def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: Preproces
 
 def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preprocess: PreprocessConfig,
                  method: str = "minmax", exclude_sensitive: bool = True, show_progress: bool = True,
-                 log: Callable[..., None] = print) -> Dict[str, Any]:
-    """Calibrate on `images` and write a validated Q/DQ model to `out_path` (atomically). Returns a summary."""
+                 log: Callable[..., None] = print, quantizer: str = "onnxruntime") -> Dict[str, Any]:
+    """Calibrate on `images` and write a validated Q/DQ model to `out_path` (atomically). Returns a summary.
+
+    `quantizer` (config build.quantizer): ONNX Runtime's quantize_static, or NVIDIA ModelOpt's
+    (edge.build.modelopt_quantize)."""
+    if quantizer == "modelopt":
+        return quantize_modelopt(fp32_path, out_path, images, preprocess, method, exclude_sensitive, show_progress,
+                                 log)
+    if quantizer != "onnxruntime":
+        raise EdgeError("build.quantizer: expected one of {}, got {!r}".format("|".join(QUANTIZERS), quantizer))
     onnx = require("onnx")
     q = require("onnxruntime.quantization")
     started = time.monotonic()
@@ -195,26 +224,92 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
             cache = os.path.join(work, "ranges.json")
             ranges = compute_ranges(fp32_path, images, preprocess, method, work, show_progress)
             require("onnxruntime.quantization.calibrate").save_tensors_data(ranges, cache)
-            with _quiet():
+            with quiet():
                 q.quantize_static(fp32_path, staged, None, calibration_cache_path=cache, **kwargs)
         else:  # older ONNX Runtime: quantize_static calibrates itself, with the same MinMax/Percentile settings
             kwargs["extra_options"].update({"CalibTensorRangeSymmetric": True, "CalibPercentile": PERCENTILE})
             with require("tqdm").tqdm(total=len(images), desc="calibrate ({})".format(method), unit="img",
-                                      leave=False, disable=not show_progress) as bar, _quiet():
+                                      leave=False, disable=not show_progress) as bar, quiet():
                 reader = PreprocessedReader(images, preprocess, chunk=len(images), progress=bar)
                 reader.next_chunk()
                 q.quantize_static(fp32_path, staged, reader, **kwargs)
-        problems = validate_qdq(staged)
-        if problems:
-            raise EdgeError("{}: quantized model is not TensorRT-compatible: {}{}".format(
-                fp32_path, problems[0], " (+{} more)".format(len(problems) - 1) if len(problems) > 1 else ""),
-                exit_code=EXIT_FAIL)
-        os.replace(staged, out_path)
-    seconds = time.monotonic() - started
-    log("quantize: {} -> {} ({}, {} images, {} nodes kept in float) in {:.1f} s".format(
-        os.path.basename(fp32_path), out_path, method, len(images), len(excluded), seconds))
-    return {"method": method, "images": len(images), "exclude_sensitive": exclude_sensitive,
-            "excluded_nodes": excluded, "seconds": round(seconds, 2), "opset": opset}
+        install_validated(staged, out_path, fp32_path)
+    return summarise("onnxruntime", fp32_path, out_path, method, len(images), exclude_sensitive, excluded,
+                     time.monotonic() - started, log)
+
+
+def install_validated(staged: str, out_path: str, fp32_path: str) -> None:
+    """Move `staged` to `out_path` if validate_qdq finds nothing, else one line (exit 1) with the first problem."""
+    problems = validate_qdq(staged)
+    if problems:
+        raise EdgeError("{}: quantized model is not TensorRT-compatible: {}{}".format(
+            fp32_path, problems[0], " (+{} more)".format(len(problems) - 1) if len(problems) > 1 else ""),
+            exit_code=EXIT_FAIL)
+    os.replace(staged, out_path)
+
+
+def summarise(quantizer: str, fp32_path: str, out_path: str, method: str, images: int, exclude_sensitive: bool,
+              excluded: List[str], seconds: float, log: Callable[..., None]) -> Dict[str, Any]:
+    """The one log line and the summary the manifest records (build.quantize)."""
+    model = require("onnx").load(out_path, load_external_data=False)
+    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    log("quantize: {} -> {} ({} {}, {} images, {} nodes kept in float, {} Q/DQ nodes) in {:.1f} s".format(
+        os.path.basename(fp32_path), out_path, quantizer, method, images, len(excluded), qdq, seconds))
+    return {"quantizer": quantizer, "method": method, "images": images, "exclude_sensitive": exclude_sensitive,
+            "excluded_nodes": excluded, "seconds": round(seconds, 2), "opset": _opset(model), "qdq_nodes": qdq}
+
+
+# --- NVIDIA ModelOpt (build.quantizer: modelopt, extra `modelopt`) ----------------------------------------------
+
+MODELOPT_METHODS = {"minmax": "max", "entropy": "entropy"}  # ours -> ModelOpt's calibration_method
+
+
+def _modelopt() -> Any:
+    try:
+        from modelopt.onnx import trt_utils
+        from modelopt.onnx.quantization import quantize
+    except ImportError as exc:
+        raise EdgeError("build.quantizer modelopt: {} (pip install 'jetson-edge[modelopt]', or scripts/bootstrap.sh "
+                        "--dev)".format(str(exc).splitlines()[0])) from None
+    if trt_utils.TRT_PYTHON_AVAILABLE and not hasattr(trt_utils.trt, "Logger"):
+        trt_utils.TRT_PYTHON_AVAILABLE = False  # tensorrt-stubs alone: no TensorRT to probe for plugins
+    return quantize
+
+
+def calibration_tensors(images: CalibrationSet, preprocess: PreprocessConfig, show_progress: bool = True) -> np.ndarray:
+    """(N, 3, crop, crop) float32: every calibration image through the runtime's CpuPreprocessor."""
+    prep = CpuPreprocessor(preprocess)
+    names = require("tqdm").tqdm(images.files, desc="calibrate (modelopt)", unit="img", leave=False,
+                                 disable=not show_progress)
+    return np.concatenate([prep(images.read(name)).copy() for name in names])
+
+
+def quantize_modelopt(fp32_path: str, out_path: str, images: CalibrationSet, preprocess: PreprocessConfig,
+                      method: str = "minmax", exclude_sensitive: bool = True, show_progress: bool = True,
+                      log: Callable[..., None] = print) -> Dict[str, Any]:
+    """quantize_qdq with `modelopt.onnx.quantization.quantize` (CPU). Its traps, measured with nvidia-modelopt 0.47:
+    it rewrites its input file in place (onnx.shape_inference.infer_shapes_path) and writes intermediate files beside
+    its output, so it gets a copy in a temporary folder and `fp32_path` is never written; its INT8 output has opset
+    >= 19, which TensorRT 8.5/8.6 cannot parse (validate_qdq with the target version says so); it converts the graph
+    to fp16 unless high_precision_dtype is fp32; it calibrates on cpu, cuda:0, trt unless told cpu."""
+    if method not in MODELOPT_METHODS:
+        raise EdgeError("build.method {}: ModelOpt calibrates with {} only".format(method, "|".join(MODELOPT_METHODS)))
+    quantize = _modelopt()
+    onnx = require("onnx")
+    started = time.monotonic()
+    model = onnx.load(fp32_path, load_external_data=False)
+    excluded = sensitive_nodes(model) if exclude_sensitive else []
+    data = {model.graph.input[0].name: calibration_tensors(images, preprocess, show_progress)}
+    with tempfile.TemporaryDirectory(prefix=".modelopt-", dir=os.path.dirname(os.path.abspath(out_path))) as work:
+        source, staged = os.path.join(work, "fp32.onnx"), os.path.join(work, "qdq.onnx")
+        shutil.copyfile(fp32_path, source)
+        with quiet():
+            quantize(source, quantize_mode="int8", calibration_data=data, calibration_method=MODELOPT_METHODS[method],
+                     calibration_eps=["cpu"], nodes_to_exclude=[re.escape(n) + "$" for n in excluded],
+                     output_path=staged, high_precision_dtype="fp32", log_level="ERROR")
+        install_validated(staged, out_path, fp32_path)
+    return summarise("modelopt", fp32_path, out_path, method, len(images), exclude_sensitive, excluded,
+                     time.monotonic() - started, log)
 
 
 def _tensor_values(model: Any) -> Dict[str, np.ndarray]:
@@ -226,17 +321,20 @@ def _tensor_values(model: Any) -> Dict[str, np.ndarray]:
     return values
 
 
-def validate_qdq(model_path: str) -> List[str]:
-    """Every reason TensorRT would refuse (or mis-build) this Q/DQ model; empty when it is fine."""
+def validate_qdq(model_path: str, tensorrt: Optional[str] = None) -> List[str]:
+    """Every reason TensorRT would refuse (or mis-build) this Q/DQ model; empty when it is fine.
+
+    `tensorrt`: the target TensorRT version, whose parser limits the opset (TENSORRT_MAX_OPSET)."""
     onnx = require("onnx")
     try:
         model = onnx.load(model_path)
     except Exception as exc:  # protobuf raises its own DecodeError
         return ["not a readable ONNX model ({})".format(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)]
     problems: List[str] = []
-    opset = _opset(model)
-    if not OPSET_MIN <= opset <= OPSET_MAX:
-        problems.append("opset {} outside {}-{}".format(opset, OPSET_MIN, OPSET_MAX))
+    opset, newest = _opset(model), max_opset(tensorrt)
+    if not OPSET_MIN <= opset <= newest:
+        problems.append("opset {} outside {}-{}{}".format(opset, OPSET_MIN, newest, "" if tensorrt is None else
+                                                           " (what TensorRT {} parses)".format(tensorrt)))
     values = _tensor_values(model)
     initializers = {i.name: i for i in model.graph.initializer}
     producers = {out: node for node in model.graph.node for out in node.output}

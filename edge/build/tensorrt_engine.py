@@ -18,8 +18,6 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-import numpy as np
-
 from edge.build.calibration import CalibrationSet, read_trt_calibration_cache
 from edge.config import PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError

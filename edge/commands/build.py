@@ -1,11 +1,14 @@
-"""`edge build`, `edge calibrate`, `edge rollback`: the offline build chain's commands (edge/build/steps.py)."""
+"""`edge build`, `edge calibrate`, `edge rollback`: the offline build chain's commands (edge/build/).
+
+The build modules (numpy, onnx, onnxruntime) are imported when a command runs, not when it is registered,
+so Ctrl-C at any point reaches the command's one error path.
+"""
 
 import argparse
-from typing import Any, Dict, Iterator
+import time
+from typing import Any, Dict, Iterator, Optional, Sequence
 
-from edge.build.artifacts import rollback
-from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, import_calibration_set
-from edge.build.steps import _timed, artifact_path, check_inputs, run_build, source_model
+from edge.commands.common import add_command, standalone_main
 from edge.config import Config, load_config
 from edge.errors import EXIT_OK
 
@@ -15,15 +18,20 @@ def _config(args: argparse.Namespace, overrides: Dict[str, Any]) -> Config:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from edge.build.plan import check_inputs
+    from edge.build.steps import run_build
+
     cfg = _config(args, {"build.method": args.method, "build.precision": args.precision,
                          "build.calibration_dir": args.calibration, "build.regression_dir": args.regression})
-    plan = _timed(print, "check inputs", lambda: check_inputs(cfg, args.model, args.engine, args.calibrator,
-                                                              not args.no_progress))
+    started = time.monotonic()
+    plan = check_inputs(cfg, args.model, args.engine, args.calibrator, not args.no_progress)
+    print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
     run_build(plan)
     return EXIT_OK
 
 
-def _frames(capture: Any, limit: int) -> Iterator[Any]:
+def frames_of(capture: Any, limit: int) -> Iterator[Any]:
+    """Up to `limit` frames (0: all) of an unopened capture; it is closed at the end."""
     capture.open()
     try:
         count = 0
@@ -38,6 +46,8 @@ def _frames(capture: Any, limit: int) -> Iterator[Any]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, import_calibration_set
+
     if args.calibrate_command == "import":
         import_calibration_set(args.src, args.out, args.min_images)
         return EXIT_OK
@@ -45,22 +55,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     cfg = _config(args, {"source.uri": args.source, "source.loop": False})
     out = args.out or cfg.build.calibration_dir
-    capture_calibration_set(_frames(open_capture(cfg.source), args.frames), out, args.every, args.max_images,
-                            args.min_images or cfg.build.min_images, args.min_diff, source=cfg.source.uri)
+    capture_calibration_set(frames_of(open_capture(cfg.source), args.frames), out, args.every, args.max_images,
+                            args.min_images or cfg.build.min_images,
+                            DEFAULT_MIN_DIFF if args.min_diff is None else args.min_diff, source=cfg.source.uri)
     return EXIT_OK
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from edge.build.artifacts import rollback
+    from edge.build.plan import artifact_path, format_for, source_model
+
     cfg = _config(args, {})
     target = args.artifact or artifact_path(args.model or source_model(cfg.model.path), cfg.build.engines_dir,
-                                            cfg.build.precision, args.engine)
+                                            cfg.build.precision, format_for(args.engine))
     rollback(target)
     return EXIT_OK
 
 
-def _add_build_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("build", help="calibrate, quantize, gate and install an INT8 model (CPU: Q/DQ ONNX; "
-                                            "--engine: TensorRT engine on this device)")
+def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (build.* keys; see configs/example.yaml)")
     p.add_argument("--model", help="FP32 source .onnx (default: model.path without its .int8/.fp16 suffix, as .onnx)")
     p.add_argument("--engine", action="store_true", help="build a TensorRT engine for this GPU")
@@ -71,7 +83,6 @@ def _add_build_parser(subparsers: Any) -> None:
     p.add_argument("--calibration", help="build.calibration_dir")
     p.add_argument("--regression", help="build.regression_dir")
     p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
-    p.set_defaults(func=cmd_build)
 
 
 def _add_calibrate_parser(subparsers: Any) -> None:
@@ -90,9 +101,8 @@ def _add_calibrate_parser(subparsers: Any) -> None:
     cap.add_argument("--max-images", type=int, default=500, help="stop after this many (default 500)")
     cap.add_argument("--frames", type=int, default=0, help="stop after reading this many frames (0: source end)")
     cap.add_argument("--min-images", type=int, help="fewer is an error (default build.min_images)")
-    cap.add_argument("--min-diff", type=float, default=DEFAULT_MIN_DIFF,
-                     help="near-duplicate threshold: mean grey-level difference of 16x16 thumbnails "
-                          "(default {:g})".format(DEFAULT_MIN_DIFF))
+    cap.add_argument("--min-diff", type=float,
+                     help="near-duplicate threshold: mean grey-level difference of 16x16 thumbnails (default 4)")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -106,6 +116,12 @@ def _add_rollback_parser(subparsers: Any) -> None:
 
 
 def register(subparsers: Any) -> None:
-    _add_build_parser(subparsers)
+    add_command(subparsers, "build", "calibrate, quantize, gate and install an INT8 model (CPU: Q/DQ ONNX; "
+                "--engine: TensorRT engine on this device)", None, add_build_arguments, cmd_build)
     _add_calibrate_parser(subparsers)
     _add_rollback_parser(subparsers)
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "edge build") -> int:
+    """`edge build` for scripts/build_engine.py."""
+    return standalone_main(prog, None, add_build_arguments, cmd_build, argv)

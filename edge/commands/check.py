@@ -34,6 +34,7 @@ from edge.commands.check_report import (
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config, with_overrides
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, require
+from edge.fileio import check_output
 from edge.frame.latency import format_table
 from edge.modelinfo import write_json_atomic
 from edge.service.log import JsonLog
@@ -41,15 +42,7 @@ from edge.service.runtime import Runtime, StopFlag, frames_done, run
 
 DEFAULT_FRAMES = 1000
 DEFAULT_WARMUP = 50
-
-
-def _writable_parent(path: str, what: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    probe = parent
-    while not os.path.isdir(probe):
-        probe = os.path.dirname(probe)
-    if not os.access(probe, os.W_OK):
-        raise EdgeError("{}: cannot write the {} ({} is not writable)".format(path, what, probe))
+MAX_FRAMES = 1000000  # the per-frame series are kept in memory (6 stages x 8 bytes per frame)
 
 
 def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_path: Optional[str] = None,
@@ -60,12 +53,17 @@ def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_pa
 
     Input problems raise EdgeError (exit 2) before any frame is timed. The verdict is in report['verdict'].
     """
-    if frames < 1:
-        raise EdgeError("--frames must be >= 1, got {}".format(frames))
+    if not 1 <= frames <= MAX_FRAMES:
+        raise EdgeError("--frames must be 1-{}, got {}".format(MAX_FRAMES, frames))
+    for flag, value in (("--regression-pct", regression_pct), ("--regression-ms", regression_ms)):
+        if not 0 <= value < 1e9:  # also refuses NaN, which would flag nothing
+            raise EdgeError("{} must be a number >= 0, got {}".format(flag, value))
     prev = load_previous(previous) if previous else None
     for path, what in ((json_path, "JSON report"), (plot_path, "figure")):
         if path:
-            _writable_parent(path, what)
+            check_output(path, what)  # before the run, not after it
+    if json_path and plot_path and os.path.abspath(json_path) == os.path.abspath(plot_path):
+        raise EdgeError("{}: --json and --plot name the same file".format(json_path))
     if plot_path:
         require("matplotlib")
     cfg = with_overrides(cfg, {
@@ -93,8 +91,7 @@ def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_pa
     if plot_path:
         report["figure"] = plot(plot_path, report, series, telemetry.samples, timed.t0 or 0.0)
     if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        write_json_atomic(json_path, report)
+        write_json_atomic(json_path, report, "JSON report")
     for line in warnings:
         warn("warning: " + line)
     out(format_report(report))

@@ -1,12 +1,12 @@
 """The `edge check` figure: latency histogram with the budget line, per-frame stacked stages, telemetry traces."""
 
-import os
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from edge.commands.check_report import TELEMETRY_METRICS, SeriesSink
 from edge.errors import require
+from edge.fileio import atomic_write
 
 FIGURE_SIZE_IN = (12.0, 9.0)
 
@@ -27,13 +27,11 @@ def plot(path: str, report: Dict[str, Any], series: SeriesSink, telemetry: List[
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    budget = report["budget_ms"]
-    e2e = series.series("end_to_end")
-    e2e = e2e[np.isfinite(e2e)]
     fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(3, 3, height_ratios=(1.0, 1.2, 0.75), left=0.06, right=0.98, top=0.9, bottom=0.06,
                             hspace=0.45, wspace=0.25)
+    budget = report["budget_ms"]
     verdict = report["verdict"].upper()
     title = "edge check: {} - p99 end_to_end {:.2f} ms, budget {:g} ms - {} {} - {} frames, {}".format(
         verdict, report["stages_ms"]["end_to_end"]["p99"], budget, report["backend"], report["precision"],
@@ -43,8 +41,18 @@ def plot(path: str, report: Dict[str, Any], series: SeriesSink, telemetry: List[
                          + report["warnings"])
     if subtitle:
         fig.text(0.5, 0.935, subtitle[:180], ha="center", fontsize=9, color="#9a6700")
+    _histogram(fig.add_subplot(grid[0, :]), report, series)
+    _stacked(fig.add_subplot(grid[1, :]), budget, series)
+    for col, (metric, label) in enumerate(TELEMETRY_METRICS):
+        _trace(fig.add_subplot(grid[2, col]), metric, label, report["telemetry"], telemetry, t0)
+    atomic_write(path, lambda fh: fig.savefig(fh, dpi=FIGURE_DPI, format="png"), "figure")
+    return {"path": path, "width_px": FIGURE_PX[0], "height_px": FIGURE_PX[1]}
 
-    ax = fig.add_subplot(grid[0, :])
+
+def _histogram(ax: Any, report: Dict[str, Any], series: SeriesSink) -> None:
+    budget = report["budget_ms"]
+    e2e = series.series("end_to_end")
+    e2e = e2e[np.isfinite(e2e)]
     top = float(np.max(e2e)) if e2e.size else 1.0
     p99 = report["stages_ms"]["end_to_end"]["p99"]
     hi = min(top, max(p99, budget if budget <= 2.0 * top else 0.0) * 1.5) or 1.0  # the tail beyond: counted
@@ -70,7 +78,8 @@ def plot(path: str, report: Dict[str, Any], series: SeriesSink, telemetry: List[
     ax.set_title("latency histogram: {} misses of {} ({:.2%})".format(report["misses"], report["frames"],
                                                                       report["miss_rate"]), fontsize=10)
 
-    ax = fig.add_subplot(grid[1, :])
+
+def _stacked(ax: Any, budget: float, series: SeriesSink) -> None:
     x = np.arange(1, series.count + 1)
     stacks = [np.nan_to_num(series.series(s)) for s in STACKED]
     ax.stackplot(x, *stacks, labels=STACKED, colors=("#c8c8c8", "#dd8452", "#4c72b0", "#55a868"), linewidth=0)
@@ -88,24 +97,21 @@ def plot(path: str, report: Dict[str, Any], series: SeriesSink, telemetry: List[
     ax.set_title("per-frame stages (stacked)", fontsize=10)
     ax.legend(loc="upper left", fontsize=8, ncol=7)
 
-    tele = report["telemetry"]
-    for col, (metric, label) in enumerate(TELEMETRY_METRICS):
-        ax = fig.add_subplot(grid[2, col])
-        points = [(t - t0, v[metric]) for t, v in telemetry if v.get(metric) is not None]
-        if points:
-            ts, vs = zip(*points)
-            ax.plot(ts, vs, color="#8172b3", marker=".", linewidth=1)
-            ax.set_xlabel("s since first timed frame")
-        else:
-            why = tele["reason"] if tele["status"] != "ok" else "not reported by this system"
-            ax.text(0.5, 0.5, "unavailable:\n" + _wrap(why or "", 40), ha="center", va="center",
-                    transform=ax.transAxes, fontsize=8, color="#6e7781")
-            ax.set_xticks([])
-            ax.set_yticks([])
-        ax.set_title(label, fontsize=10)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=FIGURE_DPI, format="png")
-    return {"path": path, "width_px": FIGURE_PX[0], "height_px": FIGURE_PX[1]}
+
+def _trace(ax: Any, metric: str, label: str, tele: Dict[str, Any], telemetry: List[Tuple[float, Dict[str, Any]]],
+           t0: float) -> None:
+    points = [(t - t0, v[metric]) for t, v in telemetry if v.get(metric) is not None]
+    if points:
+        ts, vs = zip(*points)
+        ax.plot(ts, vs, color="#8172b3", marker=".", linewidth=1)
+        ax.set_xlabel("s since first timed frame")
+    else:
+        why = tele["reason"] if tele["status"] != "ok" else "not reported by this system"
+        ax.text(0.5, 0.5, "unavailable:\n" + _wrap(why or "", 40), ha="center", va="center",
+                transform=ax.transAxes, fontsize=8, color="#6e7781")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    ax.set_title(label, fontsize=10)
 
 
 def _wrap(text: str, width: int) -> str:

@@ -1,13 +1,14 @@
 """What `edge check` gathers besides the latency table: the per-frame series, the telemetry trace during the
 timed frames, jtop's view of the clocks, and the comparison with a previous report."""
 
-import json
+import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from edge.errors import EdgeError
+from edge.fileio import load_json
 from edge.frame.latency import STAGES
 from edge.frame.pipeline import Result, Sink
 
@@ -153,19 +154,24 @@ def _as_float(value: Any) -> Optional[float]:
 
 
 def load_previous(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise EdgeError("{}: cannot read previous report: {}".format(path, exc.strerror)) from None
-    except ValueError as exc:
-        raise EdgeError("{}: previous report is not JSON: {}".format(path, exc)) from None
+    data = load_json(path, "previous report")
     if not isinstance(data, dict) or not isinstance(data.get("stages_ms"), dict):
         raise EdgeError("{}: not an edge check report (no 'stages_ms')".format(path))
     if data.get("schema_version") != SCHEMA_VERSION:
         raise EdgeError("{}: schema_version {!r}, this edge check reads {}".format(
             path, data.get("schema_version"), SCHEMA_VERSION))
     return data
+
+
+def _ms(value: Any) -> Optional[float]:
+    """A report's milliseconds, or None for anything else (strings, NaN, a 400-digit number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        ms = float(value)
+    except OverflowError:
+        return None
+    return ms if math.isfinite(ms) and 0 <= ms < 1e9 else None
 
 
 def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: str,
@@ -179,8 +185,8 @@ def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: st
             continue
         entry = {}
         for q in ("p50", "p99"):
-            old, new = before.get(q), now.get(q)
-            if not isinstance(old, (int, float)) or not isinstance(new, (int, float)):
+            old, new = _ms(before.get(q)), _ms(now.get(q))
+            if old is None or new is None:
                 continue
             delta = new - old
             rel = 100.0 * delta / old if old > 0 else None

@@ -5,10 +5,10 @@ import sys
 from typing import List, Optional
 
 from edge import __version__
-from edge.commands import build, check, demo, export, rebuild, run
+from edge.commands import build, check, classify, demo, export, rebuild, run
 from edge.commands.common import execute
 
-COMMANDS = (run, export, build, check, rebuild, demo)
+COMMANDS = (run, export, build, check, rebuild, demo, classify)
 
 
 def build_parser() -> argparse.ArgumentParser:

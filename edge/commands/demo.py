@@ -35,6 +35,8 @@ from edge.service.runtime import Runtime, frames_done, run
 
 BOUNDARY = "frame"
 SNAPSHOT_MAX_AGE_S = 1.0  # with nobody streaming, frames are still encoded this often for /frame.jpg
+CLIENT_TIMEOUT_S = 10.0  # an idle (or slowloris) client is dropped after this long without progress
+MAX_CLIENTS = 32  # concurrent connections, each a thread; more are refused with 503
 WINDOW = "jetson-edge demo"
 
 
@@ -51,6 +53,7 @@ class FrameHub:
         self.waiting = 0  # clients blocked until the next JPEG
         self.streams = 0  # open /stream.mjpg connections
         self.encoded = 0
+        self.refused = 0  # connections turned away beyond MAX_CLIENTS
         self.closed = False
 
     def wants_jpeg(self) -> bool:
@@ -85,7 +88,8 @@ class FrameHub:
 
     def snapshot(self) -> Dict[str, Any]:
         with self._cond:
-            return dict(self.info, **dict(self.stats, clients=self.streams, jpegs_encoded=self.encoded))
+            return dict(self.info, **dict(self.stats, clients=self.streams, clients_refused=self.refused,
+                                          jpegs_encoded=self.encoded))
 
     def close(self) -> None:
         with self._cond:
@@ -173,6 +177,7 @@ update(); setInterval(update, 500);
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "jetson-edge-demo"
+    timeout = CLIENT_TIMEOUT_S  # a client that sends or reads nothing for this long is disconnected
 
     def do_GET(self) -> None:  # noqa: N802  (http.server's name)
         hub: FrameHub = self.server.hub  # type: ignore[attr-defined]
@@ -222,8 +227,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write("--{}\r\nContent-Type: image/jpeg\r\nContent-Length: {}\r\n\r\n".format(
                     BOUNDARY, len(jpeg)).encode("ascii") + jpeg + b"\r\n")
                 self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            pass  # the client went away
+        except OSError:
+            pass  # the client went away or stopped reading (socket.timeout is an OSError on 3.8 too)
         finally:
             with hub._cond:
                 hub.streams -= 1
@@ -232,16 +237,52 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # one line per request would drown the log; the status page shows the client count
 
 
+class _Server(ThreadingHTTPServer):
+    """At most MAX_CLIENTS connections (one thread each); more are answered 503 and closed at once. A client
+    that leaves early is not an error: no traceback, and one stderr line only for unexpected failures."""
+
+    daemon_threads = True
+
+    def __init__(self, address: Tuple[str, int], hub: FrameHub) -> None:
+        super().__init__(address, _Handler)
+        self.hub = hub
+        self.slots = threading.BoundedSemaphore(MAX_CLIENTS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.hub.refused += 1
+            if self.hub.refused == 1:
+                print("edge demo: {} clients connected; refusing more (counted in stats.json)".format(MAX_CLIENTS),
+                      file=sys.stderr, flush=True)
+            try:
+                request.setblocking(False)
+                request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):  # a dropped connection is normal; anything else gets one line
+            print("edge demo: client {}: {}: {}".format(client_address[0], type(exc).__name__, exc),
+                  file=sys.stderr, flush=True)
+
+
 def open_server(host: str, port: int, hub: FrameHub) -> ThreadingHTTPServer:
     """Bind now (a taken port is an input error, found before the pipeline starts); serve later."""
     try:
-        server = ThreadingHTTPServer((host, port), _Handler)
+        return _Server((host, port), hub)
     except OSError as exc:
         raise EdgeError("{}:{}: cannot listen: {} (pick another --port, or 0 for a free one)".format(
             host, port, exc.strerror or exc)) from None
-    server.daemon_threads = True
-    server.hub = hub  # type: ignore[attr-defined]
-    return server
 
 
 def gui_problem(cv2: Any) -> Optional[str]:
@@ -277,14 +318,20 @@ def run_demo(cfg: Config, headless: bool, host: str = "127.0.0.1", port: int = 8
     runtime = Runtime(cfg, log, [sink])
     enough = frames_done(frames)
 
+    server = open_server(host, port, hub) if hub is not None else None
+
+    announce = [server is not None]
+
     def until(pipeline: Any) -> Optional[str]:
+        if announce[0] and pipeline.frame_id:
+            announce[0] = False
+            _announce(server, runtime)  # once the first frame is through: there is something to watch
         sink.recorder = pipeline.recorder
         return "window closed" if sink.quit else enough(pipeline)
 
-    server = open_server(host, port, hub) if hub is not None else None
     try:
         if server is not None:
-            _serve(server, runtime)
+            threading.Thread(target=server.serve_forever, name="edge-demo-http", daemon=True).start()
         report = run(runtime=runtime, until=until, table="edge demo")
         if hub is not None:
             report["jpegs_encoded"] = hub.encoded
@@ -297,8 +344,7 @@ def run_demo(cfg: Config, headless: bool, host: str = "127.0.0.1", port: int = 8
             server.server_close()
 
 
-def _serve(server: ThreadingHTTPServer, runtime: Any) -> None:
-    threading.Thread(target=server.serve_forever, name="edge-demo-http", daemon=True).start()
+def _announce(server: ThreadingHTTPServer, runtime: Any) -> None:
     bound_host, bound_port = server.server_address[:2]
     url = "http://{}:{}/".format(bound_host, bound_port)
     runtime.event("serving", url=url, stream=url + "stream.mjpg", stats=url + "stats.json")

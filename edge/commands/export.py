@@ -8,7 +8,8 @@ from edge.errors import EXIT_OK
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", default="mobilenet_v3_large", choices=("mobilenet_v3_large", "mobilenet_v3_small"))
+    p.add_argument("--arch", default="mobilenet_v3_large", choices=("mobilenet_v3_large", "mobilenet_v3_small",
+                                                                "efficientnet_lite0"))
     p.add_argument("--weights", default="auto", help="auto | imagenet | random | PATH to a checkpoint")
     p.add_argument("--out", help="output .onnx (default engines/<arch>.onnx)")
     p.add_argument("--seed", type=int, default=0, help="seed for random weights")

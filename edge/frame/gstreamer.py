@@ -8,13 +8,15 @@ Every pipeline ends in a BGR appsink that keeps only the newest frame. Without a
 (PyPI's opencv-python), USB cameras and RTSP go through OpenCV's own V4L2 and FFmpeg backends.
 """
 
+import socket
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from edge.board import is_jetson
 from edge.config import SourceConfig
 from edge.errors import EdgeError, require
-from edge.frame.sources import Capture, OpenCVCapture
+from edge.frame.capture import Capture, OpenCVCapture
 
 APPSINK = "video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false"
 # RTP payload -> elementary stream; `auto` lets parsebin plug the depayloader and parser the stream needs.
@@ -97,10 +99,12 @@ class GStreamerCapture(OpenCVCapture):
 
     def open(self) -> None:
         cv2 = require("cv2")
+        if self.uri.startswith("rtsp://"):
+            _check_reachable(self.uri)
         for label, pipeline in self.candidates:
             cap = cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
             ok, image = cap.read() if cap.isOpened() else (False, None)
-            if ok:
+            if ok and image is not None:
                 self.cap, self.target = cap, pipeline
                 self.negotiated = "{} {}x{}{}".format(label, image.shape[1], image.shape[0],
                                                       "@{:g}".format(self.fps) if self.fps else "")
@@ -109,6 +113,17 @@ class GStreamerCapture(OpenCVCapture):
             cap.release()
         raise EdgeError("{}: cannot open source ({} pipeline, {})".format(
             self.uri, self.elements, " or ".join(label for label, _ in self.candidates)))
+
+
+def _check_reachable(uri: str, timeout_s: float = 1.0) -> None:
+    """Refuse before GStreamer when the RTSP server does not accept connections: OpenCV (4.6) waits without a
+    timeout for rtspsrc to start, and a refused connection racing that wait has been seen to hang it for good."""
+    parts = urllib.parse.urlsplit(uri)
+    address = (parts.hostname or "", parts.port or 554)
+    try:
+        socket.create_connection(address, timeout_s).close()
+    except OSError as exc:
+        raise EdgeError("{}: cannot reach {}:{} ({})".format(uri, *address, exc.strerror or exc)) from None
 
 
 class V4L2Capture(OpenCVCapture):

@@ -10,9 +10,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from edge.frame.capture import Frame
 from edge.frame.latency import LatencyRecorder
 from edge.frame.postprocess import Prediction
-from edge.frame.sources import Frame
 from edge.frame.stages import Stages
 
 

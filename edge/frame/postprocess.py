@@ -7,6 +7,9 @@ from typing import List, Sequence
 import numpy as np
 
 from edge.errors import EdgeError
+from edge.fileio import read_regular
+
+MAX_LABELS_BYTES = 16 << 20
 
 
 @dataclass
@@ -23,8 +26,14 @@ class Prediction:
 def load_labels(path: str) -> List[str]:
     if not os.path.isfile(path):
         raise EdgeError("{}: labels file not found".format(path))
-    with open(path, "r", encoding="utf-8") as fh:
-        labels = [line.rstrip("\n") for line in fh]
+    raw, why = read_regular(path, MAX_LABELS_BYTES)
+    if raw is None:
+        raise EdgeError("{}: cannot read the labels file: {}".format(path, why))
+    try:
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as exc:
+        raise EdgeError("{}: labels file is not UTF-8 text (byte {})".format(path, exc.start)) from None
+    labels = text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else []
     if not labels or not all(labels):
         raise EdgeError("{}: labels file must have one non-empty label per line".format(path))
     return labels

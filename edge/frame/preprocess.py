@@ -13,14 +13,19 @@ The algorithm, defined once (the CUDA kernel in edge/cuda/preprocess.cuh compute
    `add = -mean / std`, written planar (CHW) into a preallocated buffer.
 
 Unlike PIL, nothing is rounded to uint8 between passes, so the result is the exact filter.
+
+The constants (resize, crop, mean, std) travel with the model: `model_preprocess` takes them from its model info.
 """
 
+import dataclasses
+import os
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from edge.config import PreprocessConfig
+from edge.errors import EdgeError
 
 _ROW_BLOCK = 4  # output rows (and columns) per matrix product: measured fastest (skips most zero taps)
 
@@ -36,6 +41,43 @@ class Geometry:
     offset_x: int
     offset_y: int
     crop: int
+
+
+MODEL_KEYS = ("resize", "crop", "mean", "std")
+_TOLERANCE = 1e-6  # relative: a YAML file may spell 127/255 as 0.498039
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = np.atleast_1d(np.asarray(a, np.float64)), np.atleast_1d(np.asarray(b, np.float64))
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=_TOLERANCE, atol=0.0))
+
+
+def model_preprocess(cfg: PreprocessConfig, info: Dict[str, Any], model_path: str, where: str) -> PreprocessConfig:
+    """The preprocessing a model is fed: the config's, with the model info's `preprocess` constants filling in.
+
+    A key the config leaves at its default takes the model's value; a config value equal to the model's is fine;
+    a different one is refused in one line (the model was trained with its own constants). A model info without
+    `preprocess` (older exports, your own models) leaves the config as it is."""
+    declared = info.get("preprocess")
+    if declared is None:
+        return cfg
+    sidecar = os.path.splitext(model_path)[0] + ".json"
+    try:
+        model = dataclasses.replace(PreprocessConfig(), **{k: declared[k] for k in MODEL_KEYS})
+    except (KeyError, TypeError):
+        raise EdgeError("{}: 'preprocess' must give {}".format(sidecar, ", ".join(MODEL_KEYS))) from None
+    numbers = [v for key in ("mean", "std") if isinstance(getattr(model, key), list) for v in getattr(model, key)]
+    if not (isinstance(model.resize, int) and isinstance(model.crop, int) and 0 < model.crop <= model.resize
+            and len(numbers) == 6 and all(isinstance(v, (int, float)) for v in numbers) and min(numbers[3:]) > 0):
+        raise EdgeError("{}: impossible 'preprocess' {}".format(sidecar, declared))
+    default, chosen = PreprocessConfig(), {}
+    for key in MODEL_KEYS:
+        mine, theirs = getattr(cfg, key), getattr(model, key)
+        if not (_same(mine, getattr(default, key)) or _same(mine, theirs)):
+            raise EdgeError("{}: 'preprocess.{}' is {}, but {} was trained with {} ({}); remove the key or set "
+                            "it to the model's value".format(where, key, mine, model_path, theirs, sidecar))
+        chosen[key] = theirs
+    return dataclasses.replace(cfg, **chosen)
 
 
 def crop_geometry(src_w: int, src_h: int, resize: int, crop: int) -> Geometry:

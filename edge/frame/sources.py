@@ -15,169 +15,29 @@ always gets the newest frame, frames it never saw are counted as skipped.
 Live sources (cameras, RTSP, synthetic) recover on their own when the grabber is given a reconnect
 policy: a read that raises, returns nothing, or keeps returning broken images closes the capture and
 reopens it with exponential backoff (`service.reconnect_initial_s` doubling up to `service.reconnect_max_s`);
-a read that hangs is abandoned by `recover_stall()` and a fresh capture is opened beside it. Files and
+a read or reopening that hangs is abandoned by `recover_stall()` and a fresh capture is opened beside it. Files and
 image folders are not live: their end is the end of the run.
 """
 
-import glob
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
-import numpy as np
-
-from edge.board import is_jetson
 from edge.config import SourceConfig
 from edge.errors import EdgeError, require
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-
-
-@dataclass
-class Frame:
-    image: np.ndarray  # HxWx3 uint8 BGR
-    seq: int  # 1, 2, 3... in capture order; a gap between two frames the pipeline saw = skipped frames
-    captured: float  # time.monotonic() when the frame was in memory
-    capture_ms: float  # time spent in the read (decode for files and streams)
-
-
-class SourceEnded(Exception):
-    """A file or folder without `loop` has no more frames."""
-
-
-class SourceTimeout(Exception):
-    """No new frame within `source.timeout_s`."""
-
-
-class Capture:
-    """One device or file: open(), read() -> BGR image or None at the end, close()."""
-
-    description = ""
-    pacer: Optional["_Pacer"] = None  # generated and file frames are paced like a camera
-    live = False  # a camera or stream: a read failure is a fault to reconnect from, not the end of the run
-
-    def open(self) -> None:
-        raise NotImplementedError
-
-    def pace(self) -> None:
-        """Wait until the next frame is due (not counted as capture time)."""
-        if self.pacer is not None:
-            self.pacer.wait()
-
-    def read(self) -> Optional[np.ndarray]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class _Pacer:
-    """Sleeps so that successive reads happen at `fps` (camera-like pacing for generated and file frames)."""
-
-    def __init__(self, fps: float):
-        self.period = 1.0 / fps
-        self.next_at = 0.0
-
-    def wait(self) -> None:
-        now = time.monotonic()
-        if self.next_at > now:
-            time.sleep(self.next_at - now)
-            now = self.next_at
-        self.next_at = max(self.next_at + self.period, now)
-
-
-class SyntheticCapture(Capture):
-    """Moving colour gradients with a bright square: cheap to produce, non-trivial to classify."""
-
-    live = True  # stands in for a camera
-
-    def __init__(self, width: int, height: int, fps: float, variants: int = 16):
-        self.description = "synthetic {}x{}@{:g}".format(width, height, fps)
-        self.width, self.height, self.variants = width, height, variants
-        self.pacer = _Pacer(fps)
-        self.frames: List[np.ndarray] = []
-        self.index = 0
-
-    def open(self) -> None:
-        ys, xs = np.mgrid[0:self.height, 0:self.width].astype(np.float32)
-        for k in range(self.variants):
-            phase = 2 * np.pi * k / self.variants
-            img = np.empty((self.height, self.width, 3), np.uint8)
-            img[:, :, 0] = 127 + 120 * np.sin(xs / 97.0 + phase)
-            img[:, :, 1] = 127 + 120 * np.sin(ys / 71.0 - phase)
-            img[:, :, 2] = 127 + 120 * np.sin((xs + ys) / 131.0 + 2 * phase)
-            size = max(8, min(self.width, self.height) // 5)
-            x0 = int((self.width - size) * (0.5 + 0.4 * np.cos(phase)))
-            y0 = int((self.height - size) * (0.5 + 0.4 * np.sin(phase)))
-            img[y0:y0 + size, x0:x0 + size] = 255
-            self.frames.append(img)
-
-    def read(self) -> Optional[np.ndarray]:
-        frame = self.frames[self.index % self.variants]
-        self.index += 1
-        return frame
-
-
-class ImageFolderCapture(Capture):
-    def __init__(self, folder: str, fps: float, loop: bool):
-        self.description = "images " + folder
-        self.folder, self.loop = folder, loop
-        self.pacer = _Pacer(fps)
-        self.files: List[str] = []
-        self.index = 0
-
-    def open(self) -> None:
-        self.files = sorted(f for f in glob.glob(os.path.join(self.folder, "*"))
-                            if f.lower().endswith(IMAGE_EXTENSIONS))
-        if not self.files:
-            raise EdgeError("{}: image folder has no images ({})".format(self.folder, " ".join(IMAGE_EXTENSIONS)))
-
-    def read(self) -> Optional[np.ndarray]:
-        cv2 = require("cv2")
-        for _ in range(len(self.files)):
-            if self.index >= len(self.files):
-                if not self.loop:
-                    return None
-                self.index = 0
-            path = self.files[self.index]
-            self.index += 1
-            image = cv2.imread(path, cv2.IMREAD_COLOR)
-            if image is not None:
-                return image
-        raise EdgeError("{}: no readable image in the folder".format(self.folder))
-
-
-class OpenCVCapture(Capture):
-    """cv2.VideoCapture on a file or an RTSP URL (FFmpeg)."""
-
-    def __init__(self, target: Any, api: int, description: str, fps: float = 0.0, loop: bool = False,
-                 is_file: bool = False):
-        self.target, self.api, self.description = target, api, description
-        self.loop, self.is_file = loop, is_file
-        self.live = not is_file
-        self.pacer = _Pacer(fps) if is_file else None
-        self.cap: Any = None
-
-    def open(self) -> None:
-        self.cap = require("cv2").VideoCapture(self.target, self.api)
-        if not self.cap.isOpened():
-            raise EdgeError("{}: cannot open {}".format(self.description, "video file" if self.is_file else "source"))
-
-    def read(self) -> Optional[np.ndarray]:
-        ok, image = self.cap.read()
-        if not ok and self.is_file and self.loop:
-            self.cap.set(require("cv2").CAP_PROP_POS_FRAMES, 0)
-            ok, image = self.cap.read()
-        if not ok:
-            return None
-        return image if image.ndim == 3 else np.ascontiguousarray(np.dstack([image] * 3))
-
-    def close(self) -> None:
-        if self.cap is not None:
-            self.cap.release()
-            self.cap = None
+from edge.frame.capture import (
+    IMAGE_EXTENSIONS,
+    Capture,
+    Frame,
+    ImageFolderCapture,
+    OpenCVCapture,
+    SourceEnded,
+    SourceTimeout,
+    SyntheticCapture,
+    broken_image,
+)
+from edge.frame.gstreamer import camera_capture
 
 
 def open_capture(cfg: SourceConfig) -> Capture:
@@ -188,8 +48,6 @@ def open_capture(cfg: SourceConfig) -> Capture:
     if os.path.isdir(uri):
         return ImageFolderCapture(uri, cfg.fps, cfg.loop)
     if uri.startswith(("csi://", "rtsp://", "v4l2://", "/dev/video")):
-        from edge.frame.gstreamer import camera_capture  # that module builds on this one
-
         return camera_capture(cfg)
     cv2 = require("cv2")
     if "://" in uri:
@@ -200,12 +58,6 @@ def open_capture(cfg: SourceConfig) -> Capture:
     if uri.lower().endswith(IMAGE_EXTENSIONS):
         raise EdgeError("{}: a single image is not a video source; put images in a folder".format(uri))
     return OpenCVCapture(uri, cv2.CAP_ANY, uri, fps=cfg.fps, loop=cfg.loop, is_file=True)
-
-
-def broken_image(image: Any) -> bool:
-    """True for what a failing camera or decoder hands over instead of a frame: empty, wrong shape or dtype."""
-    return (not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3
-            or image.shape[2] != 3 or image.shape[0] == 0 or image.shape[1] == 0)
 
 
 class LatestFrameGrabber:
@@ -290,6 +142,8 @@ class LatestFrameGrabber:
                 if needs_open:
                     if self._stop.wait(delay) or not self._current(generation):
                         break
+                    if generation == self._generation:
+                        self._read_started = time.monotonic()  # a reopening that hangs is a stall too
                     try:
                         capture.close()
                         capture.open()
@@ -298,6 +152,11 @@ class LatestFrameGrabber:
                         self._emit("source_reconnect_failed", source=capture.description,
                                    error="{}: {}".format(type(exc).__name__, exc), retry_in_s=delay)
                         continue
+                    finally:
+                        if generation == self._generation:
+                            self._read_started = None
+                    if not self._current(generation):
+                        break
                     needs_open = False
                     with self._cond:
                         self.reconnects += 1
@@ -357,13 +216,13 @@ class LatestFrameGrabber:
                 capture.close()  # an abandoned reader releases its own capture once its read returns
 
     def stalled_for(self) -> float:
-        """Seconds the read in progress has been blocked (0 when none is)."""
+        """Seconds the read (or reopening) in progress has been blocked (0 when none is)."""
         started = self._read_started
         return time.monotonic() - started if started is not None else 0.0
 
     def recover_stall(self) -> bool:
-        """Abandon a read blocked for longer than `timeout_s` and read from a fresh capture (live sources
-        with `reopen` only). The hung thread exits and closes its capture when its read returns."""
+        """Abandon a read or reopening blocked for longer than `timeout_s` and read from a fresh capture (live
+        sources with `reopen` only). The hung thread exits and closes its capture when its call returns."""
         if not self.recovers or self.reopen is None or self._stop.is_set() or self.stalled_for() < self.timeout_s:
             return False
         stalled = self.stalled_for()

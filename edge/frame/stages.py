@@ -6,11 +6,14 @@ precision, model identity) is captured here, at load time, so a model file repla
 never changes what a running service says about the model it serves.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from edge.config import Config, labels_path
+from edge.errors import EdgeError
 from edge.frame.postprocess import TopK, load_labels
+from edge.frame.preprocess import model_preprocess
 from edge.modelinfo import UNTRAINED_WARNING, read_model_info, sha256_file
 
 
@@ -82,14 +85,47 @@ def create_stages(cfg: Config) -> Tuple[Callable[[Any], Any], Any, str]:
     return preprocessor, backend, reason
 
 
+def _output_classes(backend: Any) -> Optional[int]:
+    """The model's class count from its output shape (1, N), as ONNX Runtime or the TensorRT runner see it."""
+    session = getattr(backend, "session", None)
+    if session is not None and hasattr(session, "get_outputs"):
+        shape = session.get_outputs()[0].shape
+    else:
+        shape = getattr(getattr(getattr(backend, "runner", None), "output", None), "shape", None)
+    last = shape[-1] if shape else None
+    return last if isinstance(last, int) and last > 0 else None
+
+
+def check_fit(cfg: Config, backend: Any, labels_file: str, labels: int) -> None:
+    """A model that does not fit the config is refused at load (exit 2, naming the file), not frame by frame."""
+    shape = tuple(backend.input_shape)
+    crop = cfg.preprocess.crop
+    # ONNX Runtime reports a dynamic dimension as 1: only fixed ones are checked.
+    if len(shape) != 4 or shape[1] not in (1, 3) or any(d not in (1, crop) for d in shape[2:]) or \
+            any(d > 1 for d in shape[:1]):
+        raise EdgeError("{}: the model takes input {}, the pipeline gives 1x3x{}x{} (preprocess.crop: {}); "
+                        "use a model for that size or set preprocess.crop/resize".format(
+                            cfg.model.path, "x".join(str(d) for d in shape), crop, crop, crop))
+    classes = _output_classes(backend)
+    if classes is not None and classes != labels:
+        raise EdgeError("{}: {} labels, but the model {} has {} classes".format(
+            labels_file, labels, cfg.model.path, classes))
+
+
 def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) -> Stages:
     """Choose, create and load the stages for `cfg`; the backend is closed again if anything after it fails.
     `factory` lets tests put a hanging or failing backend behind the same path."""
     info = read_model_info(cfg.model.path)
+    # The model's own preprocessing constants (its model info) win over config defaults; a conflict is refused.
+    cfg = dataclasses.replace(cfg, preprocess=model_preprocess(cfg.preprocess, info, cfg.model.path,
+                                                               cfg.path or "<defaults>"))
     preprocessor, backend, reason = factory(cfg)
     backend.load()
     try:
-        postprocess = TopK(load_labels(labels_path(cfg.model.path, cfg.model.labels)), cfg.runtime.top_k)
+        labels_file = labels_path(cfg.model.path, cfg.model.labels)
+        labels = load_labels(labels_file)
+        check_fit(cfg, backend, labels_file, len(labels))
+        postprocess = TopK(labels, cfg.runtime.top_k)
         try:
             sha = sha256_file(cfg.model.path)
         except OSError:

@@ -31,7 +31,7 @@ class TensorSpec(NamedTuple):
 def require_tensorrt() -> str:
     """TensorRT's version; a one-line EdgeError for type stubs alone, nothing, or a TensorRT before 8.5."""
     module = require("tensorrt")
-    if getattr(module, "__file__", None) is None or not hasattr(module, "Runtime"):
+    if not hasattr(module, "Runtime"):  # tensorrt-stubs alone import as an empty namespace package
         raise EdgeError("tensorrt: this Python sees no TensorRT runtime (only type stubs?); "
                         "on a Jetson: apt install python3-libnvinfer")
     version = str(getattr(module, "__version__", "0"))

@@ -114,8 +114,9 @@ class Runtime:
             self.log(name, level=level, **fields)
 
     def _source_event(self, name: str, fields: Dict[str, Any]) -> None:
-        if "error" in fields:
-            self._last_fault = str(fields["error"])
+        if "error" in fields:  # kept for the start error: "EdgeError: <uri>: cannot open source" -> the reason
+            self._last_fault = str(fields["error"]).replace("EdgeError: ", "").replace(
+                str(fields.get("source", "")) + ": ", "")
         self.event(name, level="info" if name == "source_reconnected" else "warning", **fields)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -162,9 +163,15 @@ class Runtime:
         pipeline.sinks.append(NotifySink(self.notifier, recorder, errors=lambda: pipeline.errors))
 
     def _metrics_url(self) -> Optional[str]:
+        """The start line's URL (an IPv6 address in brackets; "" is 0.0.0.0). A host beyond loopback gets the
+        warning the demo gives: anyone who can reach the port can read the metrics."""
         if self.metrics_port is None:
             return None
-        return "http://{}:{}/metrics".format(self.cfg.service.metrics.host, self.metrics_port)
+        host = self.cfg.service.metrics.host or "0.0.0.0"
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            self.event("metrics_exposed", level="warning", host=host, port=self.metrics_port,
+                       note="listening beyond this machine: anyone who can reach it can read the metrics")
+        return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, self.metrics_port)
 
     def _telemetry_source(self) -> str:
         if self.telemetry is None:

@@ -133,7 +133,7 @@ def snapshot_from_jtop(stats: Mapping[str, Any], cpu: Any = None, gpu: Any = Non
     gpu_load = _number(stats.get("GPU"))
     if gpu_load is None:
         gpu_load = _number(_get(_first_value(gpu), "status", "load"))
-    power = _number(stats.get("Power TOT"))
+    total_mw = _number(stats.get("Power TOT"))
     nvp = stats.get("nvp model", stats.get("nvpmodel"))  # 'nvp model' is the real key; the docstring says nvpmodel
     jc = stats.get("jetson_clocks")
     cores = _get(cpu, "cpu") if cpu is not None else None
@@ -156,7 +156,7 @@ def snapshot_from_jtop(stats: Mapping[str, Any], cpu: Any = None, gpu: Any = Non
         gpu_freq_max_mhz=gpu_max_khz / 1000.0 if gpu_max_khz is not None else None,
         emc_freq_mhz=emc_khz / 1000.0 if emc_khz is not None else None,
         temperatures=temps,
-        power_w=power / 1000.0 if power is not None else None,  # jtop reports mW
+        power_w=total_mw / 1000.0 if total_mw is not None else None,  # jtop reports mW
         ram_fraction=ram,  # already used/total in stats
         nvpmodel=str(nvp) if nvp is not None else None,
         jetson_clocks={"ON": True, "OFF": False}.get(str(jc).upper()) if jc is not None else None,

@@ -79,7 +79,8 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
     written with the manifest TensorRTBackend checks."""
     import tensorrt as trt
 
-    from edge.build.artifacts import current_system, make_manifest
+    from edge.board import current_system
+    from edge.build.artifacts import make_manifest
     from edge.modelinfo import info_path, write_json_atomic
 
     logger = trt.Logger(trt.Logger.WARNING)

@@ -209,12 +209,11 @@ def reference_logits(tensor: np.ndarray) -> np.ndarray:
     return (WEIGHTS @ tensor.reshape(3, -1).astype(np.float32).mean(axis=1))[None, :]
 
 
-def fake_tensorrt(input_dtype: Any = np.float32, legacy: bool = False, crop: int = 224) -> types.ModuleType:
-    """A `tensorrt` module: the named-tensor API with execute_async_v3 (8.5+), or, with `legacy`, the
-    binding-index API with execute_async_v2 only (8.4)."""
+def fake_tensorrt(input_dtype: Any = np.float32, crop: int = 224) -> types.ModuleType:
+    """A `tensorrt` module: the named-tensor API with execute_async_v3 (8.5+)."""
     trt = types.ModuleType("tensorrt")
     trt.__file__ = __file__
-    trt.__version__ = "8.4.1" if legacy else "10.3.0"
+    trt.__version__ = "10.3.0"
     trt.Builder = object  # edge.build.artifacts.tensorrt_version: a real (not stub-only) package
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", INT8="INT8", INT32="INT32", BOOL="BOOL")
@@ -238,10 +237,6 @@ def fake_tensorrt(input_dtype: Any = np.float32, legacy: bool = False, crop: int
         def execute_async_v3(self, stream_handle: int) -> bool:
             return run(self.addresses)
 
-    class LegacyContext:
-        def execute_async_v2(self, bindings: List[int], stream_handle: int) -> bool:
-            return run({t[0]: ptr for t, ptr in zip(tensors, bindings)})
-
     class Engine:
         num_io_tensors = len(tensors)
 
@@ -263,24 +258,6 @@ def fake_tensorrt(input_dtype: Any = np.float32, legacy: bool = False, crop: int
         def create_execution_context(self) -> Context:
             return Context()
 
-    class LegacyEngine:
-        num_bindings = len(tensors)
-
-        def get_binding_name(self, i: int) -> str:
-            return tensors[i][0]
-
-        def binding_is_input(self, i: int) -> bool:
-            return tensors[i][1] == "INPUT"
-
-        def get_binding_shape(self, i: int) -> Tuple[int, ...]:
-            return tensors[i][2]
-
-        def get_binding_dtype(self, i: int) -> str:
-            return tensors[i][3]
-
-        def create_execution_context(self) -> LegacyContext:
-            return LegacyContext()
-
     class Logger:
         WARNING = "WARNING"
 
@@ -294,7 +271,7 @@ def fake_tensorrt(input_dtype: Any = np.float32, legacy: bool = False, crop: int
         def deserialize_cuda_engine(self, data: bytes) -> Optional[Any]:
             if not data.startswith(ENGINE_MAGIC):
                 return None
-            return LegacyEngine() if legacy else Engine()
+            return Engine()
 
     trt.Logger, trt.Runtime = Logger, Runtime
     return trt

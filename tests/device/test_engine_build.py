@@ -10,9 +10,10 @@ import shutil
 import pytest
 import yaml
 
-from edge.build.artifacts import check_engine_manifest
+from edge.board import check_engine_manifest
 from edge.build.calibration import read_trt_calibration_cache
-from edge.build.steps import check_inputs, run_build
+from edge.build.plan import check_inputs
+from edge.build.steps import run_build
 from edge.config import load_config
 from edge.modelinfo import read_model_info
 

@@ -69,7 +69,7 @@ def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Ca
         assert info["backend"] == "tensorrt" and info["precision"] == "fp32" and info["tensorrt"] and info["gpu"]
         frame = photo("astronaut")
         tensor = pre(frame)
-        assert tensor.ptr == int(backend._device[backend._input.name])  # written into the input binding
+        assert tensor.ptr == backend.runner.input_ptr()  # written into the input binding
         from_gpu = backend.infer(tensor)
         assert backend.last_preprocess_ms is not None and backend.last_infer_ms is not None
         from_cpu = backend.infer(CpuPreprocessor(PreprocessConfig())(frame))
@@ -133,7 +133,7 @@ def test_cuda_graph_same_output_and_decision(engine: Callable[[str], str]) -> No
 
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (720, 1280, 3), dtype=np.uint8) for _ in range(5)]
-    frames += [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(3)]  # size change: recapture
+    frames += [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(3)]  # the graph ignores frame size
     outputs = []
     for graph in (False, True):
         backend = TensorRTBackend(engine("fp32"), cuda_graph=graph)

@@ -1,0 +1,112 @@
+"""`edge classify IMAGE|FOLDER...`: top-k for image files through the runtime's own stages.
+
+    edge classify photo.jpg holiday/ --model engines/efficientnet_lite0.int8.onnx
+    edge classify calibration/regression --json > predictions.jsonl
+
+The model, preprocessing (with the constants from the model's info) and backend come from the config and flags,
+built by edge.frame.stages.build_stages as for `edge run`. A folder means every image file under it (sorted).
+Prints a table, or one JSON line per image with --json. Unreadable or missing files are named on stderr and
+skipped; exit 2 when none could be read.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edge.commands.common import add_command, config_from_args, standalone_main
+from edge.errors import EXIT_OK, EdgeError, require
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="IMAGE|FOLDER", help="image files, or folders of them")
+    p.add_argument("--config", help="YAML config (see configs/example.yaml)")
+    p.add_argument("--model", help="model.path: .onnx (ONNX Runtime) or .engine (TensorRT)")
+    p.add_argument("--backend", choices=("auto", "onnxruntime", "tensorrt"), help="backend.kind")
+    p.add_argument("--preprocess", choices=("auto", "cpu", "cuda"), help="preprocess.device")
+    p.add_argument("--top-k", type=int, help="runtime.top_k (default 5)")
+    p.add_argument("--json", action="store_true", help="one JSON line per image instead of the table")
+
+
+def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str]]]:
+    """(path, None) for every file to read, (path, why) for a path that gives nothing."""
+    from edge.frame.sources import IMAGE_EXTENSIONS
+
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(os.path.join(root, name) for root, dirs, names in os.walk(path) for name in names
+                           if name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith("."))
+            if not found:
+                yield path, "folder has no images ({})".format(" ".join(IMAGE_EXTENSIONS))
+            for name in found:
+                yield name, None
+        elif os.path.exists(path):
+            yield path, None
+        else:
+            yield path, "no such file or folder"
+
+
+def read_image(path: str) -> Tuple[Optional[np.ndarray], str]:
+    """(8-bit BGR image, '') or (None, why): grey, 16-bit and 4-channel files are converted as OpenCV reads them."""
+    cv2 = require("cv2")
+    try:
+        data = np.fromfile(path, np.uint8)
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
+    return (image, "") if image is not None else (None, "not a readable image")
+
+
+def _table_rows(path: str, top: List[Any]) -> List[str]:
+    return ["{:<40} {:>2}  {:.4f}  {} ({})".format(path if rank == 1 else "", rank, entry["score"], entry["label"],
+                                                   entry["index"]) for rank, entry in enumerate(top, 1)]
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    from edge.frame.stages import build_stages
+
+    if args.top_k is not None and args.top_k < 1:
+        raise EdgeError("--top-k must be >= 1, got {}".format(args.top_k))
+    stages = build_stages(config_from_args(args, {"runtime.top_k": args.top_k}))
+    classified, skipped = 0, 0
+    try:
+        if stages.warning:
+            print("edge classify: {} ({})".format(stages.warning, stages.model_info.get("weights")), file=sys.stderr)
+        for path, why in image_files(args.paths):
+            image, why = (None, why) if why else read_image(path)
+            if image is None:
+                print("edge classify: skipped {}: {}".format(path, why), file=sys.stderr)
+                skipped += 1
+                continue
+            started = time.monotonic()
+            prediction = stages.postprocess(stages.backend.infer(stages.preprocess(image)))
+            top = prediction.as_dict()["top"]
+            if args.json:
+                print(json.dumps({"file": path, "top": top, "ms": round((time.monotonic() - started) * 1e3, 2)}))
+            else:
+                if not classified:
+                    print("{:<40} {:>2}  {:<6}  {}".format("image", "#", "score", "class (index)"))
+                print("\n".join(_table_rows(path, top)))
+            classified += 1
+    finally:
+        stages.close()
+    if not classified:
+        raise EdgeError("no image could be read ({} skipped)".format(skipped))
+    return EXIT_OK
+
+
+def register(subparsers: Any) -> None:
+    add_command(subparsers, "classify", "top-k classes for image files or folders (table or JSON lines)", __doc__,
+                add_arguments, cmd_classify)
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "edge classify") -> int:
+    return standalone_main(prog, __doc__, add_arguments, cmd_classify, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

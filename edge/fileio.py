@@ -1,0 +1,205 @@
+"""Files written and read safely: every writer goes through `atomic_write`, every untrusted image through
+`read_regular` + `image_size`.
+
+A write goes to a temporary file created exclusively (O_EXCL, no link followed) beside the target, is fsynced,
+then renamed over it: a reader sees the old file or the new one, never half of one. Only a regular file (or
+nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
+"""
+
+import errno
+import json
+import os
+import stat
+import struct
+import tempfile
+from typing import IO, Any, Callable, Optional, Tuple
+
+from edge.errors import EdgeError
+
+MAX_IMAGE_BYTES = 256 << 20  # an image file larger than this is not a photograph
+MAX_IMAGE_PIXELS = 100_000_000  # 100 MP (300 MB decoded BGR); decompression bombs are far larger
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output(path: str, what: str = "output") -> None:
+    """Refuse, before any work is done, an output path that is not a regular file or cannot be written."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise EdgeError("{}: cannot write the {}: {}".format(path, what, exc.strerror)) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise EdgeError("{}: cannot write the {}: it is {}, not a regular file".format(path, what, _kind(st.st_mode)))
+    probe = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(path, what, probe))
+
+
+def atomic_write(path: str, write_fn: Callable[[IO[bytes]], None], what: str = "file") -> None:
+    """Write `path` through `write_fn(binary file)`; the old file (if any) stays until the new one is complete."""
+    path = os.path.abspath(path)
+    check_output(path, what)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)  # a replaced file keeps its permissions
+    except FileNotFoundError:
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write_fn(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        check_output(path, what)  # still a regular file (or nothing) right before the rename
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def check_replaceable(out_dir: str, manifest: str) -> None:
+    """Refuse to replace the folder `out_dir` unless it is absent, empty, or one this code wrote: its `manifest`
+    (JSON, {"files": [{"name": ...}]}) lists every file in it. Anything else may hold the user's files."""
+    if not os.path.lexists(out_dir):
+        return
+    if os.path.islink(out_dir) or not os.path.isdir(out_dir):
+        raise EdgeError("{}: exists and is not a folder; refusing to replace it".format(out_dir))
+    if not os.listdir(out_dir):
+        return
+    why = "no {} in it".format(manifest)
+    if os.path.isfile(os.path.join(out_dir, manifest)):
+        try:
+            listed = {e["name"] for e in load_json(os.path.join(out_dir, manifest), "manifest")["files"]}
+        except (EdgeError, KeyError, TypeError):
+            listed = None
+            why = "its {} is not one this tool wrote".format(manifest)
+        if listed is not None:
+            present = set()
+            for root, dirs, files in os.walk(out_dir):
+                names = files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+                present.update(os.path.relpath(os.path.join(root, n), out_dir).replace(os.sep, "/") for n in names)
+            extra = sorted(present - listed - {manifest})
+            why = "files not listed in its {}: {}".format(manifest, ", ".join(extra[:3])) if extra else ""
+    if why:
+        raise EdgeError("{}: refusing to replace this folder ({}); choose a new or empty output folder".format(
+            out_dir, why))
+
+
+def read_regular(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Tuple[Optional[bytes], Optional[str]]:
+    """(contents, None), or (None, why not) for anything but a readable regular file of at most `max_bytes`.
+
+    Symlinks to regular files are followed; FIFOs, devices, loops and dangling links are named, never opened
+    for long: O_NONBLOCK keeps a FIFO from blocking the open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "symlink loop"
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            return None, "dangling link"
+        return None, "unreadable ({})".format(exc.strerror)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file ({})".format(_kind(st.st_mode))
+        if st.st_size > max_bytes:
+            return None, "larger than {} MB".format(max_bytes >> 20)
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        return None, "larger than {} MB".format(max_bytes >> 20)
+    return data, None
+
+
+def load_json(path: str, what: str, max_bytes: int = 64 << 20) -> Any:
+    """A JSON file's contents; anything unreadable (too big, not UTF-8, nested too deeply) is one EdgeError."""
+    data, why = read_regular(path, max_bytes)
+    if data is None:
+        raise EdgeError("{}: cannot read the {}: {}".format(path, what, why))
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise EdgeError("{}: the {} is not UTF-8 text".format(path, what)) from None
+    except RecursionError:
+        raise EdgeError("{}: the {} is nested too deeply".format(path, what)) from None
+    except ValueError as exc:
+        raise EdgeError("{}: the {} is not JSON: {}".format(path, what, str(exc)[:120])) from None
+
+
+def image_size(data: bytes) -> Optional[Tuple[int, int]]:
+    """(width, height) from the header of a PNG, JPEG, GIF, BMP, WebP, PNM or TIFF; None when not found."""
+    try:
+        if data[:8] == b"\x89PNG\r\n\x1a\n":
+            return struct.unpack(">II", data[16:24])
+        if data[:6] in (b"GIF87a", b"GIF89a"):
+            return struct.unpack("<HH", data[6:10])
+        if data[:2] == b"BM":
+            w, h = struct.unpack("<ii", data[18:26])
+            return abs(w), abs(h)
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            return _webp_size(data)
+        if data[:2] == b"\xff\xd8":
+            return _jpeg_size(data)
+        if data[:2] in (b"II", b"MM"):
+            return _tiff_size(data)
+        if data[:1] == b"P" and data[1:2] in b"123456":
+            fields = b" ".join(ln.split(b"#")[0] for ln in data[2:4096].splitlines()).split()
+            return int(fields[0]), int(fields[1])
+    except (struct.error, ValueError, IndexError):
+        return None
+    return None
+
+
+def _webp_size(data: bytes) -> Optional[Tuple[int, int]]:
+    chunk = data[12:16]
+    if chunk == b"VP8X":
+        return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+    if chunk == b"VP8L":
+        bits = int.from_bytes(data[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8 ":
+        w, h = struct.unpack("<HH", data[26:30])
+        return w & 0x3FFF, h & 0x3FFF
+    return None
+
+
+def _jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
+    i = 2
+    while i + 9 < len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
+            i += 1 if marker == 0xFF else 2
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            h, w = struct.unpack(">HH", data[i + 5:i + 9])
+            return w, h
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    return None
+
+
+def _tiff_size(data: bytes) -> Optional[Tuple[int, int]]:
+    end = "<" if data[:2] == b"II" else ">"
+    (offset,) = struct.unpack(end + "I", data[4:8])
+    (count,) = struct.unpack(end + "H", data[offset:offset + 2])
+    size = {}
+    for n in range(count):
+        tag, typ, _, value = struct.unpack(end + "HHI4s", data[offset + 2 + 12 * n:offset + 14 + 12 * n])
+        if tag in (256, 257):
+            size[tag] = struct.unpack(end + ("H" if typ == 3 else "I"), value[:2 if typ == 3 else 4])[0]
+    return (size[256], size[257]) if len(size) == 2 else None

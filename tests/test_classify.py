@@ -1,0 +1,58 @@
+"""`edge classify`: top-k for image files and folders through the runtime's stages; unreadable files named and skipped."""
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+
+from edge.commands.classify import main
+
+from conftest import run_edge
+
+
+@pytest.fixture
+def images(tmp_path):
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(folder / "a.png"), rng.integers(0, 255, (240, 320, 3), np.uint8))
+    cv2.imwrite(str(folder / "sub" / "b.jpg"), rng.integers(0, 255, (300, 200, 3), np.uint8))
+    cv2.imwrite(str(folder / "grey.png"), rng.integers(0, 255, (64, 64), np.uint8))  # read as 3-channel BGR
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    (folder / "notes.txt").write_text("not an image, and not listed: only image files are taken from a folder")
+    return folder
+
+
+def test_table_covers_folders_recursively_and_names_what_it_skipped(small_model, images, tmp_path, capsys):
+    missing = str(tmp_path / "missing.png")
+    assert main([str(images), missing, "--model", small_model, "--top-k", "3"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["image", "#", "score"]
+    firsts = [line.split()[0] for line in lines[1:] if not line.startswith(" ")]
+    assert [f.split("photos/")[1] for f in firsts] == ["a.png", "grey.png", "sub/b.jpg"]
+    assert len(lines) == 1 + 3 * 3
+    assert "skipped {}: not a readable image".format(images / "broken.jpg") in err
+    assert "skipped {}: no such file or folder".format(missing) in err
+    assert "UNTRAINED WEIGHTS" in err and "notes.txt" not in err
+
+
+def test_json_lines_give_the_same_top_k_as_the_model(small_model, images, capsys):
+    import onnxruntime as ort
+
+    from edge.config import PreprocessConfig
+    from edge.frame.preprocess import CpuPreprocessor
+
+    assert main([str(images / "a.png"), "--model", small_model, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["file"].endswith("a.png") and len(record["top"]) == 5
+    logits = ort.InferenceSession(small_model, providers=["CPUExecutionProvider"]).run(
+        None, {"input": CpuPreprocessor(PreprocessConfig())(cv2.imread(str(images / "a.png")))})[0][0]
+    assert [t["index"] for t in record["top"]] == list(np.argsort(-logits)[:5])
+
+
+def test_nothing_readable_is_exit_2_in_one_line(small_model, images):
+    proc = run_edge("classify", images / "broken.jpg", images / "notes.txt", "--model", small_model)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == "edge classify: error: no image could be read (2 skipped)"
