@@ -7,7 +7,7 @@ setup(
                 "INT8 TensorRT build with calibration, timed runtime daemon, jtop telemetry.",
     python_requires=">=3.8",
     packages=find_packages(include=["edge", "edge.*"]),
-    package_data={"edge": ["cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp"]},
+    package_data={"edge": ["cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp", "cuda/*.fatbin", "cuda/*.fatbin.json"]},
     install_requires=["numpy>=1.19", "pyyaml>=5.3", "onnx>=1.12"],
     extras_require={
         "cpu": ["onnxruntime>=1.12", "opencv-python-headless>=4.5", "tqdm>=4"],

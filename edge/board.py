@@ -1,4 +1,4 @@
-"""The one place that knows the board: is this a Jetson, which L4T, TensorRT and GPU, clocks and power mode.
+"""The one place that knows the board: Jetson or not, its model, L4T, TensorRT, CUDA, GPU, clocks, power mode.
 
 Every probe reads files or runs a command with a timeout and answers None/'unknown' instead of raising, so it
 is safe off a Jetson. `root` arguments let tests point the probes at a fake filesystem.
@@ -10,7 +10,7 @@ import platform
 import re
 import socket
 import subprocess
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from edge.errors import EdgeError
 from edge.modelinfo import info_path, sha256_file
@@ -56,32 +56,47 @@ def tensorrt_version() -> Optional[str]:
     return getattr(tensorrt, "__version__", None) if hasattr(tensorrt, "Builder") else None
 
 
-def _gpu_identity() -> Tuple[Optional[str], Optional[str]]:
+def gpu_identity() -> Dict[str, Any]:
+    """CUDA device 0 as pycuda sees it: name, compute capability, SM count, driver CUDA version (None each
+    when there is no pycuda, driver or device). The name is "Orin" on every Orin: the SM count tells them apart."""
     try:
         import pycuda.driver as cuda  # optional: only on a CUDA machine
         cuda.init()
         device = cuda.Device(0)
-        return str(device.name()), "{}.{}".format(*device.compute_capability())
+        driver = int(cuda.get_driver_version())  # 12060 -> "12.6"
+        return {"gpu": str(device.name()), "compute_capability": "{}.{}".format(*device.compute_capability()),
+                "sm_count": int(device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)),
+                "cuda": "{}.{}".format(driver // 1000, driver % 1000 // 10)}
     except Exception:  # no pycuda, no driver, no device: all mean "no GPU identity here"
-        return None, None
+        return dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda"))
+
+
+def board_model(root: str = "/") -> Optional[str]:
+    """'NVIDIA Jetson AGX Orin Developer Kit' from /proc/device-tree/model; None elsewhere."""
+    model = (_read(os.path.join(root, "proc/device-tree/model")) or "").rstrip("\x00").strip()
+    return model or None
 
 
 def current_system(root: str = "/") -> Dict[str, Any]:
-    """The running system's identity: what an engine is tied to (TRT/GPU/L4T) plus the CPU runtime."""
+    """The running system's identity: what an engine is tied to (ENGINE_SYSTEM_KEYS), L4T, the CPU runtime."""
     try:
         import onnxruntime
         ort_version: Optional[str] = onnxruntime.__version__
     except ImportError:
         ort_version = None
     trt = tensorrt_version()
-    gpu, cc = _gpu_identity() if trt else (None, None)
-    return {"tensorrt": trt, "gpu": gpu, "compute_capability": cc, "l4t": read_l4t(root),
-            "onnxruntime": ort_version, "machine": platform.machine()}
+    system: Dict[str, Any] = {"tensorrt": trt, "board": board_model(root)}
+    system.update(gpu_identity() if trt else dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda")))
+    system.update({"l4t": read_l4t(root), "onnxruntime": ort_version, "machine": platform.machine()})
+    return system
 
 
 # --- artifacts tied to this board ---------------------------------------------------------------------------
 
-ENGINE_SYSTEM_KEYS = ("tensorrt", "gpu", "compute_capability", "l4t")  # what a TensorRT engine only runs on
+# What a TensorRT engine only runs on. Not the GPU name ("Orin" for 4 to 16 SMs) and not L4T: an L4T patch
+# that keeps TensorRT and CUDA keeps engines valid (a changed L4T is a warning, ENGINE_WARN_KEYS).
+ENGINE_SYSTEM_KEYS = ("board", "sm_count", "compute_capability", "tensorrt", "cuda")
+ENGINE_WARN_KEYS = ("l4t",)
 
 
 def engine_expectations(system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -130,14 +145,28 @@ def check_manifest(artifact_path: str, expected: Dict[str, Any], rebuild: str = 
                                                                             tail))
 
 
-def check_engine_manifest(engine_path: str) -> Dict[str, Any]:
-    """The TensorRT backend's load check: an engine runs only on the TensorRT/GPU/L4T it was built with.
+def engine_warnings(manifest: Dict[str, Any], system: Optional[Dict[str, Any]] = None) -> List[str]:
+    """What differs from the build system without invalidating the engine (an L4T patch)."""
+    system = system or current_system()
+    return ["engine built on {} {!r}, this board runs {!r}: kept (same TensorRT, CUDA and GPU)".format(
+        key, _lookup(manifest, "system." + key), system.get(key))
+        for key in ENGINE_WARN_KEYS if _lookup(manifest, "system." + key) != system.get(key)]
+
+
+def check_engine_manifest(engine_path: str, system: Optional[Dict[str, Any]] = None,
+                          warn: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """The TensorRT backend's load check: an engine runs only on the board model, SM count, compute capability,
+    TensorRT and CUDA it was built with. A changed L4T alone goes to `warn`.
 
     Returns the manifest; a missing manifest or any mismatch is a one-line EdgeError with the rebuild command.
     """
+    system = system or current_system()
     source = _lookup(read_manifest(engine_path), "source.path") or "<fp32 .onnx>"
-    check_manifest(engine_path, engine_expectations(), "edge build --engine --model {}".format(source))
-    return read_manifest(engine_path)
+    check_manifest(engine_path, engine_expectations(system), "edge build --engine --model {}".format(source))
+    manifest = read_manifest(engine_path)
+    for line in engine_warnings(manifest, system) if warn is not None else []:
+        warn("{}: {}".format(engine_path, line))
+    return manifest
 
 
 def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optional[int], Optional[bool], str]:
@@ -197,8 +226,7 @@ def clock_state(root: str = "/") -> Tuple[Dict[str, Any], List[str]]:
     if not is_jetson(root):
         return {"jetson": False, "l4t": None, "board": None, "nvpmodel": None, "nvpmodel_max": None,
                 "jetson_clocks": "unknown"}, [NOT_A_JETSON]
-    board = _read(os.path.join(root, "proc/device-tree/model"))
-    state: Dict[str, Any] = {"jetson": True, "l4t": read_l4t(root), "board": board.rstrip("\x00") if board else None}
+    state: Dict[str, Any] = {"jetson": True, "l4t": read_l4t(root), "board": board_model(root)}
     warnings = []
     name, mode_id, at_max, problem = _nvpmodel(root)
     state["nvpmodel"] = None if name is None else "{} ({})".format(name, mode_id) if mode_id is not None else name

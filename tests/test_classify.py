@@ -1,4 +1,4 @@
-"""`edge classify`: top-k for image files and folders through the runtime's stages; unreadable files named and skipped."""
+"""`edge classify`: top-k for image files and folders through the runtime stages; bad files named and skipped."""
 
 import json
 

@@ -124,7 +124,7 @@ def ansible(tmp_path, *args):
     inventory.write_text(yaml.safe_dump({"jetsons": {"hosts": {"localhost": {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
     return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml")] + list(args),
-                          capture_output=True, text=True, cwd=str(tmp_path), timeout=300,
+                          capture_output=True, text=True, cwd=str(tmp_path), timeout=300, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
 
 
@@ -138,10 +138,17 @@ def test_playbook_syntax_and_ansible_lint(tmp_path):
 
 def test_playbook_stages_the_files_idempotently_and_check_mode_shows_the_diff(tmp_path, small_model):
     root = tmp_path / "root"
+    sets = {}
+    for name in ("default", "regression"):  # two images each: ansible copies file by file
+        src = os.path.join(REPO, "calibration", name)
+        sets[name] = tmp_path / "sets" / name
+        sets[name].mkdir(parents=True)
+        for image in sorted(f for f in os.listdir(src) if f.endswith(".jpg"))[:2]:
+            shutil.copy(os.path.join(src, image), str(sets[name]))
     stage = ["-e", "ansible_become=false", "-e", "jetson_edge_root=" + str(root), "-e", "jetson_edge_system=false",
              "-e", "jetson_edge_model=" + small_model, "-e", "jetson_edge_source=rtsp://cam.local/s",
-             "-e", "jetson_edge_calibration_dir=" + os.path.join(REPO, "calibration", "default"),
-             "-e", "jetson_edge_regression_dir=" + os.path.join(REPO, "calibration", "regression")]
+             "-e", "jetson_edge_calibration_dir={}".format(sets["default"]),
+             "-e", "jetson_edge_regression_dir={}".format(sets["regression"])]
     check = ansible(tmp_path, "--check", "--diff", *stage)
     assert check.returncode == 0, check.stdout + check.stderr
     assert not root.exists() or not list(root.rglob("config.yaml")), "check mode wrote files"
@@ -154,8 +161,8 @@ def test_playbook_stages_the_files_idempotently_and_check_mode_shows_the_diff(tm
     assert cfg.model.path == "/var/lib/jetson-edge/engines/{}.int8.engine".format(stem)
     assert cfg.source.uri == "rtsp://cam.local/s" and cfg.build.engines_dir == "/var/lib/jetson-edge/engines"
     assert (root / "var/lib/jetson-edge/models" / os.path.basename(small_model)).exists()
-    assert sorted(os.listdir(str(root / "var/lib/jetson-edge/calibration/default"))) == sorted(
-        os.listdir(os.path.join(REPO, "calibration", "default")))
+    for name, src in sets.items():
+        assert sorted(os.listdir(str(root / "var/lib/jetson-edge/calibration" / name))) == sorted(os.listdir(str(src)))
     unit = (root / "etc/systemd/system/jetson-edge.service").read_text()
     assert unit == open(os.path.join(REPO, "systemd", "jetson-edge.service")).read()
     second = ansible(tmp_path, *stage)

@@ -466,3 +466,25 @@ def test_every_writer_goes_through_atomic_write():
     for rel in mine:
         text = open(os.path.join(REPO, rel)).read()
         assert '+ ".tmp"' not in text and ".savefig(path" not in text, rel
+
+
+def test_a_one_frame_video_with_loop_keeps_looping(small_model, tmp_path):
+    clip = tmp_path / "one.avi"
+    write_video(clip, frames=1)
+    proc = check(small_model, "--source", str(clip), "--frames", "12", "--warmup", "2", "--json", "", "--plot", "")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "12 frames after 2 warm-up" in proc.stdout, proc.stdout
+
+
+def test_the_folder_source_skips_odd_files_and_names_them_when_none_is_left(small_model, tmp_path):
+    folder = photos(tmp_path / "frames", count=1)
+    os.mkfifo(str(folder / "fifo.jpg"))  # would block a plain open() forever
+    os.symlink(str(tmp_path / "gone.jpg"), str(folder / "dangling.jpg"))
+    (folder / "bomb.png").write_bytes(png_header(20000, 20000))
+    proc = check(small_model, "--source", str(folder), "--frames", "6", "--warmup", "1", "--json", "", "--plot", "")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "6 frames after 1 warm-up" in proc.stdout, proc.stdout
+    os.remove(str(folder / "p0.png"))
+    line = refused(check(small_model, "--source", str(folder), "--json", "", "--plot", ""), folder,
+                   "no readable image")
+    assert "fifo.jpg: not a regular file" in line and "pixels is over the limit" in line, line

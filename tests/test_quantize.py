@@ -239,10 +239,15 @@ def modelopt_qdq(small_model, tmp_path_factory):
     pytest.importorskip("modelopt.onnx.quantization")
     work = tmp_path_factory.mktemp("modelopt")
     before = open(small_model, "rb").read()
+    from onnxruntime.quantization import calibrate
+
+    original = (calibrate.create_calibrator, calibrate.MinMaxCalibrater.collect_data)
     images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
     out = str(work / "q.onnx")
     info = quantize_qdq(small_model, out, images, PreprocessConfig(), "minmax", True, show_progress=False, log=quiet,
                         quantizer="modelopt")
+    # ModelOpt patches ONNX Runtime's quantizer for the whole process; quantize_qdq puts it back
+    assert (calibrate.create_calibrator, calibrate.MinMaxCalibrater.collect_data) == original
     return out, info, open(small_model, "rb").read() == before, sorted(os.listdir(str(work)))
 
 

@@ -120,7 +120,7 @@ def install(staged: str, dest: str, manifest: Dict[str, Any], staged_labels: Opt
             for path in _companions(dest):
                 if os.path.exists(path):
                     kept = os.path.join(backup, os.path.basename(path))
-                    copies.append((kept + ".tmp", kept))
+                    copies.append((staging_path(kept), kept))  # a fresh, exclusive name: no planted link
                     _link_or_copy(path, copies[-1][0])
             for path in _companions(dest):
                 kept = os.path.join(backup, os.path.basename(path))
@@ -134,7 +134,7 @@ def install(staged: str, dest: str, manifest: Dict[str, Any], staged_labels: Opt
         os.replace(staged, dest)
         os.replace(manifest_tmp, info_path(dest))
     finally:
-        for path in [manifest_tmp, manifest_tmp + ".tmp"] + [tmp for tmp, _ in copies]:
+        for path in [manifest_tmp] + [tmp for tmp, _ in copies]:
             if os.path.exists(path):
                 os.unlink(path)
     log("install: {} ({:.1f} MB){}".format(dest, os.path.getsize(dest) / 1e6,

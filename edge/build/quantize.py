@@ -151,7 +151,7 @@ def _quantize_static_has_cache() -> bool:
 
 
 @contextlib.contextmanager
-def quiet() -> Iterator[None]:
+def _quiet() -> Iterator[None]:
     """ORT's quantizer logs pre-processing advice and prints histogram progress; keep the one-line-per-step log."""
     root = logging.getLogger()
     level = root.level
@@ -179,7 +179,7 @@ def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: Preproces
         reader = PreprocessedReader(images, preprocess, calibrator.infer_session.get_inputs()[0].name,
                                     progress=bar)
         try:
-            with quiet():
+            with _quiet():
                 while reader.next_chunk():
                     calibrator.collect_data(reader)
                 return calibrator.compute_data()
@@ -224,12 +224,12 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
             cache = os.path.join(work, "ranges.json")
             ranges = compute_ranges(fp32_path, images, preprocess, method, work, show_progress)
             require("onnxruntime.quantization.calibrate").save_tensors_data(ranges, cache)
-            with quiet():
+            with _quiet():
                 q.quantize_static(fp32_path, staged, None, calibration_cache_path=cache, **kwargs)
         else:  # older ONNX Runtime: quantize_static calibrates itself, with the same MinMax/Percentile settings
             kwargs["extra_options"].update({"CalibTensorRangeSymmetric": True, "CalibPercentile": PERCENTILE})
             with require("tqdm").tqdm(total=len(images), desc="calibrate ({})".format(method), unit="img",
-                                      leave=False, disable=not show_progress) as bar, quiet():
+                                      leave=False, disable=not show_progress) as bar, _quiet():
                 reader = PreprocessedReader(images, preprocess, chunk=len(images), progress=bar)
                 reader.next_chunk()
                 q.quantize_static(fp32_path, staged, reader, **kwargs)
@@ -276,6 +276,27 @@ def _modelopt() -> Any:
     return quantize
 
 
+@contextlib.contextmanager
+def _ort_quantizer_restored() -> Iterator[None]:
+    """ModelOpt patches ONNX Runtime's calibrator and quantizer classes for the whole process
+    (modelopt.onnx.quantization.ort_patching.patch_ort_modules); ONNX Runtime's quantizer then fails on
+    EfficientNet-Lite0 in the same process. Put every attribute back afterwards."""
+    cal = require("onnxruntime.quantization.calibrate")
+    owners = [cal, cal.CalibraterBase, cal.MinMaxCalibrater, cal.HistogramCalibrater, cal.HistogramCollector,
+              require("onnxruntime.quantization.qdq_quantizer").QDQQuantizer,
+              require("onnxruntime.quantization.base_quantizer").BaseQuantizer]
+    saved = [(owner, dict(vars(owner))) for owner in owners]
+    try:
+        yield
+    finally:
+        for owner, attributes in saved:
+            for name in [n for n in vars(owner) if n not in attributes and not isinstance(owner, type(cal))]:
+                delattr(owner, name)
+            for name, value in attributes.items():
+                if vars(owner).get(name) is not value:
+                    setattr(owner, name, value)
+
+
 def calibration_tensors(images: CalibrationSet, preprocess: PreprocessConfig, show_progress: bool = True) -> np.ndarray:
     """(N, 3, crop, crop) float32: every calibration image through the runtime's CpuPreprocessor."""
     prep = CpuPreprocessor(preprocess)
@@ -303,7 +324,7 @@ def quantize_modelopt(fp32_path: str, out_path: str, images: CalibrationSet, pre
     with tempfile.TemporaryDirectory(prefix=".modelopt-", dir=os.path.dirname(os.path.abspath(out_path))) as work:
         source, staged = os.path.join(work, "fp32.onnx"), os.path.join(work, "qdq.onnx")
         shutil.copyfile(fp32_path, source)
-        with quiet():
+        with _quiet(), _ort_quantizer_restored():
             quantize(source, quantize_mode="int8", calibration_data=data, calibration_method=MODELOPT_METHODS[method],
                      calibration_eps=["cpu"], nodes_to_exclude=[re.escape(n) + "$" for n in excluded],
                      output_path=staged, high_precision_dtype="fp32", log_level="ERROR")

@@ -8,15 +8,16 @@ Two INT8 routes:
             calibration/cache/<model-sha12>-trt<version>-<gpu-slug>.cache (plus a .json naming the set and
             preprocessing it came from), lets a rebuild skip calibration.
 Workspace through set_memory_pool_limit; the timing cache persists beside the engine (per TensorRT version
-and GPU). Parser and builder failures are one-line EdgeErrors. Loading and running an engine (verification,
-the gate) is edge.frame.tensorrt_runner's.
+and GPU). Parser and builder failures are one-line EdgeErrors. Every TensorRT build object is released
+inside the CUDA context that made it (NVIDIA/TensorRT#2052: a context destroyed first crashes). Loading and
+running an engine (verification, the gate) is edge.frame.tensorrt_runner's.
 """
 
 import json
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from edge.build.calibration import CalibrationSet, read_trt_calibration_cache
 from edge.config import PreprocessConfig
@@ -112,75 +113,97 @@ def _parse_error(parser: "trt.OnnxParser", onnx_path: str) -> EdgeError:
         onnx_path, str(first.desc()).strip().splitlines()[0], node, more), exit_code=EXIT_FAIL)
 
 
+def _set_precision(config: "trt.IBuilderConfig", precision: str, explicit: bool, version: str, onnx_path: str,
+                   calibration: bool) -> str:
+    """Builder flags for `precision`; returns the build mode recorded in the manifest (the caller sets the
+    calibrator for int8-implicit-entropy2)."""
+    import tensorrt as trt
+
+    int8_flag = getattr(trt.BuilderFlag, "INT8", None)  # both gone in TensorRT 11
+    fp16_flag = getattr(trt.BuilderFlag, "FP16", None)
+    if precision == "int8" and explicit:
+        for flag in (int8_flag, fp16_flag):  # FP16 for the layers the Q/DQ graph leaves in float
+            if flag is not None:
+                config.set_flag(flag)
+        return "int8-explicit-qdq"
+    if precision == "int8":
+        if int8_flag is None or not hasattr(config, "int8_calibrator"):
+            raise EdgeError("TensorRT {} has no implicit INT8 calibration; build from the Q/DQ ONNX "
+                            "(edge build --engine without --calibrator)".format(version))
+        if not calibration:
+            raise EdgeError("{}: float model and no calibration set: nothing to calibrate INT8 with".format(
+                onnx_path))
+        config.set_flag(int8_flag)
+        if fp16_flag is not None:
+            config.set_flag(fp16_flag)
+        return "int8-implicit-entropy2"
+    if precision == "fp16":
+        if fp16_flag is None:
+            raise EdgeError("TensorRT {} has no FP16 builder flag (weak typing was removed); "
+                            "export an FP16 ONNX instead".format(version))
+        config.set_flag(fp16_flag)
+    return precision
+
+
+def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: int, version: str,
+           images: Optional[CalibrationSet], preprocess: PreprocessConfig, calibration_cache: str,
+           timing_path: str, log: Callable[..., None]) -> Tuple[bytes, bytes, str]:
+    """(engine, timing cache, mode) as bytes. Every TensorRT object lives in this frame only, so it is released
+    when this returns, inside the caller's context (NVIDIA/TensorRT#2052)."""
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    major = int(version.split(".")[0])
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if major < 10 else 0)
+    parser = trt.OnnxParser(network, logger)  # owns the weights: kept until the build is done
+    with open(onnx_path, "rb") as fh:
+        if not parser.parse(fh.read()):
+            raise _parse_error(parser, onnx_path)
+    explicit = any(network.get_layer(i).type == trt.LayerType.QUANTIZE for i in range(network.num_layers))
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
+    mode = _set_precision(config, precision, explicit, version, onnx_path, images is not None)
+    if mode == "int8-implicit-entropy2" and images is not None:
+        config.int8_calibrator = _calibrator(session, images, preprocess, calibration_cache, log)
+    timing_bytes = b""
+    if os.path.isfile(timing_path):
+        with open(timing_path, "rb") as fh:
+            timing_bytes = fh.read()
+    if not config.set_timing_cache(config.create_timing_cache(timing_bytes), False):  # another TensorRT's
+        log("engine: ignoring timing cache {} (does not match this TensorRT)".format(timing_path))
+        config.set_timing_cache(config.create_timing_cache(b""), False)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise EdgeError("{}: TensorRT {} could not build an engine ({}; see its log above)".format(
+            onnx_path, version, mode), exit_code=EXIT_FAIL)
+    return bytes(memoryview(serialized)), bytes(memoryview(config.get_timing_cache().serialize())), mode
+
+
 def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb: int,
                  images: Optional[CalibrationSet], preprocess: PreprocessConfig, model_sha256: str,
                  cache_dir: str = os.path.join("calibration", "cache"), log: Callable[..., None] = print
                  ) -> Dict[str, Any]:
     """Serialize an engine for this GPU to `engine_path`. `images` selects the implicit-calibrator INT8 route."""
     version = require_tensorrt()
-    import tensorrt as trt
-
     session = CudaSession()
     try:
         with session:
             gpu = session.gpu_name()
-            logger = trt.Logger(trt.Logger.WARNING)
-            builder = trt.Builder(logger)
-            major = int(version.split(".")[0])
-            flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if major < 10 else 0
-            network = builder.create_network(flags)
-            parser = trt.OnnxParser(network, logger)
-            with open(onnx_path, "rb") as fh:
-                if not parser.parse(fh.read()):
-                    raise _parse_error(parser, onnx_path)
-            explicit = any(network.get_layer(i).type == trt.LayerType.QUANTIZE for i in range(network.num_layers))
-            config = builder.create_builder_config()
-            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
-            int8_flag = getattr(trt.BuilderFlag, "INT8", None)  # both gone in TensorRT 11
-            fp16_flag = getattr(trt.BuilderFlag, "FP16", None)
-            mode = precision
-            if precision == "int8" and explicit:
-                mode = "int8-explicit-qdq"
-                for flag in (int8_flag, fp16_flag):  # FP16 for the layers the Q/DQ graph leaves in float
-                    if flag is not None:
-                        config.set_flag(flag)
-            elif precision == "int8":
-                if int8_flag is None or not hasattr(config, "int8_calibrator"):
-                    raise EdgeError("TensorRT {} has no implicit INT8 calibration; build from the Q/DQ ONNX "
-                                    "(edge build --engine without --calibrator)".format(version))
-                if images is None:
-                    raise EdgeError("{}: float model and no calibration set: nothing to calibrate INT8 with".format(
-                        onnx_path))
-                mode = "int8-implicit-entropy2"
-                config.set_flag(int8_flag)
-                if fp16_flag is not None:
-                    config.set_flag(fp16_flag)
-                cache = calibration_cache_path(cache_dir, model_sha256, version, gpu)
-                config.int8_calibrator = _calibrator(session, images, preprocess, cache, log)
-            elif precision == "fp16":
-                if fp16_flag is None:
-                    raise EdgeError("TensorRT {} has no FP16 builder flag (weak typing was removed); "
-                                    "export an FP16 ONNX instead".format(version))
-                config.set_flag(fp16_flag)
             timing_path = timing_cache_path(os.path.dirname(os.path.abspath(engine_path)), version, gpu)
-            timing_bytes = b""
-            if os.path.isfile(timing_path):
-                with open(timing_path, "rb") as fh:
-                    timing_bytes = fh.read()
-            timing = config.create_timing_cache(timing_bytes)
-            if not config.set_timing_cache(timing, False):  # unusable (another TensorRT build): start afresh
-                log("engine: ignoring timing cache {} (does not match this TensorRT)".format(timing_path))
-                config.set_timing_cache(config.create_timing_cache(b""), False)
             started = time.monotonic()
-            serialized = builder.build_serialized_network(network, config)
-            if serialized is None:
-                raise EdgeError("{}: TensorRT {} could not build an engine ({}; see its log above)".format(
-                    onnx_path, version, mode), exit_code=EXIT_FAIL)
+            try:
+                engine, timing, mode = _build(session, onnx_path, precision, workspace_mb, version, images, preprocess,
+                                              calibration_cache_path(cache_dir, model_sha256, version, gpu),
+                                              timing_path, log)
+            except BaseException as exc:
+                # The traceback holds _build's frame and so its TensorRT objects: drop it inside the context.
+                raise exc.with_traceback(None) from None
             seconds = time.monotonic() - started
-            _write_atomic(engine_path, bytes(memoryview(serialized)))
-            _write_atomic(timing_path, bytes(memoryview(config.get_timing_cache().serialize())))
     finally:
         session.release()
+    _write_atomic(engine_path, engine)
+    _write_atomic(timing_path, timing)
     log("engine: {} ({}, TensorRT {}, {}) in {:.1f} s".format(engine_path, mode, version, gpu, seconds))
     return {"mode": mode, "tensorrt": version, "gpu": gpu, "seconds": round(seconds, 1),
             "workspace_mb": workspace_mb, "timing_cache": timing_path}

@@ -80,8 +80,8 @@ def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_pa
     finally:
         telemetry.stop()
     if summary["frames"] == 0:
-        raise EdgeError("{}: the source ended before any timed frame (warm-up {} frames); use a longer clip "
-                        "or source.loop: true".format(cfg.source.uri, cfg.runtime.warmup))
+        raise EdgeError("{}: the source ended before any timed frame (warm-up {} frames); use a longer clip{}".format(
+            cfg.source.uri, cfg.runtime.warmup, "" if cfg.source.loop else " or source.loop: true"))
     clocks, warnings = with_jtop_clocks(clocks, warnings, telemetry.first)
     if summary["ended_by"] != "frames":
         warnings.append("source ended after {} of {} frames".format(summary["frames"], frames))

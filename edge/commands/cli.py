@@ -1,14 +1,14 @@
 """The `edge` command: one subcommand per use, each registered by its own module in edge/commands/."""
 
 import argparse
+import importlib
 import sys
 from typing import List, Optional
 
 from edge import __version__
-from edge.commands import build, check, classify, demo, export, rebuild, run
 from edge.commands.common import execute
 
-COMMANDS = (run, export, build, check, rebuild, demo, classify)
+COMMANDS = ("run", "export", "build", "check", "rebuild", "demo", "classify", "doctor")  # modules in edge/commands/
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,13 +16,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="jetson-edge " + __version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for command in COMMANDS:
-        command.register(sub)
+    for name in COMMANDS:
+        importlib.import_module("edge.commands." + name).register(sub)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # imports every command module: a Ctrl-C may land here
+    except KeyboardInterrupt:
+        print("edge: interrupted", file=sys.stderr)
+        return 130
+    args = parser.parse_args(argv)
     return execute("edge " + args.command, args.func, args)
 
 

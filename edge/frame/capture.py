@@ -6,11 +6,12 @@ import glob
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from edge.errors import EdgeError, require
+from edge.fileio import MAX_IMAGE_PIXELS, image_size, read_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -106,6 +107,7 @@ class ImageFolderCapture(Capture):
         self.folder, self.loop = folder, loop
         self.pacer = _Pacer(fps)
         self.files: List[str] = []
+        self.skipped: Dict[str, str] = {}
         self.index = 0
 
     def open(self) -> None:
@@ -115,18 +117,36 @@ class ImageFolderCapture(Capture):
             raise EdgeError("{}: image folder has no images ({})".format(self.folder, " ".join(IMAGE_EXTENSIONS)))
 
     def read(self) -> Optional[np.ndarray]:
-        cv2 = require("cv2")
-        for _ in range(len(self.files)):
+        while self.files:
             if self.index >= len(self.files):
                 if not self.loop:
                     return None
                 self.index = 0
             path = self.files[self.index]
-            self.index += 1
-            image = cv2.imread(path, cv2.IMREAD_COLOR)
+            image, why = _decode(path)
             if image is not None:
+                self.index += 1
                 return image
-        raise EdgeError("{}: no readable image in the folder".format(self.folder))
+            self.skipped[os.path.basename(path)] = why  # dropped from the loop, named if none is left
+            del self.files[self.index]
+        raise EdgeError("{}: no readable image in the folder ({})".format(
+            self.folder, "; ".join("{}: {}".format(k, v) for k, v in list(self.skipped.items())[:5])))
+
+
+def _decode(path: str) -> Tuple[Optional[np.ndarray], str]:
+    """(BGR image, '') or (None, why): only regular files within the size and pixel limits are decoded."""
+    cv2 = require("cv2")
+    data, why = read_regular(path)
+    if data is None:
+        return None, why or "unreadable"
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        return None, "{}x{} pixels is over the limit".format(*size)
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:
+        image = None
+    return (image, "") if image is not None else (None, "not a decodable image")
 
 
 class OpenCVCapture(Capture):
@@ -150,6 +170,10 @@ class OpenCVCapture(Capture):
         if not ok and self.is_file and self.loop:
             self.cap.set(require("cv2").CAP_PROP_POS_FRAMES, 0)
             ok, image = self.cap.read()
+            if not ok:  # some containers (a 1-frame clip) cannot seek back: start the file again
+                self.close()
+                self.open()
+                ok, image = self.cap.read()
         if not ok:
             return None
         return image if image.ndim == 3 else np.ascontiguousarray(np.dstack([image] * 3))

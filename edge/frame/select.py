@@ -26,7 +26,7 @@ def _importable(module: str) -> Optional[str]:
     return None
 
 
-def _cuda_device() -> Optional[str]:
+def cuda_unavailable() -> Optional[str]:
     """None if pycuda sees at least one CUDA device, else why not."""
     problem = _importable("pycuda") or _importable("pycuda.driver")
     if problem is not None:
@@ -40,9 +40,14 @@ def _cuda_device() -> Optional[str]:
     return None if count > 0 else "no CUDA device"
 
 
+def tensorrt_unavailable() -> Optional[str]:
+    """None if the real TensorRT bindings import, else why not."""
+    return _importable("tensorrt")
+
+
 def gpu_unavailable() -> Optional[str]:
     """None if TensorRT, pycuda and a CUDA device are all present, else the first thing missing."""
-    return _importable("tensorrt") or _cuda_device()
+    return tensorrt_unavailable() or cuda_unavailable()
 
 
 def select_devices(cfg: Config) -> Tuple[str, str, str]:

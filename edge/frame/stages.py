@@ -74,11 +74,18 @@ def create_stages(cfg: Config) -> Tuple[Callable[[Any], Any], Any, str]:
         from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
         backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
+    preprocessor: Any = None
     if pre_device == "cuda":
+        from edge.frame.cuda_kernel import KernelUnavailable
         from edge.frame.cuda_preprocess import CudaPreprocessor
 
-        preprocessor: Any = CudaPreprocessor(cfg.preprocess, backend)
-    else:
+        try:  # loads the kernel now: no kernel is decided at start, never frame by frame
+            preprocessor = CudaPreprocessor(cfg.preprocess, backend)
+        except KernelUnavailable as exc:
+            if cfg.preprocess.device == "cuda":
+                raise KernelUnavailable("preprocess.device cuda: {}".format(exc)) from None
+            reason += "; preprocessing on the CPU (preprocess.device auto): {}".format(exc)
+    if preprocessor is None:
         from edge.frame.preprocess import CpuPreprocessor
 
         preprocessor = CpuPreprocessor(cfg.preprocess)

@@ -4,7 +4,8 @@
         pre = CudaPreprocessor(cfg.preprocess, backend)   # writes straight into the input binding
         logits = backend.infer(pre(frame))                # or backend.infer(numpy_tensor)
 
-Load refuses an engine whose manifest says it was built for another TensorRT, GPU or L4T (edge.board).
+Load refuses an engine whose manifest says it was built for another board model, SM count, compute capability,
+TensorRT or CUDA (edge.board); a changed L4T alone is kept, with `engine_warning` in describe().
 Per frame: (input copy,) enqueue, output copied asynchronously into pinned host memory, one stream
 synchronisation. CUDA events time the device work (`last_preprocess_ms`, `last_infer_ms`); the pipeline
 keeps its monotonic clock for the whole frame. With `cuda_graph`, inference + output copy (the runner's
@@ -13,7 +14,7 @@ replaying it is measurably faster. The preprocessor is not part of the graph.
 """
 
 import ctypes
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -82,6 +83,7 @@ class TensorRTBackend(Backend):
         self.last_infer_ms: Optional[float] = None  # device time of enqueue + output copy (the graph if on)
         self.graph_status = "off (backend.cuda_graph: false)" if not cuda_graph else "not tried yet"
         self._manifest: Dict[str, Any] = {}
+        self._warnings: List[str] = []
         self._events: Tuple[Any, Any] = (None, None)
         self._graph_api: Optional[_GraphApi] = None
         self._graph = 0
@@ -99,7 +101,8 @@ class TensorRTBackend(Backend):
 
     def load(self) -> None:
         require_tensorrt()
-        self._manifest = check_engine_manifest(self.engine_path)
+        self._warnings = []
+        self._manifest = check_engine_manifest(self.engine_path, warn=self._warnings.append)
         pre = self.preprocessor
         self.runner.session = pre.session if pre is not None else None
         try:
@@ -194,6 +197,7 @@ class TensorRTBackend(Backend):
             "tensorrt": trt.__version__,
             "gpu": self.session.gpu_name() if self.session is not None else "unknown",
             "cuda_graph": self.graph_status,
+            **({"engine_warning": "; ".join(self._warnings)} if self._warnings else {}),
         }
 
     def close(self) -> None:

@@ -2,14 +2,13 @@
 
 "Device memory" is host memory, so pointers are real addresses. The kernel launch calls the host build of
 edge/cuda/preprocess.cuh (edge/cuda/host_preprocess.cpp) with the arguments the launcher packed, after
-checking them against the prepared format; nvcc really compiles the kernel. The fake TensorRT engine
+checking them against the prepared format; module loads take the real nvcc-built images (a cubin or the
+shipped fatbin) and can be made to fail like a driver without a matching image. The fake TensorRT engine
 computes a fixed linear map of the input. The fakes record the context stack and live allocations.
 """
 
 import ctypes
 import os
-import subprocess
-import tempfile
 import types
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -17,6 +16,7 @@ import numpy as np
 
 CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "edge", "cuda")
 NUM_CLASSES = 10
+FATBIN_MAGIC = b"\x50\xed\x55\xba"
 
 
 def address(buffer: Any) -> int:
@@ -51,29 +51,14 @@ def view(ptr: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
 class Sim:
     """Per-test state: the fake modules, the context stack, compile calls, kernel launches."""
 
-    def __init__(self, host_lib: ctypes.CDLL, nvcc: str, integrated: bool) -> None:
-        self.host_lib, self.nvcc, self.integrated = host_lib, nvcc, integrated
+    def __init__(self, host_lib: ctypes.CDLL, integrated: bool) -> None:
+        self.host_lib, self.integrated = host_lib, integrated
         self.stack: List[Any] = []
-        self.compiles = 0
+        self.loads: List[bytes] = []  # images given to module_from_buffer
+        self.load_error: Optional[str] = None  # set: every module load fails with this (pycuda's LogicError)
         self.launches: List[Tuple[str, Tuple[Any, ...]]] = []
         Allocation.live.clear()
         self.driver = self._driver()
-        self.compiler = types.ModuleType("pycuda.compiler")
-        self.compiler.compile = self._compile
-
-    # pycuda.compiler.compile: nvcc for real, with the launcher's options
-    def _compile(self, source: str, nvcc: str, options: List[str], no_extern_c: bool, arch: str,
-                 include_dirs: List[str], cache_dir: Any) -> bytes:
-        assert no_extern_c and cache_dir is False
-        self.compiles += 1
-        with tempfile.TemporaryDirectory() as tmp:
-            src, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.cubin")
-            with open(src, "w") as fh:
-                fh.write(source)
-            cmd = [self.nvcc, "--cubin", "-arch", arch, *options, *("-I" + d for d in include_dirs), "-o", out, src]
-            subprocess.run(cmd, check=True)
-            with open(out, "rb") as fh:
-                return fh.read()
 
     def _launch(self, name: str, fmt: str, grid: Tuple[int, ...], block: Tuple[int, ...],
                 args: Tuple[Any, ...]) -> None:
@@ -126,7 +111,7 @@ class Sim:
                 return ctx
 
             def get_attribute(self, attribute: str) -> int:
-                return int(sim.integrated) if attribute == "INTEGRATED" else 1
+                return {"INTEGRATED": int(sim.integrated), "MULTIPROCESSOR_COUNT": 16}[attribute]
 
             def compute_capability(self) -> Tuple[int, int]:
                 return (8, 7)
@@ -168,9 +153,13 @@ class Sim:
                 sim._launch(self.name, self.fmt, grid, block, args)
 
         class Module:
-            def __init__(self, cubin: bytes) -> None:
-                assert cubin[:4] == b"\x7fELF"
-                self.cubin = cubin
+            def __init__(self, image: bytes) -> None:
+                assert sim.stack, "module loaded without a current context"
+                assert image[:4] in (b"\x7fELF", FATBIN_MAGIC), "neither a cubin nor a fatbin"
+                sim.loads.append(image)
+                if sim.load_error is not None:
+                    raise RuntimeError(sim.load_error)
+                self.cubin = image
 
             def get_function(self, name: str) -> Function:
                 assert name.encode() in self.cubin, name
@@ -186,9 +175,9 @@ class Sim:
         drv.init = lambda: None
         drv.Device, drv.Context, drv.Stream, drv.Event = Device, Context, Stream, Event
         drv.ctx_flags = types.SimpleNamespace(MAP_HOST=8)
-        drv.device_attribute = types.SimpleNamespace(INTEGRATED="INTEGRATED")
+        drv.device_attribute = types.SimpleNamespace(INTEGRATED="INTEGRATED",
+                                                     MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
         drv.host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)
-        drv.CompileError = RuntimeError
         drv.get_version = lambda: (11, 4, 0)
         drv.get_driver_version = lambda: 11040
         drv.module_from_buffer = Module

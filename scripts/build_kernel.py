@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Build the CUDA preprocessing kernel ahead of time, so the service never runs nvcc.
+
+    scripts/build_kernel.py                          # for this device's GPU, into the kernel dir
+    scripts/build_kernel.py --into /var/lib/jetson-edge/kernels --arch sm_87
+    scripts/build_kernel.py --fatbin                 # regenerate the shipped edge/cuda/preprocess.fatbin
+
+Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels, else ~/.cache/jetson-edge/kernels. nvcc's
+temporary files go inside the output folder (an unwritable /tmp is fine). See docs/gpu.md.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from edge.commands.common import standalone_main  # noqa: E402
+from edge.frame import cuda_kernel  # noqa: E402
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--into", help="output folder (default: the kernel dir)")
+    p.add_argument("--arch", help="GPU architecture, e.g. sm_87 (default: this device's CUDA device 0)")
+    p.add_argument("--fatbin", action="store_true", help="regenerate the fatbin shipped in the package")
+
+
+def build(args: argparse.Namespace) -> int:
+    if args.fatbin:
+        info = cuda_kernel.build_fatbin()
+        print("build_kernel: {} ({}, nvcc {})".format(cuda_kernel.FATBIN, ", ".join(cuda_kernel.FATBIN_TARGETS),
+                                                      info["nvcc"]))
+        return 0
+    path = cuda_kernel.build_cubin(args.arch or cuda_kernel.device_arch(), args.into)
+    print("build_kernel: {}".format(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(standalone_main("build_kernel.py", __doc__, add_arguments, build))
