@@ -10,7 +10,7 @@ source_model="${EDGE_SOURCE_MODEL:?EDGE_SOURCE_MODEL is not set}"
 if reason="$(python3 - "$config" "$source_model" <<'PY'
 import sys
 
-from edge.build.steps import artifact_status
+from edge.build.plan import artifact_status
 from edge.config import load_config
 from edge.errors import EdgeError
 
