@@ -170,7 +170,7 @@ def test_promtool_checks_the_rules():
     proc = subprocess.run([tool("promtool"), "check", "rules", "rules.yml"], cwd=PROM_DIR, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 15 rules found" in proc.stdout
+    assert "SUCCESS: 16 rules found" in proc.stdout
 
 
 def test_promtool_unit_tests_cover_every_alert_firing_and_not_firing():
@@ -225,6 +225,9 @@ def test_daemon_to_agent_to_receiver_carries_the_device_label(tmp_path, small_mo
                      "edge_budget_seconds", "process_resident_memory_bytes", "edge_telemetry_degraded"):
             assert name in names, sorted(names)
         assert names["edge_frames_total"]["job"] == "jetson-edge"
+        up = poll(lambda: receiver.api("query", query='up{job="jetson-edge",device="%s"}' % DEVICE)["result"], 60,
+                  "no up series (EdgeDaemonDown's input) for the device")
+        assert up[0]["value"][1] == "1"
         p99 = poll(lambda: receiver.api("query", query='device:edge_frame_latency_seconds:p99_5m{device="%s"}'
                                         % DEVICE)["result"], 60, "no recorded p99 for the device")
         assert 0 < float(p99[0]["value"][1]) < 1.0

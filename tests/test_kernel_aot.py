@@ -1,0 +1,99 @@
+"""The preprocessing kernel is built ahead of time (edge/frame/cuda_kernel.py, scripts/build_kernel.py).
+
+- The shipped fatbin is current: built from today's sources (recorded hash) and, with the nvcc that built it,
+  byte-identical to a fresh build (nvcc's fatbin output is deterministic and path-independent).
+- Defect 1's conditions without a GPU: the build step as an unprivileged user with an unwritable /tmp
+  (a read-only tmpfs over /tmp in a private mount namespace) still builds into the state directory, where
+  plain nvcc fails; nvcc's own message is kept in a failure.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+from edge.frame import cuda_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.isfile(p)), None)
+NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def nvcc() -> str:
+    if NVCC is None:
+        pytest.skip("nvcc not found (PATH, /usr/local/cuda/bin)")
+    return NVCC
+
+
+def test_shipped_fatbin_matches_the_sources() -> None:
+    assert cuda_kernel.fatbin_current() is None, "regenerate: scripts/build_kernel.py --fatbin"
+    assert "cuda/*.fatbin" in (ROOT / "setup.py").read_text()  # shipped in the package
+
+
+def test_shipped_fatbin_is_what_nvcc_builds(nvcc: str, tmp_path: Path) -> None:
+    with open(cuda_kernel.FATBIN_INFO) as fh:
+        recorded = json.load(fh)
+    if cuda_kernel.nvcc_version(nvcc) != recorded["nvcc"]:
+        pytest.skip("nvcc {} here, the fatbin was built by {}".format(cuda_kernel.nvcc_version(nvcc),
+                                                                       recorded["nvcc"]))
+    out = str(tmp_path / "preprocess.fatbin")
+    assert cuda_kernel.build_fatbin(nvcc, out) == recorded
+    assert Path(out).read_bytes() == Path(cuda_kernel.FATBIN).read_bytes()
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A state directory outside /tmp (which gets covered), owned by nobody like /var/lib/jetson-edge."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the build as nobody")
+    top = Path(tempfile.mkdtemp(prefix="edge-state-", dir="/var/tmp"))
+    os.chmod(str(top), 0o755)
+    (top / "kernels").mkdir()
+    os.chown(str(top / "kernels"), NOBODY, NOBODY)
+    yield top / "kernels"
+    shutil.rmtree(str(top))
+
+
+def as_nobody_without_tmp(command: List[str]) -> "subprocess.CompletedProcess[str]":
+    """`command` as nobody, with a read-only /tmp: a private mount namespace where it can be made, else TMPDIR."""
+    drop = ["setpriv", "--reuid={}".format(NOBODY), "--regid={}".format(NOBODY), "--clear-groups",
+            "env", "HOME=/nonexistent", "PATH=" + os.environ.get("PATH", "/usr/bin:/bin")]
+    readonly = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o ro tmpfs /tmp"],
+                              stderr=subprocess.DEVNULL).returncode == 0 if shutil.which("unshare") else False
+    if readonly:
+        script = 'mount -t tmpfs -o ro tmpfs /tmp && ! touch /tmp/probe 2>/dev/null && exec "$@"'
+        full = ["unshare", "-m", "sh", "-c", script, "sh"] + drop + ["TMPDIR=/tmp"] + command
+    else:
+        empty = tempfile.mkdtemp(dir="/var/tmp")
+        os.chmod(empty, 0o555)
+        full = drop + ["TMPDIR=" + empty] + command
+    return subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                          cwd=str(ROOT))
+
+
+def test_build_as_nobody_with_unwritable_tmp(nvcc: str, state_dir: Path) -> None:
+    plain = as_nobody_without_tmp([nvcc, "--cubin", "-arch", "sm_87", "-o", str(state_dir / "plain.cubin"),
+                                   str(ROOT / "edge" / "cuda" / "preprocess.cu")])
+    assert plain.returncode != 0, "the conditions of defect 1 were not reproduced: " + plain.stdout
+    proc = as_nobody_without_tmp([sys.executable, "scripts/build_kernel.py", "--arch", "sm_87",
+                                  "--into", str(state_dir)])
+    assert proc.returncode == 0, proc.stdout
+    (built,) = [p for p in os.listdir(str(state_dir))]
+    assert built == cuda_kernel.cubin_name("sm_87", ".".join(cuda_kernel.nvcc_version(nvcc).split(".")[:2]))
+    assert (state_dir / built).read_bytes()[:4] == b"\x7fELF" and (state_dir / built).stat().st_uid == NOBODY
+
+
+def test_nvcc_message_is_kept(nvcc: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "scripts/build_kernel.py", "--arch", "sm_10", "--into", str(tmp_path)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, cwd=str(ROOT))
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "build_kernel.py: error: nvcc failed on edge/cuda/preprocess.cu (--cubin -arch sm_10): " in proc.stderr
+    assert "sm_10" in proc.stderr.split("): ", 1)[1]  # nvcc's own words
+    assert os.listdir(str(tmp_path)) == []  # nothing half-written
