@@ -62,7 +62,7 @@ if system_changes && [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then
 fi
 [ -f "$shipped_unit" ] && [ -f "$shipped_config" ] || { echo "install_service.sh: missing $shipped_unit or $shipped_config" >&2; exit 2; }
 if [ ! -x "$prefix/.venv/bin/edge" ]; then
-  say "warning: $prefix/.venv/bin/edge does not exist yet (clone the repo to $prefix and run scripts/bootstrap.sh)"
+  say "warning: $prefix/.venv/bin/edge does not exist yet (clone the repo to $prefix; on a Jetson this script makes it, elsewhere run scripts/bootstrap.sh)"
 fi
 
 # 1. groups and the service user
@@ -95,6 +95,25 @@ for d in "$etc" "$state/engines" "$(dirname "$unit")"; do
 done
 if system_changes && [ "$dry_run" = 0 ]; then
   chown "$user:$user" "$state" "$state/engines"
+fi
+
+# 2b. on a Jetson: the one install recipe (docs/service.md and README.md show these same lines;
+# tests/test_install_recipe.py compares them). JetPack's TensorRT and OpenCV (GStreamer: csi:// cameras; never
+# PyPI's OpenCV here), a venv that sees them, pycuda built against JetPack's CUDA, and the preprocessing kernel
+# built ahead of time into the state directory (the service never runs nvcc; docs/gpu.md).
+jetson_recipe() {
+  act apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev
+  act python3 -m venv --system-site-packages .venv
+  act env PATH="/usr/local/cuda/bin:$PATH" .venv/bin/pip install -e '.[jetson,service,check]'
+  act .venv/bin/python scripts/build_kernel.py --into "$state/kernels"
+}
+if system_changes && [ -f /etc/nv_tegra_release ]; then
+  if [ -f "$prefix/setup.py" ]; then
+    (cd "$prefix" && jetson_recipe) || say "warning: the Jetson recipe failed (above); see docs/service.md"
+    if [ "$dry_run" = 0 ] && [ -d "$state/kernels" ]; then chown -R "$user:$user" "$state/kernels"; fi
+  else
+    say "warning: no jetson-edge checkout at $prefix: clone it there, then run this script again"
+  fi
 fi
 
 # 3. config: install, update if untouched, never overwrite the user's edits

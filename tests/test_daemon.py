@@ -7,6 +7,7 @@ import threading
 import time
 
 import onnx
+import numpy as np
 import pytest
 import service_helpers as sh
 
@@ -134,12 +135,16 @@ def test_inference_errors_are_logged_counted_and_the_loop_continues(small_model)
 
 
 def _bad_shape_model(path):
-    """A valid ONNX model whose input is 1x3x100x100: every 224x224 frame fails in ONNX Runtime."""
-    from onnx import TensorProto, helper
+    """A valid ONNX model that loads (its class count depends on the data: NonZero of `input > 1e9`, so none)
+    but does not match its 2 labels: every frame fails in top-k."""
+    from onnx import TensorProto, helper, numpy_helper
 
-    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 100, 100])
-    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 30000])
-    graph = helper.make_graph([helper.make_node("Flatten", ["input"], ["logits"])], "bad", [inp], [out])
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [4, "n"])
+    big = numpy_helper.from_array(np.array(1e9, np.float32), "big")
+    nodes = [helper.make_node("Greater", ["input", "big"], ["mask"]), helper.make_node("NonZero", ["mask"], ["idx"]),
+             helper.make_node("Cast", ["idx"], ["logits"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "bad", [inp], [out], initializer=[big])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     (path.parent / (path.stem + ".labels.txt")).write_text("a\nb\n")
     return str(path)

@@ -123,11 +123,15 @@ def test_int8_build_passes_the_enforced_gate_and_records_it(int8):
 def test_grey_calibration_fails_the_enforced_gate(effnet, tmp_path):
     import cv2
 
-    grey = tmp_path / "grey"
-    grey.mkdir()
+    from edge.build.calibration import import_calibration_set
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
     for i, level in enumerate(np.random.default_rng(0).integers(90, 170, 32)):
-        cv2.imwrite(str(grey / "{:02d}.png".format(i)), np.full((240, 320, 3), level, np.uint8))
-    cfg = build_config(effnet, str(tmp_path / "engines"), str(grey), **PREPROCESS[EFFICIENTNET])
+        cv2.imwrite(str(raw / "{:02d}.png".format(i)), np.full((240, 320, 3), level, np.uint8))
+    grey = str(tmp_path / "grey")
+    import_calibration_set(str(raw), grey, log=quiet)
+    cfg = build_config(effnet, str(tmp_path / "engines"), grey, **PREPROCESS[EFFICIENTNET])
     with pytest.raises(EdgeError, match="accuracy gate failed") as err:
         run_build(check_inputs(cfg, show_progress=False), log=quiet)
     assert err.value.exit_code == 1

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
+import numpy as np
+
 from edge.config import SourceConfig
 from edge.errors import EdgeError, require
 from edge.frame.capture import (
@@ -142,41 +144,27 @@ class LatestFrameGrabber:
                 if needs_open:
                     if self._stop.wait(delay) or not self._current(generation):
                         break
-                    if generation == self._generation:
-                        self._read_started = time.monotonic()  # a reopening that hangs is a stall too
                     try:
-                        capture.close()
-                        capture.open()
+                        self._timed(generation, lambda: (capture.close(), capture.open()))
                     except Exception as exc:
                         delay = min(delay * 2, self.reconnect_max_s)
                         self._emit("source_reconnect_failed", source=capture.description,
                                    error="{}: {}".format(type(exc).__name__, exc), retry_in_s=delay)
                         continue
-                    finally:
-                        if generation == self._generation:
-                            self._read_started = None
                     if not self._current(generation):
                         break
                     needs_open = False
-                    with self._cond:
-                        self.reconnects += 1
-                        self.reconnecting = False
-                    self._emit("source_reconnected", source=capture.description, reconnects=self.reconnects)
+                    self._reconnected(capture)
                 capture.pace()
                 started = time.monotonic()
-                if generation == self._generation:
-                    self._read_started = started
                 try:
-                    image = capture.read()
+                    image = self._timed(generation, capture.read)
                 except Exception as exc:
                     if not self.recovers:
                         raise
                     image, needs_open = None, True
                     if self._current(generation):
                         self._fault("error", exc)
-                finally:
-                    if generation == self._generation:
-                        self._read_started = None
                 now = time.monotonic()
                 if not self._current(generation):
                     break
@@ -201,12 +189,7 @@ class LatestFrameGrabber:
                     continue
                 broken_streak = 0
                 delay = self.reconnect_initial_s or 0.0  # healthy again: the next fault starts a fresh backoff
-                with self._cond:
-                    self.produced += 1
-                    if self._latest is not None and self._latest.seq > self._delivered_seq:
-                        self.skipped += 1  # overwritten before the pipeline took it
-                    self._latest = Frame(image, self.produced, now, (now - started) * 1e3)
-                    self._cond.notify_all()
+                self._publish(image, now, (now - started) * 1e3)
         except BaseException as exc:  # surfaced to the consumer by get()
             with self._cond:
                 self._error = exc
@@ -214,6 +197,30 @@ class LatestFrameGrabber:
         finally:
             if generation != self._generation:
                 capture.close()  # an abandoned reader releases its own capture once its read returns
+
+    def _timed(self, generation: int, call: Callable[[], Any]) -> Any:
+        """`call()` with its start time kept, so that `recover_stall()` sees a read or reopening that hangs."""
+        if generation == self._generation:
+            self._read_started = time.monotonic()
+        try:
+            return call()
+        finally:
+            if generation == self._generation:
+                self._read_started = None
+
+    def _reconnected(self, capture: Capture) -> None:
+        with self._cond:
+            self.reconnects += 1
+            self.reconnecting = False
+        self._emit("source_reconnected", source=capture.description, reconnects=self.reconnects)
+
+    def _publish(self, image: np.ndarray, captured: float, capture_ms: float) -> None:
+        with self._cond:
+            self.produced += 1
+            if self._latest is not None and self._latest.seq > self._delivered_seq:
+                self.skipped += 1  # overwritten before the pipeline took it
+            self._latest = Frame(image, self.produced, captured, capture_ms)
+            self._cond.notify_all()
 
     def stalled_for(self) -> float:
         """Seconds the read (or reopening) in progress has been blocked (0 when none is)."""
