@@ -6,8 +6,8 @@ import sys
 import threading
 import time
 
-import onnx
 import numpy as np
+import onnx
 import pytest
 import service_helpers as sh
 

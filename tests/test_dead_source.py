@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-
 DEAD = "rtsp://127.0.0.1:9/x"  # nothing listens on the discard port
 
 
