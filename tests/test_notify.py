@@ -1,4 +1,5 @@
-"""sd_notify: READY/STATUS/WATCHDOG over a real AF_UNIX datagram socket, from edge.service.notify and from `edge run`."""
+"""sd_notify: READY/STATUS/WATCHDOG over a real AF_UNIX datagram socket, from edge.service.notify and
+`edge run`."""
 
 import os
 import subprocess

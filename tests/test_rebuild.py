@@ -181,7 +181,8 @@ def test_rebuild_installs_and_reloads_the_running_service(ws):
         assert start["precision"] == "fp32" and start["model"] == "engines/m.int8.onnx"
         (ws / "edge.pid").write_text("{}\n".format(service.pid))
         proc = subprocess.run([sys.executable, "-m", "edge.commands.rebuild", "--config", "cfg.yaml",
-                               "--pidfile", "edge.pid"] + [str(a) for a in CHEAP], cwd=str(ws), capture_output=True, text=True, timeout=300)
+                               "--pidfile", "edge.pid"] + [str(a) for a in CHEAP], cwd=str(ws),
+                              capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         for number, name in enumerate(STEPS, 1):
             assert "rebuild: step {}/7 '{}' done".format(number, name) in proc.stdout
