@@ -63,3 +63,15 @@ def test_cli_export_without_network_falls_back_to_untrained(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "UNTRAINED" in proc.stdout
     assert json.load(open(tmp_path / "m.json"))["trained"] is False
+
+
+def test_model_info_records_the_preprocessing_it_was_trained_with(small_model):
+    from edge.config import IMAGENET_MEAN, IMAGENET_STD
+
+    assert read_model_info(small_model)["preprocess"] == {"resize": 256, "crop": 224, "mean": list(IMAGENET_MEAN),
+                                                          "std": list(IMAGENET_STD)}
+
+
+def test_unknown_arch_is_one_line():
+    with pytest.raises(EdgeError, match="--arch: expected one of mobilenet_v3_large|"):
+        export_mobilenet("resnet50", "random", "/nonexistent/m.onnx")

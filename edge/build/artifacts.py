@@ -5,7 +5,8 @@ Beside every artifact sits `<artifact stem>.json` (edge.modelinfo.info_path): th
 
     sha256            the artifact's own bytes        source.sha256      the FP32 ONNX it came from
     format/precision  onnx-qdq | tensorrt-engine      calibration        set path, set sha256, method
-    system            TensorRT, GPU, compute capability, L4T release, ONNX Runtime, machine
+    system            board model, SM count, compute capability, TensorRT, CUDA (what an engine is keyed on,
+                      edge.board.ENGINE_SYSTEM_KEYS), GPU name, L4T release, ONNX Runtime, machine
     built_at, gate    build time, the accuracy-gate verdict and report
 
 Install: the new file is verified where it was written (same folder, temporary name), the current artifact

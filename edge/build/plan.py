@@ -71,7 +71,7 @@ class Format:
     flag: str  # how `edge build` asks for it
     precisions: Tuple[str, ...]
     calibrator: bool  # TensorRT's implicit calibrator (--calibrator) applies
-    tied_to_board: bool  # runs only on the TensorRT/GPU/L4T it was built on
+    tied_to_board: bool  # runs only on the board/SMs/compute capability/TensorRT/CUDA it was built on
     require: Callable[[], None]  # what this machine needs to build it
     runner: Callable[[str], ContextManager[Infer]]  # how the gate and the latency check run it
     verify: Callable[[str], None]  # install's check of the staged file

@@ -12,6 +12,7 @@ bins: with quantize_static's defaults its scales equal MinMax's, cpu-baseline.md
 """
 
 import contextlib
+import importlib
 import inspect
 import io
 import logging
@@ -266,8 +267,8 @@ MODELOPT_METHODS = {"minmax": "max", "entropy": "entropy"}  # ours -> ModelOpt's
 
 def _modelopt() -> Any:
     try:
-        from modelopt.onnx import trt_utils
-        from modelopt.onnx.quantization import quantize
+        trt_utils: Any = importlib.import_module("modelopt.onnx.trt_utils")
+        quantize = importlib.import_module("modelopt.onnx.quantization").quantize
     except ImportError as exc:
         raise EdgeError("build.quantizer modelopt: {} (pip install 'jetson-edge[modelopt]', or scripts/bootstrap.sh "
                         "--dev)".format(str(exc).splitlines()[0])) from None
