@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from edge.errors import EdgeError
-from edge.fileio import read_regular
+from edge.fileio import read_text
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -246,13 +246,9 @@ def load_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] 
 def _read_yaml(path: str) -> Dict[str, Any]:
     """The file's top-level mapping. Not UTF-8, over MAX_CONFIG_BYTES, nested too deeply or expanding (through
     aliases) to more than MAX_YAML_NODES values: one EdgeError, found before any value is built."""
-    if not os.path.isfile(path):
-        raise EdgeError("{}: config file not found".format(path))
-    raw, why = read_regular(path, MAX_CONFIG_BYTES)
-    if raw is None:
-        raise EdgeError("{}: cannot read config: {}".format(path, why))
+    text = read_text(path, "config file", MAX_CONFIG_BYTES)
     try:
-        loader = yaml.SafeLoader(raw.decode("utf-8"))
+        loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()
             if node is not None and _expanded_size(node) > MAX_YAML_NODES:
@@ -261,8 +257,6 @@ def _read_yaml(path: str) -> Dict[str, Any]:
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
-    except UnicodeDecodeError as exc:
-        raise EdgeError("{}: not UTF-8 text (byte {})".format(path, exc.start)) from None
     except RecursionError:
         raise EdgeError("{}: nested too deeply".format(path)) from None
     except yaml.YAMLError as exc:

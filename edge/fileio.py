@@ -125,15 +125,24 @@ def read_regular(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Tuple[Optional[
     return data, None
 
 
-def load_json(path: str, what: str, max_bytes: int = 64 << 20) -> Any:
-    """A JSON file's contents; anything unreadable (too big, not UTF-8, nested too deeply) is one EdgeError."""
+def read_text(path: str, what: str, max_bytes: int) -> str:
+    """A UTF-8 text file of at most `max_bytes`; missing, unreadable, too big or not UTF-8 is one EdgeError."""
+    if not os.path.lexists(path):
+        raise EdgeError("{}: {} not found".format(path, what))
     data, why = read_regular(path, max_bytes)
     if data is None:
-        raise EdgeError("{}: cannot read the {}: {}".format(path, what, why))
+        raise EdgeError("{}: cannot read {}: {}".format(path, what, why))
     try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise EdgeError("{}: the {} is not UTF-8 text".format(path, what)) from None
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgeError("{}: {} is not UTF-8 text (byte {})".format(path, what, exc.start)) from None
+
+
+def load_json(path: str, what: str, max_bytes: int = 64 << 20) -> Any:
+    """A JSON file's contents; anything unreadable (too big, not UTF-8, nested too deeply) is one EdgeError."""
+    text = read_text(path, "the " + what, max_bytes)
+    try:
+        return json.loads(text)
     except RecursionError:
         raise EdgeError("{}: the {} is nested too deeply".format(path, what)) from None
     except ValueError as exc:

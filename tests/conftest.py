@@ -50,3 +50,21 @@ def run_edge(*args, timeout=120, env=None):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "edge"] + [str(a) for a in args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=full_env)
+
+
+@pytest.fixture(scope="module")
+def jtop_service():
+    """jetson-stats' real jtop service in its testing mode (fake sysfs, private mount namespace, as root)."""
+    import service_jtop as sj
+
+    why = sj.unavailable()
+    if why:
+        pytest.skip("real jtop service not runnable here: " + why)
+    service = sj.JtopService()
+    try:
+        service.setup()
+        service.start()
+        yield service
+    finally:
+        service.cleanup()
+    assert not os.path.exists(sj.SOCKET)

@@ -15,7 +15,6 @@ import urllib.request
 
 import pytest
 import service_helpers as sh
-import service_jtop as sj
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -250,18 +249,6 @@ def test_the_dashboard_uses_only_recorded_series_the_rules_define():
     assert used and used <= records, sorted(used - records)
 
 
-@pytest.fixture
-def jtop_service():
-    why = sj.unavailable()
-    if why:
-        pytest.skip("real jtop service not runnable here: " + why)
-    service = sj.JtopService()
-    try:
-        service.setup()
-        service.start()
-        yield service
-    finally:
-        service.cleanup()
 
 
 def test_every_metric_in_the_rules_and_dashboard_is_in_a_live_scrape(tmp_path, small_model, jtop_service):

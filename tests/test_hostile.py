@@ -73,7 +73,7 @@ HOSTILE_CONFIGS = [
     (BOMB + "source:\n  uri: *i\n", [], "alias bomb"),
     ("source:\n  uri: [" + ", ".join(["x" * 1000] * 1000) + "]\n", [], "'source.uri' must be a string"),
     ("runtime:\n  ? " + "k" * 5000 + "\n  : 1\n", [], "unknown key 'runtime.kkkk"),
-    ("# padding\n" * 200000, [], "cannot read config: larger than 1 MB"),
+    ("# padding\n" * 200000, [], "cannot read config file: larger than 1 MB"),
     ("[1, 2]\n", [], "top level must be a mapping"),
 ]
 

@@ -7,6 +7,7 @@ One row per artifact format says everything that differs between them; nothing e
     tensorrt-engine  .engine  edge.build.tensorrt_engine (device)  edge.frame.tensorrt_runner.EngineRunner
 """
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from edge.build.gate import Infer, resolve_labels
 from edge.build.quantize import OPSET_MAX, OPSET_MIN
 from edge.config import Config
 from edge.errors import EdgeError, require
+from edge.frame.preprocess import model_preprocess
 from edge.modelinfo import read_model_info, sha256_file
 
 Log = Callable[..., None]
@@ -176,6 +178,9 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
     b, fmt = cfg.build, format_for(engine)
     where = cfg.path or "<defaults>"
     source = model or source_model(cfg.model.path)
+    # the model's own preprocessing constants (its model info) drive calibration and the gate, as at run time
+    source_info = read_model_info(source)
+    cfg = dataclasses.replace(cfg, preprocess=model_preprocess(cfg.preprocess, source_info, source, where))
     if b.precision not in fmt.precisions:
         raise EdgeError("build.precision {} in {}: the CPU build makes INT8 Q/DQ models only; fp16/fp32 engines "
                         "need --engine on the device".format(b.precision, where))
@@ -200,7 +205,7 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
         raise EdgeError("build.engines_dir {}: not writable".format(b.engines_dir))
     fmt.require()
     return BuildPlan(cfg=cfg, fmt=fmt, source=source, artifact=artifact_path(source, b.engines_dir, b.precision, fmt),
-                     calibrator=calibrator, source_info=read_model_info(source), labels=labels,
+                     calibrator=calibrator, source_info=source_info, labels=labels,
                      calibration=calibration, regression=regression,
                      command=rebuild_command(cfg, model, fmt, calibrator), show_progress=show_progress)
 

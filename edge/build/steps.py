@@ -148,7 +148,7 @@ def step_calibrate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     b = plan.cfg.build
     staged = state.stage(os.path.splitext(plan.artifact)[0] + ".qdq.onnx")
     state.info["quantize"] = quantize_qdq(plan.source, staged, state.calibration, plan.cfg.preprocess, b.method,
-                                          b.exclude_sensitive, plan.show_progress, log)
+                                          b.exclude_sensitive, plan.show_progress, log, quantizer=b.quantizer)
     state.candidate = staged
 
 

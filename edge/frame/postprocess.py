@@ -1,13 +1,12 @@
 """Logits -> softmax -> top-k with labels."""
 
-import os
 from dataclasses import dataclass
 from typing import List, Sequence
 
 import numpy as np
 
 from edge.errors import EdgeError
-from edge.fileio import read_regular
+from edge.fileio import read_text
 
 MAX_LABELS_BYTES = 16 << 20
 
@@ -24,15 +23,7 @@ class Prediction:
 
 
 def load_labels(path: str) -> List[str]:
-    if not os.path.isfile(path):
-        raise EdgeError("{}: labels file not found".format(path))
-    raw, why = read_regular(path, MAX_LABELS_BYTES)
-    if raw is None:
-        raise EdgeError("{}: cannot read the labels file: {}".format(path, why))
-    try:
-        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    except UnicodeDecodeError as exc:
-        raise EdgeError("{}: labels file is not UTF-8 text (byte {})".format(path, exc.start)) from None
+    text = read_text(path, "labels file", MAX_LABELS_BYTES).replace("\r\n", "\n").replace("\r", "\n")
     labels = text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else []
     if not labels or not all(labels):
         raise EdgeError("{}: labels file must have one non-empty label per line".format(path))
