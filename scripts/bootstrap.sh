@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up .venv/ in the repo root with jetson-edge and the extras a CPU machine can use.
 #   scripts/bootstrap.sh         runtime: cpu, export, service, check extras
-#   scripts/bootstrap.sh --dev   also test tools, tensorrt-stubs, and (as root) Debian's systemd,
-#                                prometheus (promtool) and chromium for the tests that use them
+#   scripts/bootstrap.sh --dev   also test tools, the fleet and modelopt extras, tensorrt-stubs, and (as root)
+#                                Debian's systemd, prometheus (promtool), chromium, GStreamer + gst-rtsp-server
+#                                and python3-opencv for the tests that use them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
