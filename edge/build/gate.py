@@ -10,6 +10,8 @@ Defaults (config `build.gate`, docs/build.md): agreement >= 0.98, mean cosine >=
 On a trained MobileNetV3-Small every sound INT8 variant measured agreement >= 0.99 and mean cosine
 >= 0.9965 with |accuracy change| <= 0.34 pp, every broken one agreement <= 0.97 or cosine <= 0.95
 (cpu-baseline.md); ONNX Runtime's int8 kernels alone flip 0-2 of 297 samples, hence the slack.
+An ImageNet model on an unlabelled, texture-heavy set needs looser settings: sound INT8 of EfficientNet-Lite0
+scores 0.86-0.89 / 0.969-0.971 there (docs/build.md, accuracy gate; benchmarks/gate_metrics.py).
 """
 
 import os

@@ -242,6 +242,7 @@ class _Server(ThreadingHTTPServer):
     that leaves early is not an error: no traceback, and one stderr line only for unexpected failures."""
 
     daemon_threads = True
+    request_queue_size = 2 * MAX_CLIENTS  # a burst waits in the kernel's accept queue in order, not in SYN retries
 
     def __init__(self, address: Tuple[str, int], hub: FrameHub) -> None:
         super().__init__(address, _Handler)
