@@ -21,7 +21,8 @@ from edge.build.export import build_model, export_onnx
 from edge.config import load_config
 from edge.frame.preprocess import CpuPreprocessor
 from edge.service.log import JsonLog
-from edge.service.runtime import Runtime, StopFlag, run
+from edge.service.loop import run
+from edge.service.runtime import Runtime, StopFlag
 
 
 def photo_video(path, frames=60):

@@ -28,7 +28,8 @@ import psutil
 from edge.config import load_config
 from edge.frame.pipeline import Result, Sink
 from edge.service.log import JsonLog
-from edge.service.runtime import Runtime, StopFlag, run
+from edge.service.loop import run
+from edge.service.runtime import Runtime, StopFlag
 
 MAX_RSS_GROWTH = 0.05
 

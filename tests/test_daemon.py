@@ -14,7 +14,8 @@ import service_helpers as sh
 from edge.errors import EdgeError
 from edge.frame.sources import LatestFrameGrabber
 from edge.modelinfo import sha256_file
-from edge.service.runtime import Runtime, StopFlag, run
+from edge.service.loop import run
+from edge.service.runtime import Runtime, StopFlag
 
 from conftest import REPO, run_edge
 

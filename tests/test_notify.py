@@ -10,8 +10,9 @@ import time
 import pytest
 import service_helpers as sh
 
+from edge.service.loop import run
 from edge.service.notify import Notifier
-from edge.service.runtime import Runtime, StopFlag, run
+from edge.service.runtime import Runtime, StopFlag
 
 from conftest import REPO
 

@@ -38,7 +38,8 @@ from edge.fileio import check_output
 from edge.frame.latency import format_table
 from edge.modelinfo import write_json_atomic
 from edge.service.log import JsonLog
-from edge.service.runtime import Runtime, StopFlag, frames_done, run
+from edge.service.loop import frames_done, run
+from edge.service.runtime import Runtime, StopFlag
 
 DEFAULT_FRAMES = 1000
 DEFAULT_WARMUP = 50

@@ -31,7 +31,8 @@ from edge.config import Config, with_overrides
 from edge.errors import EXIT_OK, EdgeError, require
 from edge.frame.pipeline import Result, Sink
 from edge.modelinfo import UNTRAINED_WARNING, read_model_info
-from edge.service.runtime import Runtime, frames_done, run
+from edge.service.loop import frames_done, run
+from edge.service.runtime import Runtime
 
 BOUNDARY = "frame"
 SNAPSHOT_MAX_AGE_S = 1.0  # with nobody streaming, frames are still encoded this often for /frame.jpg

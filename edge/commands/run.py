@@ -1,4 +1,4 @@
-"""`edge run`: the classifier as a foreground command or a systemd service (edge/service/runtime.py)."""
+"""`edge run`: the classifier as a foreground command or a systemd service (edge/service/loop.py)."""
 
 import argparse
 from typing import Any
@@ -13,7 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edge.service.runtime import run
+    from edge.service.loop import run
 
     extra = {"runtime.frames": args.frames}
     # SIGHUP re-reads the config file and re-applies the same flags.
