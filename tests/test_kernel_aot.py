@@ -68,9 +68,12 @@ def as_nobody_without_tmp(command: List[str]) -> "subprocess.CompletedProcess[st
     drop = DROP + ["PATH=" + os.environ.get("PATH", "/usr/bin:/bin")]
     readonly = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o ro tmpfs /tmp"],
                               stderr=subprocess.DEVNULL).returncode == 0 if shutil.which("unshare") else False
-    if readonly:
-        script = 'mount -t tmpfs -o ro tmpfs /tmp && ! touch /tmp/probe 2>/dev/null && exec "$@"'
-        full = ["unshare", "-m", "sh", "-c", script, "sh"] + drop + ["TMPDIR=/tmp"] + command
+    if readonly and os.path.isdir("/mnt"):
+        # the checkout may itself live under /tmp (CI clones there): it is bound to /mnt before /tmp is hidden
+        script = ('mount --bind "$0" /mnt && mount -t tmpfs -o ro tmpfs /tmp && cd /mnt '
+                  '&& ! touch /tmp/probe 2>/dev/null && exec "$@"')
+        moved = ["/mnt" + arg[len(str(ROOT)):] if arg.startswith(str(ROOT) + "/") else arg for arg in command]
+        full = ["unshare", "-m", "sh", "-c", script, str(ROOT)] + drop + ["TMPDIR=/tmp"] + moved
     else:
         empty = tempfile.mkdtemp(dir="/var/tmp")
         os.chmod(empty, 0o555)
