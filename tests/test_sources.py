@@ -190,3 +190,38 @@ def test_an_opencv_without_gstreamer_uses_its_own_backends():
     usb = open_capture(SourceConfig(uri="v4l2://57"))
     with pytest.raises(EdgeError, match=r"^v4l2://57: cannot open source$"):
         usb.open()
+
+
+class HangingOpen(Capture):
+    """A camera whose open() blocks in the driver until `release` is set (OpenCV's rtspsrc open can)."""
+
+    live = True
+    description = "hanging open"
+
+    def __init__(self, release):
+        self.release = release
+
+    def open(self):
+        self.release.wait(30)
+
+    def read(self):
+        time.sleep(0.01)
+        return np.zeros((4, 4, 3), np.uint8)
+
+
+def test_a_live_capture_whose_open_hangs_does_not_block_start():
+    release = threading.Event()
+    grabber = LatestFrameGrabber(HangingOpen(release), timeout_s=0.2, reconnect_initial_s=0.05)
+    started = time.monotonic()
+    grabber.start()
+    try:
+        assert time.monotonic() - started < 0.5  # the loop gets control back: its first-frame deadline can act
+        with pytest.raises(SourceTimeout):
+            grabber.get(0.3)
+        assert grabber.stalled_for() >= 0.3  # the hung open is seen as a stall (recover_stall can abandon it)
+        release.set()
+        assert grabber.get(2.0).image.shape == (4, 4, 3)
+        assert grabber.stats()["faults"] == 0 and grabber.reconnects == 0  # a slow first open is no reconnect
+    finally:
+        release.set()
+        grabber.stop()

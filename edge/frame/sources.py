@@ -102,19 +102,23 @@ class LatestFrameGrabber:
         return self.reconnect_initial_s is not None and bool(getattr(self.capture, "live", False))
 
     def start(self) -> "LatestFrameGrabber":
-        needs_open = False
-        try:
+        if self.recovers:  # opened by the reader: an open that hangs in a driver is a stall the loop can see
+            self._start_thread(self._generation, self.capture, None)
+        else:  # files, folders: a bad one is an error here and now
             self.capture.open()
-        except Exception as exc:
-            if not self.recovers:
-                raise
-            # a camera that is not there yet: keep trying in the reader thread instead of failing the service
-            self._fault("open", exc)
-            needs_open = True
-        self._start_thread(self._generation, self.capture, needs_open)
+            self._start_thread(self._generation, self.capture, False)
         return self
 
-    def _start_thread(self, generation: int, capture: Capture, needs_open: bool) -> None:
+    def _open_first(self, generation: int, capture: Capture) -> bool:
+        """The first open of a live capture; a camera that is not there yet is a fault, retried with backoff."""
+        try:
+            self._timed(generation, capture.open)
+            return True
+        except Exception as exc:
+            self._fault("open", exc)
+            return False
+
+    def _start_thread(self, generation: int, capture: Capture, needs_open: Optional[bool]) -> None:
         self._thread = threading.Thread(target=self._run, args=(generation, capture, needs_open),
                                         name="edge-grabber", daemon=True)
         self._thread.start()
@@ -136,10 +140,13 @@ class LatestFrameGrabber:
     def _current(self, generation: int) -> bool:
         return generation == self._generation and not self._stop.is_set()
 
-    def _run(self, generation: int, capture: Capture, needs_open: bool) -> None:
+    def _run(self, generation: int, capture: Capture, needs_open: Optional[bool]) -> None:
+        """Read until stopped. `needs_open`: None for the first open of a live capture, True to reopen one."""
         delay = self.reconnect_initial_s or 0.0
         broken_streak = 0
         try:
+            if needs_open is None:
+                needs_open = not self._open_first(generation, capture)
             while self._current(generation):
                 if needs_open:
                     if self._stop.wait(delay) or not self._current(generation):
