@@ -14,7 +14,9 @@ import struct
 import tempfile
 from typing import IO, Any, Callable, Optional, Tuple
 
-from edge.errors import EdgeError
+import numpy as np
+
+from edge.errors import EdgeError, require
 
 MAX_IMAGE_BYTES = 256 << 20  # an image file larger than this is not a photograph
 MAX_IMAGE_PIXELS = 100_000_000  # 100 MP (300 MB decoded BGR); decompression bombs are far larger
@@ -136,6 +138,26 @@ def read_text(path: str, what: str, max_bytes: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise EdgeError("{}: {} is not UTF-8 text (byte {})".format(path, what, exc.start)) from None
+
+
+def read_image(path: str, flags: Optional[int] = None) -> Tuple[bytes, Optional[np.ndarray], str]:
+    """(file bytes, decoded image, '') or (bytes, None, why not). Only regular files within MAX_IMAGE_BYTES and
+    MAX_IMAGE_PIXELS are decoded: FIFOs, devices, link loops, dangling links and pixel bombs are named instead.
+    `flags`: cv2.imdecode's (default IMREAD_COLOR, 8-bit BGR)."""
+    cv2 = require("cv2")
+    data, why = read_regular(path)
+    if data is None:
+        return b"", None, why or "unreadable"
+    if not data:
+        return data, None, "zero-byte"
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        return data, None, "more than {} megapixels".format(MAX_IMAGE_PIXELS // 1000000)
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR if flags is None else flags)
+    except cv2.error:  # e.g. OpenCV's own pixel limit for a format image_size does not read
+        image = None
+    return (data, image, "") if image is not None else (data, None, "not a readable image")
 
 
 def load_json(path: str, what: str, max_bytes: int = 64 << 20) -> Any:

@@ -487,4 +487,4 @@ def test_the_folder_source_skips_odd_files_and_names_them_when_none_is_left(smal
     os.remove(str(folder / "p0.png"))
     line = refused(check(small_model, "--source", str(folder), "--json", "", "--plot", ""), folder,
                    "no readable image")
-    assert "fifo.jpg: not a regular file" in line and "pixels is over the limit" in line, line
+    assert "fifo.jpg: not a regular file" in line and "more than 100 megapixels" in line, line

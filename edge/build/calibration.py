@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 
 from edge.errors import EdgeError, require
-from edge.fileio import MAX_IMAGE_PIXELS, check_replaceable, image_size, load_json, read_regular
+from edge.fileio import check_replaceable, load_json, read_image
 from edge.modelinfo import write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -261,23 +261,13 @@ def _summary(skipped: Dict[str, List[str]], total: int) -> str:
 
 
 def _decode_candidate(path: str, rel: str) -> Tuple[bytes, Optional[np.ndarray], Optional[str]]:
-    """(bytes, decoded image, None) or (b"", None, why it is skipped). Only regular files up to MAX_IMAGE_BYTES
-    and MAX_IMAGE_PIXELS are decoded: FIFOs, devices, link loops, dangling links and pixel bombs are named."""
-    cv2 = require("cv2")
-    data, why = read_regular(path)
-    if data is None:
-        return b"", None, why
-    if not data:
-        return data, None, "zero-byte"
-    size = image_size(data)
-    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
-        return data, None, "more than {} megapixels".format(MAX_IMAGE_PIXELS // 1000000)
-    try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-    except cv2.error:  # e.g. OpenCV's own pixel limit for a format image_size does not read
-        image = None
+    """(bytes, decoded image, None) or (bytes, None, why it is skipped): edge.fileio.read_image's limits, then
+    images too small to crop are skipped too."""
+    data, image, why = read_image(path, require("cv2").IMREAD_UNCHANGED)
     if image is None:
-        return data, None, "unreadable" if rel.lower().endswith(_DECODABLE) else "not an image"
+        if why == "not a readable image":
+            why = "unreadable" if rel.lower().endswith(_DECODABLE) else "not an image"
+        return data, None, why
     if min(image.shape[:2]) < MIN_SIDE:
         return data, None, "smaller than {} px".format(MIN_SIDE)
     return data, image, None

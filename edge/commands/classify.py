@@ -16,10 +16,9 @@ import sys
 import time
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from edge.commands.common import add_command, config_from_args, standalone_main
-from edge.errors import EXIT_OK, EdgeError, require
+from edge.errors import EXIT_OK, EdgeError
+from edge.fileio import read_image
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,17 +49,6 @@ def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str]]]:
             yield path, "no such file or folder"
 
 
-def read_image(path: str) -> Tuple[Optional[np.ndarray], str]:
-    """(8-bit BGR image, '') or (None, why): grey, 16-bit and 4-channel files are converted as OpenCV reads them."""
-    cv2 = require("cv2")
-    try:
-        data = np.fromfile(path, np.uint8)
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
-    return (image, "") if image is not None else (None, "not a readable image")
-
-
 def _table_rows(path: str, top: List[Any]) -> List[str]:
     return ["{:<40} {:>2}  {:.4f}  {} ({})".format(path if rank == 1 else "", rank, entry["score"], entry["label"],
                                                    entry["index"]) for rank, entry in enumerate(top, 1)]
@@ -77,7 +65,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
         if stages.warning:
             print("edge classify: {} ({})".format(stages.warning, stages.model_info.get("weights")), file=sys.stderr)
         for path, why in image_files(args.paths):
-            image, why = (None, why) if why else read_image(path)
+            image, why = (None, why) if why else read_image(path)[1:]
             if image is None:
                 print("edge classify: skipped {}: {}".format(path, why), file=sys.stderr)
                 skipped += 1

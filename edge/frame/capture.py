@@ -6,12 +6,12 @@ import glob
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from edge.errors import EdgeError, require
-from edge.fileio import MAX_IMAGE_PIXELS, image_size, read_regular
+from edge.fileio import read_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -123,7 +123,7 @@ class ImageFolderCapture(Capture):
                     return None
                 self.index = 0
             path = self.files[self.index]
-            image, why = _decode(path)
+            _, image, why = read_image(path)
             if image is not None:
                 self.index += 1
                 return image
@@ -131,22 +131,6 @@ class ImageFolderCapture(Capture):
             del self.files[self.index]
         raise EdgeError("{}: no readable image in the folder ({})".format(
             self.folder, "; ".join("{}: {}".format(k, v) for k, v in list(self.skipped.items())[:5])))
-
-
-def _decode(path: str) -> Tuple[Optional[np.ndarray], str]:
-    """(BGR image, '') or (None, why): only regular files within the size and pixel limits are decoded."""
-    cv2 = require("cv2")
-    data, why = read_regular(path)
-    if data is None:
-        return None, why or "unreadable"
-    size = image_size(data)
-    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
-        return None, "{}x{} pixels is over the limit".format(*size)
-    try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    except cv2.error:
-        image = None
-    return (image, "") if image is not None else (None, "not a decodable image")
 
 
 class OpenCVCapture(Capture):
