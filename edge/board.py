@@ -79,15 +79,10 @@ def board_model(root: str = "/") -> Optional[str]:
 
 def current_system(root: str = "/") -> Dict[str, Any]:
     """The running system's identity: what an engine is tied to (ENGINE_SYSTEM_KEYS), L4T, the CPU runtime."""
-    try:
-        import onnxruntime
-        ort_version: Optional[str] = onnxruntime.__version__
-    except ImportError:
-        ort_version = None
     trt = tensorrt_version()
     system: Dict[str, Any] = {"tensorrt": trt, "board": board_model(root)}
     system.update(gpu_identity() if trt else dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda")))
-    system.update({"l4t": read_l4t(root), "onnxruntime": ort_version, "machine": platform.machine()})
+    system.update({"l4t": read_l4t(root), "onnxruntime": package_version("onnxruntime"), "machine": platform.machine()})
     return system
 
 
@@ -245,7 +240,8 @@ def clock_state(root: str = "/") -> Tuple[Dict[str, Any], List[str]]:
     return state, warnings
 
 
-def _version(module: str) -> Optional[str]:
+def package_version(module: str) -> Optional[str]:
+    """An optional package's version, or None when it is absent or broken."""
     try:
         return str(__import__(module).__version__)
     except Exception:  # absent or broken optional package: reported as null
@@ -256,7 +252,7 @@ def system_info(clocks: Dict[str, Any]) -> Dict[str, Any]:
     info = {
         "hostname": socket.gethostname(), "platform": platform.platform(), "machine": platform.machine(),
         "python": platform.python_version(), "cpu_count": os.cpu_count() or 0,
-        "onnxruntime": _version("onnxruntime"), "tensorrt": tensorrt_version(), "opencv": _version("cv2"),
+        "onnxruntime": package_version("onnxruntime"), "tensorrt": tensorrt_version(), "opencv": package_version("cv2"),
     }
     info.update(clocks)
     return info

@@ -19,13 +19,13 @@ import sys
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from edge import __version__
-from edge.board import check_engine_manifest, clock_state, gpu_identity, is_jetson
+from edge.board import check_engine_manifest, clock_state, gpu_identity, is_jetson, package_version
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError
+from edge.service.telemetry import JTOP_SOCKET
 
 Line = Tuple[str, str, str]  # (status, what, detail)
-JTOP_SOCKET = "/run/jtop.sock"
 RECIPE = "see docs/service.md, 'Installing on a Jetson'"
 
 
@@ -35,10 +35,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _version(module: str) -> str:
-    try:
-        return str(__import__(module).__version__)
-    except Exception:  # absent or broken optional package
-        return "absent"
+    return package_version(module) or "absent"
 
 
 def _not_ok(needed: bool) -> str:
