@@ -47,7 +47,7 @@ def check_output(path: str, what: str = "output") -> None:
         raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(path, what, probe))
 
 
-def atomic_write(path: str, write_fn: Callable[[IO[bytes]], None], what: str = "file") -> None:
+def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "file") -> None:
     """Write `path` through `write_fn(binary file)`; the old file (if any) stays until the new one is complete."""
     path = os.path.abspath(path)
     check_output(path, what)

@@ -22,6 +22,7 @@ import numpy as np
 
 from edge.config import IMAGENET_MEAN, IMAGENET_STD
 from edge.errors import EdgeError, require
+from edge.fileio import atomic_write
 from edge.frame.backend import INPUT_NAME, OUTPUT_NAME
 from edge.modelinfo import info_path, sha256_file, write_json_atomic
 
@@ -190,9 +191,8 @@ def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: 
             raise EdgeError("{}: ONNX Runtime differs from torch by {:.2e} (relative), limit {:.0e}".format(
                 out_path, rel_error, MAX_RELATIVE_ERROR), exit_code=1)
         labels_file = os.path.splitext(out_path)[0] + ".labels.txt"
-        with open(labels_file + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write("\n".join(labels) + "\n")
-        os.replace(labels_file + ".tmp", labels_file)
+        text = "\n".join(labels) + "\n"
+        atomic_write(labels_file, lambda fh: fh.write(text.encode("utf-8")), "labels file")
         os.chmod(tmp, 0o644)
         os.replace(tmp, out_path)
     finally:

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from edge.build.calibration import CalibrationSet, read_trt_calibration_cache
 from edge.config import PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError
+from edge.fileio import atomic_write
 from edge.frame.cuda_preprocess import CudaSession
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.tensorrt_runner import require_tensorrt
+from edge.modelinfo import write_json_atomic
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -43,11 +45,7 @@ def timing_cache_path(engine_dir: str, trt_version: str, gpu_name: str) -> str:
 
 
 def _write_atomic(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def _calibrator(session: CudaSession, images: CalibrationSet, preprocess: PreprocessConfig, cache_path: str,
@@ -94,9 +92,7 @@ def _calibrator(session: CudaSession, images: CalibrationSet, preprocess: Prepro
 
         def write_calibration_cache(self, cache: Any) -> None:
             _write_atomic(cache_path, bytes(cache))
-            with open(cache_path + ".json.tmp", "w", encoding="utf-8") as fh:
-                json.dump(identity, fh, indent=2, sort_keys=True)
-            os.replace(cache_path + ".json.tmp", cache_path + ".json")
+            write_json_atomic(cache_path + ".json", identity, "calibration cache record")
 
     return EntropyCalibrator()
 

@@ -22,6 +22,7 @@ import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from edge.errors import EXIT_FAIL, EdgeError, require
+from edge.modelinfo import write_json_atomic
 
 CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda")
 SOURCES = ("preprocess.cu", "preprocess.cuh")
@@ -110,10 +111,7 @@ def build_fatbin(nvcc: Optional[str] = None, out: str = FATBIN) -> Dict[str, Any
     args = ["--fatbin"] + [a for target in FATBIN_TARGETS for a in ("-gencode", target)]
     run_nvcc(nvcc, args, out)
     info = {"source_sha256": source_sha256(), "nvcc": nvcc_version(nvcc), "nvcc_args": list(_FLAGS) + args}
-    with open(out + ".json.tmp", "w", encoding="utf-8") as fh:
-        json.dump(info, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(out + ".json.tmp", out + ".json")
+    write_json_atomic(out + ".json", info, "fatbin record")
     return info
 
 
