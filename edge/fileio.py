@@ -14,8 +14,6 @@ import struct
 import tempfile
 from typing import IO, Any, Callable, Optional, Tuple
 
-import numpy as np
-
 from edge.errors import EdgeError, require
 
 MAX_IMAGE_BYTES = 256 << 20  # an image file larger than this is not a photograph
@@ -140,11 +138,11 @@ def read_text(path: str, what: str, max_bytes: int) -> str:
         raise EdgeError("{}: {} is not UTF-8 text (byte {})".format(path, what, exc.start)) from None
 
 
-def read_image(path: str, flags: Optional[int] = None) -> Tuple[bytes, Optional[np.ndarray], str]:
+def read_image(path: str, flags: Optional[int] = None) -> Tuple[bytes, Any, str]:
     """(file bytes, decoded image, '') or (bytes, None, why not). Only regular files within MAX_IMAGE_BYTES and
     MAX_IMAGE_PIXELS are decoded: FIFOs, devices, link loops, dangling links and pixel bombs are named instead.
     `flags`: cv2.imdecode's (default IMREAD_COLOR, 8-bit BGR)."""
-    cv2 = require("cv2")
+    cv2, np = require("cv2"), require("numpy")  # imported here: registering the commands stays light
     data, why = read_regular(path)
     if data is None:
         return b"", None, why or "unreadable"
