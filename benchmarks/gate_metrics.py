@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from edge.build.calibration import CalibrationSet, import_calibration_set, load_calibration_set  # noqa: E402
-from edge.build.export import EFFICIENTNET, PREPROCESS, export_mobilenet  # noqa: E402
+from edge.build.export import ARCHES, export_model  # noqa: E402
 from edge.build.plan import onnx_runner  # noqa: E402
 from edge.build.quantize import quantize_qdq  # noqa: E402
 from edge.config import PreprocessConfig  # noqa: E402
@@ -32,6 +32,7 @@ from edge.frame.preprocess import CpuPreprocessor  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 quiet = lambda *a: None  # noqa: E731
 CONFIDENCE = (0.3, 0.5, 0.7)
+EFFICIENTNET = "efficientnet_lite0"
 
 
 def logits_of(model, images, pre):
@@ -76,9 +77,9 @@ def effnet_candidates(work, calibration):
     for i, level in enumerate(np.random.default_rng(0).integers(90, 170, 32)):  # as tests/test_real_weights.py
         cv2.imwrite(os.path.join(raw, "{:02d}.png".format(i)), np.full((240, 320, 3), level, np.uint8))
     grey = import_calibration_set(raw, os.path.join(work, "grey"), log=quiet)
-    right = PreprocessConfig(**PREPROCESS[EFFICIENTNET])
+    right = PreprocessConfig(**ARCHES[EFFICIENTNET].preprocess)
     first32 = CalibrationSet(calibration.root, calibration.files[:32], calibration.sha256, calibration.manifest)
-    unnorm = PreprocessConfig(**dict(PREPROCESS[EFFICIENTNET], mean=[0.0] * 3, std=[1 / 255] * 3))
+    unnorm = PreprocessConfig(**dict(ARCHES[EFFICIENTNET].preprocess, mean=[0.0] * 3, std=[1 / 255] * 3))
     return right, [("minmax", right, calibration, "minmax"), ("percentile", right, calibration, "percentile"),
                    ("grey", right, grey, "minmax"), ("un-normalised", unnorm, first32, "minmax")]
 
@@ -142,7 +143,7 @@ def main():
 
         def effnet():
             if not once:
-                once["x"] = export_mobilenet(EFFICIENTNET, "auto", source, log=quiet)
+                once["x"] = export_model(EFFICIENTNET, "auto", source, log=quiet)
             return source
 
         calibration = load_calibration_set(os.path.join(REPO, "calibration", "default"), 1)

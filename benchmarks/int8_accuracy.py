@@ -68,11 +68,11 @@ def digits_table(work, epochs):
 
 
 def large_timing(work):
-    from edge.build.export import export_mobilenet
+    from edge.build.export import export_model
     from edge.config import PreprocessConfig
 
     src = os.path.join(work, "mobilenet_v3_large.onnx")
-    export_mobilenet("mobilenet_v3_large", "random", src, log=quiet)
+    export_model("mobilenet_v3_large", "random", src, log=quiet)
     images = load_calibration_set(os.path.join(ROOT, "calibration", "default"))
     print("\nMobileNetV3-Large (random weights), {} images of calibration/default, {} CPUs:\n".format(
         len(images), os.cpu_count()))

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from edge.build.export import export_mobilenet
+from edge.build.export import export_model
 from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
 
@@ -25,7 +25,7 @@ def main():
     args = parser.parse_args()
 
     model = os.path.join(tempfile.mkdtemp(prefix="edge-ort-"), args.arch + ".onnx")
-    export_mobilenet(args.arch, "random", model, log=lambda *a: None)
+    export_model(args.arch, "random", model, log=lambda *a: None)
     settings = {"default (0)": (0, True), "1 thread": (1, True), "2 threads": (2, True), "0, no spin": (0, False)}
     backends = {name: OnnxRuntimeBackend(model, threads, spin) for name, (threads, spin) in settings.items()}
     for backend in backends.values():

@@ -22,7 +22,7 @@ from edge.config import load_config
 from edge.frame.preprocess import CpuPreprocessor
 from edge.service.log import JsonLog
 from edge.service.loop import run
-from edge.service.runtime import Runtime, StopFlag
+from edge.service.runtime import Runtime
 
 
 def photo_video(path, frames=60):
@@ -47,7 +47,7 @@ def run_edge_pipeline(model, video, frames, spinning=True):
                              "runtime.latency_window": max(frames, 4096)})
     with open(os.devnull, "w") as devnull:
         runtime = Runtime(cfg, log=JsonLog(devnull))
-        run(stop=StopFlag(), runtime=runtime)  # the one frame loop, as `edge run` runs it
+        run(runtime)  # the one frame loop, as `edge run` runs it
     stages = runtime.pipeline.recorder.stages
     return {name: stages[name].window().copy() for name in ("preprocess", "infer", "end_to_end")}
 

@@ -18,15 +18,15 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from edge.artifact import read_model_info  # noqa: E402
 from edge.build.calibration import load_calibration_set  # noqa: E402
-from edge.build.export import export_mobilenet  # noqa: E402
+from edge.build.export import export_model  # noqa: E402
 from edge.build.gate import evaluate  # noqa: E402
 from edge.build.plan import onnx_runner  # noqa: E402
 from edge.build.quantize import METHODS, MODELOPT_METHODS, QUANTIZERS, quantize_qdq  # noqa: E402
 from edge.config import GateConfig, PreprocessConfig  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
 from edge.frame.preprocess import model_preprocess  # noqa: E402
-from edge.modelinfo import read_model_info  # noqa: E402
 
 ARCHES = ("mobilenet_v3_large", "efficientnet_lite0")
 COLUMNS = "{:<19} {:<12} {:<10} {:>9} {:>9} {:>6} {:>5} {:>5} {:>8}  {}"
@@ -55,7 +55,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for arch in args.arch or ARCHES:
             source = os.path.join(work, arch + ".onnx")
-            info = export_mobilenet(arch, "auto", source, log=lambda *a: None)
+            info = export_model(arch, "auto", source, log=lambda *a: None)
             for quantizer in args.quantizer or QUANTIZERS:
                 methods = METHODS if quantizer == "onnxruntime" else tuple(MODELOPT_METHODS)
                 for method in [m for m in methods if m in (args.method or methods)]:

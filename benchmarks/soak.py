@@ -1,4 +1,4 @@
-"""Soak test of the daemon: 20,000 frames through `edge.service.runtime.run` with everything a service runs switched
+"""Soak test of the daemon: 20,000 frames through `edge.service.loop.run` with everything a service runs switched
 on (grabber thread, ONNX Runtime, metrics HTTP server being scraped, sd_notify with a watchdog, telemetry
 thread, JSON log), then resident memory, threads and open files compared with a baseline taken once the
 process has settled.
@@ -29,7 +29,7 @@ from edge.config import load_config
 from edge.frame.pipeline import Result, Sink
 from edge.service.log import JsonLog
 from edge.service.loop import run
-from edge.service.runtime import Runtime, StopFlag
+from edge.service.runtime import Runtime
 
 MAX_RSS_GROWTH = 0.05
 
@@ -117,9 +117,9 @@ def soak(model: str, frames: int = 20000, baseline_at: int = 2000, every: int = 
     probe = Probe(every, scrape_every=500, metrics_port=port)
     log_file = open(log_path, "w")
     try:
-        runtime = Runtime(cfg, JsonLog(log_file), sinks=[probe])
+        runtime = Runtime(cfg, [probe], JsonLog(log_file))
         started = time.monotonic()
-        report = run(cfg, stop=StopFlag(), runtime=runtime)
+        report = run(runtime)
         wall = time.monotonic() - started
     finally:
         log_file.close()
@@ -165,10 +165,10 @@ def main() -> int:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from edge.build.export import export_mobilenet
+        from edge.build.export import export_model
 
         model = os.path.join(tempfile.mkdtemp(prefix="edge-soak-model-"), "mobilenet_v3_small.onnx")
-        export_mobilenet("mobilenet_v3_small", "random", model, log=lambda *a: None)
+        export_model("mobilenet_v3_small", "random", model, log=lambda *a: None)
     result = soak(model, args.frames, args.baseline_at, fps=args.fps)
     text = json.dumps(result, indent=2)
     print(text)

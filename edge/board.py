@@ -4,16 +4,12 @@ Every probe reads files or runs a command with a timeout and answers None/'unkno
 is safe off a Jetson. `root` arguments let tests point the probes at a fake filesystem.
 """
 
-import json
 import os
 import platform
 import re
 import socket
 import subprocess
-from typing import Any, Callable, Dict, List, Optional, Tuple
-
-from edge.errors import EdgeError
-from edge.modelinfo import info_path, sha256_file
+from typing import Any, Dict, List, Optional, Tuple
 
 NV_TEGRA_RELEASE = "etc/nv_tegra_release"  # relative to `root`
 
@@ -86,7 +82,7 @@ def current_system(root: str = "/") -> Dict[str, Any]:
     return system
 
 
-# --- artifacts tied to this board ---------------------------------------------------------------------------
+# --- what an engine is tied to (edge.artifact.check_engine compares a model info with it) -------------
 
 # What a TensorRT engine only runs on. Not the GPU name ("Orin" for 4 to 16 SMs) and not L4T: an L4T patch
 # that keeps TensorRT and CUDA keeps engines valid (a changed L4T is a warning, ENGINE_WARN_KEYS).
@@ -95,73 +91,9 @@ ENGINE_WARN_KEYS = ("l4t",)
 
 
 def engine_expectations(system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The manifest keys an engine must match here: {'system.tensorrt': '10.3.0', ...}."""
+    """The model-info keys an engine must match here: {'system.tensorrt': '10.3.0', ...}."""
     system = system or current_system()
     return {"system." + key: system[key] for key in ENGINE_SYSTEM_KEYS}
-
-
-def read_manifest(artifact_path: str) -> Dict[str, Any]:
-    """The artifact's manifest (`<stem>.json`), or {} when it is missing or unreadable."""
-    try:
-        with open(info_path(artifact_path), "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _lookup(manifest: Dict[str, Any], dotted: str) -> Any:
-    node: Any = manifest
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def check_manifest(artifact_path: str, expected: Dict[str, Any], rebuild: str = "edge build") -> None:
-    """Refuse (one-line EdgeError with the reason and the rebuild command) an artifact that does not match.
-
-    `expected` maps dotted manifest keys ('source.sha256', 'system.tensorrt', ...) to required values.
-    """
-    tail = "; rebuild with: " + rebuild
-    if not os.path.isfile(artifact_path):
-        raise EdgeError("{}: not built yet{}".format(artifact_path, tail))
-    manifest = read_manifest(artifact_path)
-    if not manifest:
-        raise EdgeError("{}: no readable manifest {}{}".format(
-            artifact_path, os.path.basename(info_path(artifact_path)), tail))
-    if manifest.get("sha256") != sha256_file(artifact_path):
-        raise EdgeError("{}: file differs from the sha256 in its manifest{}".format(artifact_path, tail))
-    for key in sorted(expected):
-        have = _lookup(manifest, key)
-        if have != expected[key]:
-            raise EdgeError("{}: built for {} {!r}, expected {!r}{}".format(artifact_path, key, have, expected[key],
-                                                                            tail))
-
-
-def engine_warnings(manifest: Dict[str, Any], system: Optional[Dict[str, Any]] = None) -> List[str]:
-    """What differs from the build system without invalidating the engine (an L4T patch)."""
-    system = system or current_system()
-    return ["engine built on {} {!r}, this board runs {!r}: kept (same TensorRT, CUDA and GPU)".format(
-        key, _lookup(manifest, "system." + key), system.get(key))
-        for key in ENGINE_WARN_KEYS if _lookup(manifest, "system." + key) != system.get(key)]
-
-
-def check_engine_manifest(engine_path: str, system: Optional[Dict[str, Any]] = None,
-                          warn: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-    """The TensorRT backend's load check: an engine runs only on the board model, SM count, compute capability,
-    TensorRT and CUDA it was built with. A changed L4T alone goes to `warn`.
-
-    Returns the manifest; a missing manifest or any mismatch is a one-line EdgeError with the rebuild command.
-    """
-    system = system or current_system()
-    source = _lookup(read_manifest(engine_path), "source.path") or "<fp32 .onnx>"
-    check_manifest(engine_path, engine_expectations(system), "edge build --engine --model {}".format(source))
-    manifest = read_manifest(engine_path)
-    for line in engine_warnings(manifest, system) if warn is not None else []:
-        warn("{}: {}".format(engine_path, line))
-    return manifest
 
 
 def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optional[int], Optional[bool], str]:

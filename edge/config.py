@@ -1,20 +1,22 @@
 """One YAML file -> typed, validated configuration objects.
 
+Each key is declared once below (type, default, range, choices, help, reload policy, flag: edge/fields.py);
+validation, the command-line flags, configs/example.yaml and what a SIGHUP applies are derived from it.
 Every error names the file and the dotted key and says what was expected; the CLI turns it into
 one line and exit code 2. Defaults make an empty file (or no file) a working configuration.
 """
 
 import dataclasses
-import math
-import os
-import reprlib
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import yaml
 
 from edge.errors import EdgeError
+from edge.fields import APPLY, OFFLINE, build, example, section, setting, show, validate
 from edge.fileio import read_text
+from edge.uri import parse_source
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -22,216 +24,144 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass
 class ModelConfig:
-    path: str = "engines/mobilenet_v3_large.onnx"  # .onnx (ONNX Runtime) or .engine (TensorRT)
-    labels: str = ""  # empty: <model stem>.labels.txt beside the model
+    path: str = setting("engines/mobilenet_v3_large.onnx", ".onnx runs in ONNX Runtime, .engine in TensorRT; "
+                        "a build's FP32 source is this path without .int8/.fp16, as .onnx", flag="--model")
+    labels: str = setting("", "default: <model stem>.labels.txt beside the model")
 
 
 @dataclass
 class SourceConfig:
-    uri: str = "synthetic"  # synthetic | file | image folder | /dev/videoN | v4l2://N | csi://N | rtsp://...
-    width: int = 1280
-    height: int = 720
-    fps: float = 30.0
-    loop: bool = True  # files and image folders restart at the end
-    timeout_s: float = 2.0  # no frame for this long counts as a source fault
-    rtsp_codec: str = "auto"  # auto (any codec the stream has) | h264 | h265 | mjpeg
-    rtsp_tcp: bool = False  # RTP inside the RTSP connection (sites that block UDP)
+    uri: str = setting("synthetic", "synthetic | FILE | FOLDER | /dev/videoN | v4l2://N | csi://N | rtsp://...",
+                       check=parse_source, flag="--source")
+    width: int = setting(1280, "synthetic frames, and the size asked of cameras", low=1, high=16384)
+    height: int = setting(720, "synthetic frames, and the size asked of cameras", low=1, high=16384)
+    fps: float = setting(30.0, "pacing of synthetic/file/folder frames, and the camera frame rate", low=0.01,
+                         high=1000.0)
+    loop: bool = setting(True, "restart files and folders at the end")
+    timeout_s: float = setting(2.0, "no new frame for this long is a source fault", low=0.01, high=3600.0)
+    rtsp_codec: str = setting("auto", "rtsp:// decoder (auto: any codec the stream has)",
+                              choices=("auto", "h264", "h265", "mjpeg"))
+    rtsp_tcp: bool = setting(False, "rtsp:// over TCP instead of UDP (sites that block UDP)")
 
 
 @dataclass
 class PreprocessConfig:
-    device: str = "auto"  # auto | cpu | cuda
-    resize: int = 256
-    crop: int = 224
-    mean: List[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
-    std: List[float] = field(default_factory=lambda: list(IMAGENET_STD))
+    device: str = setting("auto", "auto: cuda when the backend is TensorRT", choices=("auto", "cpu", "cuda"),
+                          flag="--preprocess")
+    resize: int = setting(256, "torchvision Resize(256) ...", low=1, high=4096)
+    crop: int = setting(224, "... + CenterCrop(224): what MobileNetV3 was trained with", low=1, high=4096)
+    # pixels are scaled to 0-1 first; std divides
+    mean: List[float] = setting(list(IMAGENET_MEAN), "R, G, B, of pixels scaled to 0-1", low=0.0, high=1.0,
+                                length=3)
+    std: List[float] = setting(list(IMAGENET_STD), "R, G, B (divides)", low=0.001, high=1.0, length=3)
 
 
 @dataclass
 class BackendConfig:
-    kind: str = "auto"  # auto | onnxruntime | tensorrt
-    intra_op_threads: int = 0  # 0: ONNX Runtime's default (measured fastest, benchmarks/ort_threads.py)
-    intra_op_spinning: bool = True  # false: steadier tail, slower median (measured, benchmarks/ort_threads.py)
-    cuda_graph: bool = False
+    kind: str = setting("auto", "auto: tensorrt for .engine with a GPU present",
+                        choices=("auto", "onnxruntime", "tensorrt"), flag="--backend")
+    intra_op_threads: int = setting(0, "ONNX Runtime threads, 0 = its default (fastest on 2 cores: "
+                                       "benchmarks/ort_threads.py)", low=0, high=256)
+    intra_op_spinning: bool = setting(True, "false: ORT's idle threads stop spinning - steadier p99/p50, ~1.5x "
+                                            "slower p50 on 2 cores")
+    cuda_graph: bool = setting(False, "TensorRT: capture inference in a CUDA graph (kept only if measurably "
+                                      "faster)")
 
 
 @dataclass
 class RuntimeConfig:
-    budget_ms: float = 30.0
-    frames: int = 0  # 0: run until stopped or the source ends
-    warmup: int = 10  # frames run before timing starts
-    top_k: int = 5
-    report_every: int = 300  # frames between JSON summary lines
-    latency_window: int = 4096  # frames kept for percentiles (bounded memory)
-    max_consecutive_errors: int = 50  # beyond this the process exits non-zero
+    budget_ms: float = setting(30.0, "a frame whose capture -> result time exceeds this is a miss", low=0.001,
+                               high=3600000.0, flag="--budget-ms")
+    frames: int = setting(0, "stop after N timed frames; 0 = until stopped or the source ends", low=0,
+                          high=10 ** 10, flag="--frames")
+    warmup: int = setting(10, "frames run (not timed) before timing starts", low=0, high=100000)
+    top_k: int = setting(5, "classes reported per frame", low=1, high=1000, reload=APPLY, flag="--top-k")
+    report_every: int = setting(300, "frames between JSON summary lines", low=1, high=10 ** 9)
+    latency_window: int = setting(4096, "frames kept for percentiles (memory stays bounded)", low=1, high=1000000)
+    max_consecutive_errors: int = setting(50, "more failed frames in a row than this: exit non-zero (systemd "
+                                              "restarts)", low=1, high=1000000, reload=APPLY)
 
 
 @dataclass
 class GateConfig:
-    min_agreement: float = 0.98
-    min_mean_cosine: float = 0.99
-    max_top1_drop_pp: float = 1.0
+    min_agreement: float = setting(0.98, "top-1 agreement of INT8 with FP32 on the regression set", low=0.0,
+                                   high=1.0)
+    min_mean_cosine: float = setting(0.99, "mean cosine similarity of the logits", low=0.0, high=1.0)
+    max_top1_drop_pp: float = setting(1.0, "top-1 accuracy drop, percentage points (when labels exist)", low=0.0,
+                                      high=100.0)
 
 
 @dataclass
 class BuildConfig:
-    calibration_dir: str = "calibration/default"
-    regression_dir: str = "calibration/regression"
-    method: str = "minmax"  # minmax | entropy | percentile
-    quantizer: str = "onnxruntime"  # onnxruntime | modelopt (opset 19: TensorRT >= 10 only; docs/build.md)
-    exclude_sensitive: bool = True
-    min_images: int = 32
-    precision: str = "int8"  # int8 | fp16 | fp32
-    engines_dir: str = "engines"
-    workspace_mb: int = 1024
-    gate: GateConfig = field(default_factory=GateConfig)
+    calibration_dir: str = setting("calibration/default", "images INT8 calibration reads", flag="--calibration")
+    regression_dir: str = setting("calibration/regression", "images the accuracy gate compares on",
+                                  flag="--regression")
+    method: str = setting("minmax", "calibration method", choices=("minmax", "entropy", "percentile"),
+                          flag="--method")
+    quantizer: str = setting("onnxruntime", "modelopt: NVIDIA ModelOpt, extra [modelopt]; opset 19: TensorRT >= 10 "
+                                            "only (docs/build.md)", choices=("onnxruntime", "modelopt"))
+    exclude_sensitive: bool = setting(True, "keep MobileNetV3's squeeze-excite/hard-sigmoid, first conv, "
+                                            "classifier in float")
+    min_images: int = setting(32, "fewer calibration images is an error", low=1, high=1000000)
+    precision: str = setting("int8", "fp16/fp32: TensorRT engines only", choices=("int8", "fp16", "fp32"),
+                             flag="--precision")
+    engines_dir: str = setting("engines", "where built artifacts are installed")
+    workspace_mb: int = setting(1024, "TensorRT builder workspace", low=1, high=1 << 20)
+    max_float_layers: int = setting(8, "when the gate fails, leave up to this many of the layers INT8 hurts most "
+                                       "in float (FP16 on the engine) and judge again; 0 = off", low=0, high=1000)
+    target_tensorrt: str = setting("", "TensorRT version the Q/DQ model is for (e.g. 8.5 for JetPack 5), which "
+                                       "limits its opset; empty = this machine's TensorRT, if any")
+    gate: GateConfig = section(GateConfig)
 
 
 @dataclass
 class MetricsConfig:
-    enabled: bool = False
-    host: str = "127.0.0.1"
-    port: int = 9108
+    enabled: bool = setting(False, "Prometheus /metrics and /healthz")
+    host: str = setting("127.0.0.1", "never all interfaces unless you say so")
+    port: int = setting(9108, "metrics port", low=1, high=65535)
 
 
 @dataclass
 class TelemetryConfig:
-    enabled: bool = True
-    interval_s: float = 1.0
+    enabled: bool = setting(True, "board telemetry (jtop) in reports and metrics")
+    interval_s: float = setting(1.0, "telemetry sampling interval", low=0.01, high=3600.0)
 
 
 @dataclass
 class ServiceConfig:
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
-    reconnect_initial_s: float = 0.5
-    reconnect_max_s: float = 30.0
+    metrics: MetricsConfig = section(MetricsConfig)
+    telemetry: TelemetryConfig = section(TelemetryConfig)
+    reconnect_initial_s: float = setting(0.5, "first reconnect delay of a live source (doubles)", low=0.001,
+                                         high=3600.0)
+    reconnect_max_s: float = setting(30.0, "longest reconnect delay", low=0.001, high=86400.0)
 
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    source: SourceConfig = field(default_factory=SourceConfig)
-    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    build: BuildConfig = field(default_factory=BuildConfig)
-    service: ServiceConfig = field(default_factory=ServiceConfig)
+    model: ModelConfig = section(ModelConfig, reload=APPLY)
+    source: SourceConfig = section(SourceConfig)
+    preprocess: PreprocessConfig = section(PreprocessConfig, reload=APPLY)
+    backend: BackendConfig = section(BackendConfig, reload=APPLY)
+    runtime: RuntimeConfig = section(RuntimeConfig)
+    build: BuildConfig = section(BuildConfig, reload=OFFLINE)
+    service: ServiceConfig = section(ServiceConfig)
     path: Optional[str] = None  # where it was loaded from (not a YAML key)
 
 
-_CHOICES = {
-    "source.rtsp_codec": ("auto", "h264", "h265", "mjpeg"),
-    "preprocess.device": ("auto", "cpu", "cuda"),
-    "backend.kind": ("auto", "onnxruntime", "tensorrt"),
-    "build.method": ("minmax", "entropy", "percentile"),
-    "build.quantizer": ("onnxruntime", "modelopt"),
-    "build.precision": ("int8", "fp16", "fp32"),
-}
-
-# Every numeric key's sane range (inclusive; "> 0" is written as the smallest useful value): beyond
-# these a value allocates gigabytes, busy-loops or switches a check off. NaN and inf are refused everywhere.
-_RANGES = {
-    "source.width": (1, 16384), "source.height": (1, 16384), "source.fps": (0.01, 1000.0),
-    "source.timeout_s": (0.01, 3600.0),
-    "preprocess.resize": (1, 4096), "preprocess.crop": (1, 4096),
-    "backend.intra_op_threads": (0, 256),
-    "runtime.budget_ms": (0.001, 3600000.0), "runtime.frames": (0, 10 ** 10), "runtime.warmup": (0, 100000),
-    "runtime.top_k": (1, 1000), "runtime.report_every": (1, 10 ** 9), "runtime.latency_window": (1, 1000000),
-    "runtime.max_consecutive_errors": (1, 1000000),
-    "build.min_images": (1, 1000000), "build.workspace_mb": (1, 1 << 20),
-    "build.gate.min_agreement": (0.0, 1.0), "build.gate.min_mean_cosine": (0.0, 1.0),
-    "build.gate.max_top1_drop_pp": (0.0, 100.0),
-    "service.metrics.port": (1, 65535), "service.telemetry.interval_s": (0.01, 3600.0),
-    "service.reconnect_initial_s": (0.001, 3600.0), "service.reconnect_max_s": (0.001, 86400.0),
-}
+EXAMPLE_HEADER = """# jetson-edge configuration. Every key is optional; the values shown are the defaults.
+# Unknown keys, wrong types and impossible values are refused with one line naming the key (exit 2).
+# Generated from the declarations in edge/config.py (tests/test_config.py says how to regenerate it)."""
 MAX_CONFIG_BYTES = 1 << 20
 MAX_YAML_NODES = 10000  # a config has ~60; an alias bomb expands to billions
 
 
-def _show(value: Any) -> str:
-    """A value for an error line: bounded however large or deeply nested (an alias bomb) it is."""
-    text = _REPR.repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 50, 50
-_REPR.maxlong = 30
-
-
-def _type_name(tp: Any) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-
-
-def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where, key)
-    if getattr(tp, "__origin__", None) in (list, List):
-        (item_tp,) = tp.__args__
-        if not isinstance(value, list):
-            raise EdgeError("{}: '{}' must be a list, got {}".format(where, key, _show(value)))
-        return [_coerce(v, item_tp, where, "{}[{}]".format(key, i)) for i, v in enumerate(value)]
-    ok = (
-        isinstance(value, bool) if tp is bool
-        else isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float
-        else isinstance(value, int) and not isinstance(value, bool) if tp is int
-        else isinstance(value, tp)
-    )
-    if not ok:
-        raise EdgeError("{}: '{}' must be {}, got {}".format(where, key, _type_name(tp), _show(value)))
-    if tp is float:
-        try:
-            value = float(value)
-        except OverflowError:
-            value = math.inf
-        if not math.isfinite(value):
-            raise EdgeError("{}: '{}' must be a finite number, got {}".format(where, key, _show(value)))
-    return value
-
-
-def _build(cls: Any, data: Any, where: str, prefix: str = "") -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, prefix or "<top level>", _show(data)))
-    fields = {f.name: f for f in dataclasses.fields(cls) if not (cls is Config and f.name == "path")}
-    values = {}
-    for key, value in data.items():
-        dotted = prefix + "." + str(key)[:60] if prefix else str(key)[:60]
-        if key not in fields:
-            raise EdgeError("{}: unknown key '{}' (expected one of: {})".format(where, dotted, ", ".join(fields)))
-        values[key] = _coerce(value, fields[key].type, where, dotted)
-    return cls(**values)
-
-
-def _check_values(cfg: Config, where: str) -> None:
-    def get(dotted: str) -> Any:
-        obj: Any = cfg
-        for part in dotted.split("."):
-            obj = getattr(obj, part)
-        return obj
-
-    for key, choices in _CHOICES.items():
-        if get(key) not in choices:
-            raise EdgeError("{}: '{}' must be one of {}, got {}".format(where, key, "|".join(choices), _show(get(key))))
-    for key, (low, high) in _RANGES.items():
-        if not low <= get(key) <= high:
-            raise EdgeError("{}: '{}' must be between {} and {}, got {}".format(where, key, low, high,
-                                                                                 _show(get(key))))
-    pre = cfg.preprocess
+def check_preprocess(pre: PreprocessConfig, where: str) -> None:
+    """A preprocessing section's declared checks, and crop <= resize: the config's, or a model info's (made with
+    edge.fields.build(PreprocessConfig, ...))."""
+    validate(pre, where, "preprocess.")
     if pre.crop > pre.resize:
         raise EdgeError("{}: 'preprocess.crop' ({}) must not exceed 'preprocess.resize' ({})".format(
             where, pre.crop, pre.resize))
-    for key in ("mean", "std"):
-        values = getattr(pre, key)
-        if len(values) != 3:
-            raise EdgeError("{}: 'preprocess.{}' must list 3 numbers (R, G, B), got {}".format(
-                where, key, _show(values)))
-    for key, low in (("mean", 0.0), ("std", 0.001)):  # pixels are scaled to 0-1 first; std divides
-        if not all(low <= v <= 1.0 for v in getattr(pre, key)):
-            raise EdgeError("{}: 'preprocess.{}' values must be between {} and 1.0, got {}".format(
-                where, key, low, _show(getattr(pre, key))))
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None) -> Config:
@@ -248,12 +178,11 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     aliases) to more than MAX_YAML_NODES values: one EdgeError, found before any value is built."""
     text = read_text(path, "config file", MAX_CONFIG_BYTES)
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text)
         try:
             node = loader.get_single_node()
-            if node is not None and _expanded_size(node) > MAX_YAML_NODES:
-                raise EdgeError("{}: more than {} values once aliases are expanded (a YAML alias bomb?)".format(
-                    path, MAX_YAML_NODES))
+            if node is not None:
+                _check_nodes(node, path)
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
@@ -265,22 +194,44 @@ def _read_yaml(path: str) -> Dict[str, Any]:
         raise EdgeError("{}: not valid YAML{}: {}".format(path, line, getattr(exc, "problem", exc))) from None
     data = data or {}
     if not isinstance(data, dict):
-        raise EdgeError("{}: top level must be a mapping of sections, got {}".format(path, _show(data)))
+        raise EdgeError("{}: top level must be a mapping of sections, got {}".format(path, show(data)))
     return data
 
 
-def _expanded_size(root: yaml.Node) -> int:
-    """How many nodes the document has with every alias expanded; stops counting past MAX_YAML_NODES."""
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 numbers: `1:30` stays a string (no base 60), `010` is no octal, `1e-9` is a float."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _check_nodes(root: yaml.Node, path: str) -> None:
+    """Before any value is built: no mapping repeats a key (no silent last-wins), and the document, with every
+    alias expanded, has at most MAX_YAML_NODES nodes (an alias bomb expands to billions)."""
     count, stack = 0, [root]
-    while stack and count <= MAX_YAML_NODES:
+    while stack:
         node = stack.pop()
         count += 1
+        if count > MAX_YAML_NODES:
+            raise EdgeError("{}: more than {} values once aliases are expanded (a YAML alias bomb?)".format(
+                path, MAX_YAML_NODES))
         if isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)
         elif isinstance(node, yaml.MappingNode):
+            seen = set()
             for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None and name in seen:
+                    raise EdgeError("{}: duplicate key '{}' (line {})".format(path, show(name)[1:-1],
+                                                                            key.start_mark.line + 1))
+                seen.add(name)
                 stack.extend((key, value))
-    return count
 
 
 def with_overrides(cfg: Config, overrides: Dict[str, Any]) -> Config:
@@ -300,16 +251,18 @@ def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where:
             node = node[part]
             if not isinstance(node, dict):
                 raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, ".".join(parts[:i + 1]),
-                                                                              _show(node)))
+                                                                              show(node)))
         node[parts[-1]] = value
-    cfg = _build(Config, data, where)
-    _check_values(cfg, where)
+    cfg = build(Config, data, where)
+    validate(cfg, where)
+    check_preprocess(cfg.preprocess, where)
     cfg.path = path
     return cfg
 
 
-def labels_path(model_path: str, labels: str = "") -> str:
-    return labels or os.path.splitext(model_path)[0] + ".labels.txt"
+def example_yaml() -> str:
+    """configs/example.yaml as the declarations give it."""
+    return example(Config, EXAMPLE_HEADER)
 
 
 def as_dict(cfg: Config) -> Dict[str, Any]:

@@ -18,8 +18,10 @@ class EdgeError(Exception):
 
 # Optional dependency -> how to get it.
 _INSTALL_HINTS = {
-    "onnxruntime": "pip install 'jetson-edge[cpu]'",
-    "cv2": "pip install 'jetson-edge[cpu]' (on a Jetson: apt install python3-opencv, which has GStreamer)",
+    # Never PyPI's OpenCV on a Jetson: it has no GStreamer and hides JetPack's (csi:// cameras).
+    "onnxruntime": "on a Jetson pip install -c constraints/jetpackN.txt 'jetson-edge[jetson]', elsewhere "
+                   "pip install 'jetson-edge[cpu]'",
+    "cv2": "on a Jetson apt install python3-opencv (GStreamer), elsewhere pip install 'jetson-edge[cpu]'",
     "torch": "pip install 'jetson-edge[export]'",
     "torchvision": "pip install 'jetson-edge[export]'",
     "tensorrt": "apt install python3-libnvinfer (JetPack ships TensorRT)",
@@ -31,6 +33,28 @@ _INSTALL_HINTS = {
     "matplotlib": "pip install 'jetson-edge[check]'",
     "onnx": "pip install onnx",
 }
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none): what a one-line error quotes."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+MAX_LINE_CHARS = 300
+
+
+def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """`text` safe to print as one line: control characters (newline, NUL, ANSI escape, C1) and undecodable bytes
+    of a file name escaped, and at most `limit` characters, cut in the middle (a path's end names the problem)."""
+    if len(text) > 2 * limit:  # the middle goes anyway: escape only the ends of a huge text
+        text = text[:limit] + text[-limit:]
+    out = "".join(c if c.isprintable() else "\\x{:02x}".format(ord(c)) if ord(c) < 256 else
+                  "\\u{:04x}".format(ord(c)) for c in text)
+    if len(out) <= limit:
+        return out
+    tail = limit // 3
+    return out[:limit - tail - 5] + " ... " + out[-tail:]
 
 
 def require(module: str) -> ModuleType:

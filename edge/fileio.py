@@ -6,17 +6,21 @@ then renamed over it: a reader sees the old file or the new one, never half of o
 nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
 """
 
+import contextlib
 import errno
 import json
 import os
+import shutil
 import stat
 import struct
 import tempfile
-from typing import IO, Any, Callable, Optional, Tuple
+from typing import IO, Any, Callable, Iterator, Optional, Set, Tuple
 
-from edge.errors import EdgeError, require
+from edge.errors import EXIT_FAIL, EdgeError, first_line, require
+from edge.uri import redact
 
 MAX_IMAGE_BYTES = 256 << 20  # an image file larger than this is not a photograph
+NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
 MAX_IMAGE_PIXELS = 100_000_000  # 100 MP (300 MB decoded BGR); decompression bombs are far larger
 
 
@@ -72,6 +76,12 @@ def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "f
         raise
 
 
+def write_json_atomic(path: str, data: Any, what: str = "JSON file") -> None:
+    """Sorted, indented JSON, written whole or not at all (`atomic_write`)."""
+    text = redact(json.dumps(data, indent=2, sort_keys=True)) + "\n"  # no password in any stored file
+    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")), what)
+
+
 def check_replaceable(out_dir: str, manifest: str) -> None:
     """Refuse to replace the folder `out_dir` unless it is absent, empty, or one this code wrote: its `manifest`
     (JSON, {"files": [{"name": ...}]}) lists every file in it. Anything else may hold the user's files."""
@@ -89,7 +99,7 @@ def check_replaceable(out_dir: str, manifest: str) -> None:
             listed = None
             why = "its {} is not one this tool wrote".format(manifest)
         if listed is not None:
-            present = set()
+            present: Set[str] = set()
             for root, dirs, files in os.walk(out_dir):
                 names = files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
                 present.update(os.path.relpath(os.path.join(root, n), out_dir).replace(os.sep, "/") for n in names)
@@ -98,6 +108,77 @@ def check_replaceable(out_dir: str, manifest: str) -> None:
     if why:
         raise EdgeError("{}: refusing to replace this folder ({}); choose a new or empty output folder".format(
             out_dir, why))
+
+
+def _check_out_dir(out_dir: str, what: str) -> None:
+    """Before any work: a folder name the filesystem takes, in a folder this user can write."""
+    name = os.path.basename(out_dir)
+    if len(os.fsencode(name)) > NAME_MAX:
+        raise EdgeError("{}: the {}'s folder name is longer than {} bytes".format(out_dir, what, NAME_MAX))
+    probe = os.path.dirname(out_dir)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(out_dir, what, probe))
+
+
+def _commit(tmp: str, out_dir: str, manifest: str) -> None:
+    """Rename `tmp` to `out_dir`, the old set (one this tool wrote) moved aside and removed once it is done."""
+    parent = os.path.dirname(out_dir)
+    check_replaceable(out_dir, manifest)  # still true after the (long) work
+    old = None
+    try:
+        if os.path.exists(out_dir):
+            old = tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "old"), dir=parent)
+            os.rename(out_dir, os.path.join(old, "set"))
+        try:
+            os.rename(tmp, out_dir)
+        except BaseException:
+            if old is not None:
+                os.rename(os.path.join(old, "set"), out_dir)
+            raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):  # another writer renamed in between
+            raise EdgeError("{}: another command wrote this folder at the same time; nothing of this run was "
+                            "kept (run it again)".format(out_dir)) from None
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _temp_prefix(out_dir: str, kind: str) -> str:
+    return ".{}.{}-".format(os.path.basename(out_dir)[:64], kind)  # short: the folder's own name may be 255 bytes
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir: str, manifest: str, what: str, keep_out: Optional[str] = None) -> Iterator[str]:
+    """Yields a temporary folder beside `out_dir`; on success it replaces `out_dir` (only a folder written here:
+    `check_replaceable`), on any error or signal it is removed. `keep_out` (the source) and `out_dir` must not
+    overlap. The name and the parent are checked first; a write that fails (a full disk, a read-only folder) is
+    one EdgeError naming the folder."""
+    out_dir = os.path.abspath(out_dir)
+    real = os.path.realpath(out_dir)
+    if keep_out is not None:
+        other = os.path.realpath(keep_out)
+        if other == real or other.startswith(real + os.sep) or real.startswith(other + os.sep):
+            raise EdgeError("{}: the output folder must not contain, or be inside, {}".format(out_dir, keep_out))
+    _check_out_dir(out_dir, what)
+    check_replaceable(out_dir, manifest)
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "tmp"), dir=os.path.dirname(out_dir))
+        yield tmp
+        os.chmod(tmp, 0o755)
+        _commit(tmp, out_dir, manifest)
+    except OSError as exc:
+        raise EdgeError("{}: cannot write the {}: {}{}".format(
+            out_dir, what, exc.strerror or first_line(exc), " ({})".format(os.path.basename(str(exc.filename)))
+            if exc.filename else ""), exit_code=EXIT_FAIL) from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_regular(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Tuple[Optional[bytes], Optional[str]]:
@@ -113,10 +194,11 @@ def read_regular(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Tuple[Optional[
         if exc.errno == errno.ENOENT and os.path.islink(path):
             return None, "dangling link"
         return None, "unreadable ({})".format(exc.strerror)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        return None, "not a regular file ({})".format(_kind(st.st_mode))
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "not a regular file ({})".format(_kind(st.st_mode))
         if st.st_size > max_bytes:
             return None, "larger than {} MB".format(max_bytes >> 20)
         data = fh.read(max_bytes + 1)
@@ -158,11 +240,27 @@ def read_image(path: str, flags: Optional[int] = None) -> Tuple[bytes, Any, str]
     return (data, image, "") if image is not None else (data, None, "not a readable image")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: Any) -> dict:
+    """A JSON object, refusing a repeated key (json's default keeps the last one silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(json.dumps(key)[:60])
+        out[key] = value
+    return out
+
+
 def load_json(path: str, what: str, max_bytes: int = 64 << 20) -> Any:
     """A JSON file's contents; anything unreadable (too big, not UTF-8, nested too deeply) is one EdgeError."""
     text = read_text(path, "the " + what, max_bytes)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise EdgeError("{}: the {} repeats the key {}".format(path, what, exc)) from None
     except RecursionError:
         raise EdgeError("{}: the {} is nested too deeply".format(path, what)) from None
     except ValueError as exc:

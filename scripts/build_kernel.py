@@ -5,8 +5,9 @@
     scripts/build_kernel.py --into /var/lib/jetson-edge/kernels --arch sm_87
     scripts/build_kernel.py --fatbin                 # regenerate the shipped edge/cuda/preprocess.fatbin
 
-Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels, else ~/.cache/jetson-edge/kernels. nvcc's
-temporary files go inside the output folder (an unwritable /tmp is fine). See docs/gpu.md.
+Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels, else /var/lib/jetson-edge/kernels (where the
+service, `edge doctor` and `edge check` all look). nvcc's temporary files go inside the output folder (an
+unwritable /tmp is fine). See docs/gpu.md.
 """
 
 import argparse

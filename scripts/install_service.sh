@@ -20,6 +20,49 @@ user=jetson-edge
 groups=(video render jtop)
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+say() { echo "install_service: $*"; }
+act() {  # run a command, or only print it with --dry-run
+  if [ "$dry_run" = 1 ]; then echo "would run: $*"; else "$@"; fi
+}
+step() {  # a recipe step: its failure stops the install with its message, nothing after it runs
+  act "$@" || { echo "install_service.sh: step failed (exit $?): $* (see above; docs/service.md)" >&2; exit 1; }
+}
+
+# On a Jetson: the one install recipe (docs/service.md and README.md show these same lines;
+# tests/test_install_recipe.py compares them). JetPack's TensorRT and OpenCV (GStreamer: csi:// cameras; never
+# PyPI's OpenCV here, the constraints refuse it), nvcc of JetPack's CUDA where a minimal flash lacks it, a venv
+# that sees JetPack's packages, pip under this JetPack's constraints (NumPy 1.x: JetPack's OpenCV and TensorRT
+# are built against it), pycuda built against JetPack's CUDA, jtop's service, and the preprocessing kernel built
+# into the state directory the service and the CLI both read (the service never runs nvcc; docs/gpu.md).
+jetson_recipe() {
+  local jp cuda
+  jp="$(jetpack)" && cuda="$(cuda_package_version)" || exit 1
+  step apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev
+  has_nvcc || step apt-get install -y "cuda-nvcc-$cuda"
+  step python3 -m venv --system-site-packages .venv
+  step env PATH="/usr/local/cuda/bin:$PATH" PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/pip install -e '.[jetson,service,check]'
+  step .venv/bin/jtop --install-service
+  step env PATH="/usr/local/cuda/bin:$PATH" .venv/bin/python scripts/build_kernel.py --into "$state/kernels"
+}
+has_nvcc() { [ -x /usr/local/cuda/bin/nvcc ]; }  # pycuda's build and the kernel's need it; minimal flashes lack it
+jetpack() {  # jetpack5/6/7 from L4T's release file ('# R36 (release), REVISION: 4.0, ...')
+  local release
+  release="$(sed -n 's/^# R\([0-9]*\) .*/\1/p' /etc/nv_tegra_release 2>/dev/null | head -n 1)"
+  case "$release" in
+    35) echo jetpack5 ;; 36) echo jetpack6 ;; 38) echo jetpack7 ;;
+    *) echo "install_service.sh: L4T release '${release:-unknown}' is not JetPack 5, 6 or 7 (R35, R36, R38)" >&2
+       return 1 ;;
+  esac
+}
+cuda_package_version() {  # '12-6' for /usr/local/cuda -> cuda-12.6: apt's cuda-nvcc-12-6 matches JetPack's CUDA
+  local version
+  version="$(readlink -f /usr/local/cuda | sed -n 's|.*/cuda-\([0-9]*\)\.\([0-9]*\)$|\1-\2|p')"
+  [ -n "$version" ] || { echo "install_service.sh: no /usr/local/cuda-X.Y: install JetPack's CUDA (apt install nvidia-jetpack)" >&2; return 1; }
+  echo "$version"
+}
+# Sourced (tests/test_install_recipe.py runs the recipe's functions alone): stop here.
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then return 0; fi
+
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix="${2:?--prefix needs a directory}"; shift 2 ;;
@@ -38,6 +81,7 @@ if ! [[ "$prefix" =~ ^/[A-Za-z0-9._+@/-]*$ ]] || [[ "$prefix" == *//* || "$prefi
 fi
 prefix="${prefix%/}"
 prefix="${prefix:-/}"
+edge_bin="${prefix%/}/.venv/bin/edge"  # --prefix /: /.venv/bin/edge, not //.venv/bin/edge
 
 destdir="${DESTDIR:-}"
 destdir="${destdir%/}"
@@ -49,10 +93,6 @@ record="$etc/.config.yaml.installed-sha256"  # hash of the config this script la
 unit="$destdir/etc/systemd/system/jetson-edge.service"
 state="$destdir/var/lib/jetson-edge"
 
-say() { echo "install_service: $*"; }
-act() {  # run a command, or only print it with --dry-run
-  if [ "$dry_run" = 1 ]; then echo "would run: $*"; else "$@"; fi
-}
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 system_changes() { [ -z "$destdir" ]; }  # users, groups and systemctl only on a real install
 
@@ -61,9 +101,25 @@ if system_changes && [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 [ -f "$shipped_unit" ] && [ -f "$shipped_config" ] || { echo "install_service.sh: missing $shipped_unit or $shipped_config" >&2; exit 2; }
-if [ ! -x "$prefix/.venv/bin/edge" ]; then
-  say "warning: $prefix/.venv/bin/edge does not exist yet (clone the repo to $prefix; on a Jetson this script makes it, elsewhere run scripts/bootstrap.sh)"
+if [ ! -x "$edge_bin" ]; then
+  say "warning: $edge_bin does not exist yet (clone the repo to $prefix; on a Jetson this script makes it, elsewhere run scripts/bootstrap.sh)"
 fi
+
+# No write may follow a symbolic link (a link planted in a DESTDIR stage, or under /etc, would redirect a write
+# made as root): refuse before writing anything if any file or folder written to, or a folder above it, is one.
+refuse_links() {
+  local path
+  for path in "$@"; do
+    while [ -n "$path" ] && [ "$path" != / ] && [ "$path" != "$destdir" ]; do
+      if [ -L "$path" ]; then
+        echo "install_service.sh: refusing to write through the symbolic link $path (remove it, then run again)" >&2
+        exit 2
+      fi
+      path="$(dirname "$path")"
+    done
+  done
+}
+refuse_links "$config" "$record" "$config.dist" "$unit" "$state/engines" "$state/kernels"
 
 # 1. groups and the service user
 if system_changes; then
@@ -97,19 +153,9 @@ if system_changes && [ "$dry_run" = 0 ]; then
   chown "$user:$user" "$state" "$state/engines"
 fi
 
-# 2b. on a Jetson: the one install recipe (docs/service.md and README.md show these same lines;
-# tests/test_install_recipe.py compares them). JetPack's TensorRT and OpenCV (GStreamer: csi:// cameras; never
-# PyPI's OpenCV here), a venv that sees them, pycuda built against JetPack's CUDA, and the preprocessing kernel
-# built ahead of time into the state directory (the service never runs nvcc; docs/gpu.md).
-jetson_recipe() {
-  act apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev
-  act python3 -m venv --system-site-packages .venv
-  act env PATH="/usr/local/cuda/bin:$PATH" .venv/bin/pip install -e '.[jetson,service,check]'
-  act .venv/bin/python scripts/build_kernel.py --into "$state/kernels"
-}
 if system_changes && [ -f /etc/nv_tegra_release ]; then
   if [ -f "$prefix/setup.py" ]; then
-    (cd "$prefix" && jetson_recipe) || say "warning: the Jetson recipe failed (above); see docs/service.md"
+    (cd "$prefix" && jetson_recipe) || exit 1
     if [ "$dry_run" = 0 ] && [ -d "$state/kernels" ]; then chown -R "$user:$user" "$state/kernels"; fi
   else
     say "warning: no jetson-edge checkout at $prefix: clone it there, then run this script again"
@@ -139,12 +185,12 @@ fi
 # 4. the unit, with ExecStart under --prefix
 rendered="$(mktemp)"
 trap 'rm -f "$rendered"' EXIT
-sed "s|/opt/jetson-edge|$prefix|g" "$shipped_unit" > "$rendered"
+sed "s|/opt/jetson-edge|${prefix%/}|g" "$shipped_unit" > "$rendered"
 unit_changed=0
 if [ -f "$unit" ] && cmp -s "$rendered" "$unit"; then
   say "unit $unit unchanged"
 else
-  say "installing $unit (ExecStart=$prefix/.venv/bin/edge)"
+  say "installing $unit (ExecStart=$edge_bin)"
   act install -m 0644 "$rendered" "$unit"
   unit_changed=1
 fi

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real exported MobileNetV3 and real video files written with OpenCV."""
+"""Shared fixtures: a real exported MobileNetV3, a trained digits model, real video files written with OpenCV."""
 
 import os
 import subprocess
@@ -13,10 +13,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="session")
 def small_model(tmp_path_factory):
     """MobileNetV3-Small with seeded random weights, exported by the real `edge export` code."""
-    from edge.build.export import export_mobilenet
+    from edge.build.export import export_model
 
     out = str(tmp_path_factory.mktemp("model") / "mobilenet_v3_small.onnx")
-    export_mobilenet("mobilenet_v3_small", "random", out, log=lambda *a: None)
+    export_model("mobilenet_v3_small", "random", out, log=lambda *a: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory):
+    """A MobileNetV3-Small trained on scikit-learn's digits (tests/trained_model.py), exported with its sets."""
+    from trained_model import train_digits_model
+
+    return train_digits_model(str(tmp_path_factory.mktemp("digits")))
+
+
+@pytest.fixture(scope="session")
+def digits_qdq(digits, tmp_path_factory):
+    """The digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
+    from edge.build.calibration import load_calibration_set
+    from edge.build.quantize import quantize_qdq
+
+    out = str(tmp_path_factory.mktemp("qdq") / "digits.int8.onnx")
+    quantize_qdq(digits.onnx, out, load_calibration_set(digits.calibration), digits.preprocess, "minmax", True,
+                 show_progress=False, log=lambda *a: None)
     return out
 
 
@@ -43,6 +63,18 @@ def video_file(tmp_path):
     path = tmp_path / "clip.avi"
     write_video(path)
     return str(path)
+
+
+def assert_refused(proc, *names, code=2):
+    """A refusal as users must see it: exit `code`, one bounded line on stderr naming each of `names`, no
+    traceback. Returns that line."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(lines[0]) < 400, lines[0]  # bounded, whatever the input
+    for name in names:
+        assert str(name) in lines[0], lines[0]
+    return lines[0]
 
 
 def run_edge(*args, timeout=120, env=None):

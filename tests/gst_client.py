@@ -6,6 +6,8 @@ python3-opencv is the OpenCV built with GStreamer; see the docstring there). Pri
   grab URI CODEC TCP
       edge's LatestFrameGrabber with a reconnect policy on open_capture(uri); one line per frame and per
       source event, until stdin closes
+  open URI
+      open_capture(uri) on the GStreamer path and one frame: its shape and the description, or the error line
 """
 
 import dataclasses
@@ -15,8 +17,10 @@ import threading
 import time
 
 from edge.config import SourceConfig
+from edge.errors import EdgeError
 from edge.frame import gstreamer
 from edge.frame.sources import LatestFrameGrabber, SourceTimeout, open_capture
+from edge.uri import parse_source
 
 # The software twin: the off-Jetson element set with videotestsrc standing in for the cameras.
 TWIN = dataclasses.replace(gstreamer.SOFTWARE, csi="videotestsrc is-live=true",
@@ -34,13 +38,14 @@ def emit(**fields):
 
 def twin(kind, width, height, fps, frames, uri="", codec="auto"):
     if kind == "csi":
-        capture = gstreamer.GStreamerCapture("csi://0", [("NV12", gstreamer.csi_pipeline(
+        capture = gstreamer.GStreamerCapture(parse_source("csi://0"), [("NV12", gstreamer.csi_pipeline(
             0, width, height, fps, TWIN))], TWIN, fps)
     elif kind == "rtsp":
-        capture = gstreamer.GStreamerCapture(uri, [(codec, gstreamer.rtsp_pipeline(uri, codec, False, TWIN))], TWIN)
+        pipeline = gstreamer.rtsp_pipeline(uri, codec, False, TWIN)
+        capture = gstreamer.GStreamerCapture(parse_source(uri), [(codec, pipeline)], TWIN)
     else:
         elements = TWIN if kind == "usb-mjpg" else RAW_ONLY
-        capture = gstreamer.GStreamerCapture("/dev/video0", gstreamer.usb_pipelines(
+        capture = gstreamer.GStreamerCapture(parse_source("/dev/video0"), gstreamer.usb_pipelines(
             "/dev/video0", width, height, fps, elements), elements, fps)
     capture.open()
     start = time.monotonic()
@@ -70,9 +75,23 @@ def grab(uri, codec, tcp):
     grabber.stop()
 
 
+def open_one(uri):
+    try:
+        capture = open_capture(SourceConfig(uri=uri))
+        capture.open()
+        image = capture.read()
+        capture.close()
+    except EdgeError as exc:
+        emit(error=str(exc))
+        return
+    emit(description=capture.description, shape=image.shape, pipeline=capture.target)
+
+
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     if command == "twin":
         twin(args[0], *map(int, args[1:5]), *args[5:])
+    elif command == "open":
+        open_one(*args)
     else:
         grab(*args)

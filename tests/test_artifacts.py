@@ -1,36 +1,46 @@
-"""Artifact manifests, the refusal of a mismatched artifact, atomic install with a kept previous, rollback."""
+"""A built model on disk (edge.artifact): one strict reader, verification of the bytes against the model info,
+install with a kept previous whose files change together, and a rollback that verifies what it puts back."""
 
-import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
-from edge.board import check_engine_manifest, check_manifest, current_system, engine_expectations, read_l4t
-from edge.build import artifacts
-from edge.build.artifacts import (
-    artifact_is_current,
-    install,
-    make_manifest,
-    rollback,
-    staging_path,
-    verify_onnx,
-)
+from edge import artifact as af
+from edge.artifact import info_path, install, make_manifest, read_model_info, rollback, sha256_file, staging_path
+from edge.board import current_system, engine_expectations, read_l4t
+from edge.build.artifacts import verify_onnx
 from edge.build.plan import FORMATS
 from edge.errors import EdgeError
-from edge.modelinfo import info_path, read_model_info, sha256_file
+from edge.fileio import write_json_atomic
+
+from conftest import REPO, assert_refused, run_edge
 
 quiet = lambda *a: None  # noqa: E731
 
 
 def snapshot(folder):
+    """{relative path: sha256, or 'link -> target', or 'folder'} of everything under `folder`, dot files too."""
     out = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
+    for root, dirs, files in os.walk(str(folder)):
+        for name in files + dirs:
             path = os.path.join(root, name)
-            out[os.path.relpath(path, folder)] = sha256_file(path)
+            rel = os.path.relpath(path, str(folder))
+            if os.path.islink(path):
+                out[rel] = "link -> " + os.readlink(path)
+            elif os.path.isdir(path):
+                out[rel] = "folder"
+            else:
+                out[rel] = sha256_file(path)
     return out
+
+
+def debris(folder):
+    return sorted(rel for rel in snapshot(folder) if os.path.basename(rel).startswith(".") or rel.endswith(".swap"))
 
 
 def staged_copy(src, dest):
@@ -64,120 +74,271 @@ def test_current_system_on_this_cpu_machine():
     assert set(system) >= {"tensorrt", "gpu", "compute_capability", "l4t", "onnxruntime", "machine"}
 
 
-def test_manifest_extends_model_info_and_mismatch_is_refused_with_rebuild_command(small_model, tmp_path):
+BAD_MODEL_INFO = [  # (what is written as m.json, what the one line says)
+    ("{not json", "not JSON"),
+    ("[1, 2]", "boolean 'trained'"),
+    ('{"weights": "x"}', "boolean 'trained'"),
+    ('{"trained": "yes"}', "boolean 'trained'"),
+    ('{"trained": true, "sha256": "abc"}', "64 hex digits"),
+    ('{"trained": true, "sha256": 7}', "64 hex digits"),
+    ('{"trained": true, "artifact": "other.int8.onnx"}', "describes 'other.int8.onnx'"),
+    (b"\xff\xfe not utf-8", "not UTF-8"),
+    ("FOLDER", "not a regular file"),
+]
+
+
+def test_the_one_reader_refuses_every_malformed_model_info_in_one_line(tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"model bytes")
+    assert read_model_info(str(model)) == {"weights": "unknown (no m.json)", "trained": False}
+    with pytest.raises(EdgeError, match="no model info m.json"):
+        read_model_info(str(model), required=True)
+    held = 0
+    for text, says in BAD_MODEL_INFO:
+        info = tmp_path / "m.json"
+        shutil.rmtree(str(info), ignore_errors=True) if info.is_dir() else info.unlink() if info.exists() else None
+        if text == "FOLDER":
+            info.mkdir()
+        else:
+            info.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(EdgeError) as err:
+            read_model_info(str(model))
+        assert says in str(err.value) and "\n" not in str(err.value) and str(info) in str(err.value), text
+        held += 1
+    assert held == len(BAD_MODEL_INFO)
+
+
+def test_verify_hashes_the_bytes_and_names_the_rebuild_command(small_model, tmp_path):
     artifact = str(tmp_path / "m.int8.onnx")
     shutil.copyfile(small_model, artifact)
     manifest = manifest_for(artifact, small_model, system=dict(current_system(), tensorrt="10.3.0", gpu="Orin"))
-    artifacts.write_json_atomic(info_path(artifact), manifest)
+    write_json_atomic(info_path(artifact), manifest)
     assert read_model_info(artifact)["trained"] is False  # the runtime's reader accepts it
-    assert manifest["source"]["sha256"] == sha256_file(small_model) and manifest["sha256"] == sha256_file(artifact)
+    assert manifest["source"] == {"path": os.path.relpath(small_model, str(tmp_path)),
+                                  "sha256": sha256_file(small_model)}
+    assert manifest["sha256"] == sha256_file(artifact) and not os.path.isabs(manifest["source"]["path"])
     ok = {"precision": "int8", "calibration.sha256": "c" * 64, "system.tensorrt": "10.3.0"}
-    check_manifest(artifact, ok, "edge build --config x.yaml")
-    assert artifact_is_current(artifact, ok) == (True, "")
+    assert af.verify(artifact, ok, "edge build --config x.yaml")["precision"] == "int8"
+    assert af.is_current(artifact, ok) == (True, "")
     with pytest.raises(EdgeError) as err:
-        check_manifest(artifact, dict(ok, **{"system.tensorrt": "8.5.2"}), "edge build --config x.yaml --engine")
+        af.verify(artifact, dict(ok, **{"system.tensorrt": "8.5.2"}), "edge build --config x.yaml --engine")
     msg = str(err.value)
     assert "built for system.tensorrt '10.3.0', expected '8.5.2'" in msg
     assert msg.endswith("rebuild with: edge build --config x.yaml --engine") and "\n" not in msg
-    current, reason = artifact_is_current(artifact, {"calibration.method": "entropy"})
+    current, reason = af.is_current(artifact, {"calibration.method": "entropy"})
     assert not current and "calibration.method 'minmax', expected 'entropy'" in reason
     with open(artifact, "ab") as fh:
         fh.write(b"\0")
-    with pytest.raises(EdgeError, match="differs from the sha256 in its manifest"):
-        check_manifest(artifact, {})
+    with pytest.raises(EdgeError, match="differs from the sha256 in its model info"):
+        af.verify(artifact)
     os.unlink(info_path(artifact))
-    with pytest.raises(EdgeError, match="no readable manifest"):
-        check_manifest(artifact, {})
-    assert not artifact_is_current(str(tmp_path / "none.onnx"), {})[0]
+    with pytest.raises(EdgeError, match="no model info m.int8.json"):
+        af.verify(artifact)
+    assert not af.is_current(str(tmp_path / "none.onnx"), {})[0]
 
 
-def test_engine_manifest_is_checked_against_this_system(tmp_path):
+def test_engine_model_info_is_checked_against_this_system(tmp_path):
     engine = tmp_path / "m.int8.engine"
     engine.write_bytes(b"serialized engine")
-    manifest = {"sha256": sha256_file(str(engine)), "trained": True, "source": {"path": "/e/m.onnx"},
+    manifest = {"sha256": sha256_file(str(engine)), "trained": True, "source": {"path": "../models/m.onnx"},
                 "system": {"tensorrt": "10.3.0", "gpu": "Orin", "compute_capability": "8.7", "l4t": "R36.4.3"}}
     (tmp_path / "m.int8.json").write_text(json.dumps(manifest))
     with pytest.raises(EdgeError, match=r"built for system.compute_capability '8.7', expected None; "
-                                        r"rebuild with: edge build --engine --model /e/m.onnx"):
-        check_engine_manifest(str(engine))
+                                        r"rebuild with: edge build --engine --model ../models/m.onnx"):
+        af.check_engine(str(engine))
     here = engine_expectations()
     manifest["system"] = {k.split(".")[1]: v for k, v in here.items()}
     (tmp_path / "m.int8.json").write_text(json.dumps(manifest))
-    assert check_engine_manifest(str(engine))["trained"] is True
+    assert af.check_engine(str(engine))["trained"] is True
     assert FORMATS["tensorrt-engine"].tied_to_board and not FORMATS["onnx-qdq"].tied_to_board
 
 
-def test_install_keeps_previous_and_rollback_swaps(small_model, digits_onnx_pair, tmp_path):
+def _install(src, dest, tag, verify=verify_onnx, log=quiet):
+    labels = staged_copy(src[:-5] + ".labels.txt", dest[:-5] + ".labels.txt") if os.path.exists(
+        src[:-5] + ".labels.txt") else None
+    staged = staged_copy(src, dest)
+    install(staged, dest, manifest_for(staged, src, tag=tag), labels, verify, log)
+
+
+def test_install_keeps_previous_and_rollback_swaps(digits_onnx_pair, tmp_path):
     first, second = digits_onnx_pair
     engines = tmp_path / "engines"
     dest = str(engines / "m.int8.onnx")
-    staged = staged_copy(first, dest)
-    install(staged, dest, manifest_for(staged, first, tag="one"), verify=verify_onnx, log=quiet)
+    _install(first, dest, "one")
     assert not (engines / "previous").exists()
     lines = []
-    staged = staged_copy(second, dest)
-    install(staged, dest, manifest_for(staged, second, tag="two"), verify=verify_onnx, log=lines.append)
+    _install(second, dest, "two", log=lines.append)
     assert "previous kept in previous/" in lines[0]
     assert sha256_file(dest) == sha256_file(second)
     assert sha256_file(str(engines / "previous" / "m.int8.onnx")) == sha256_file(first)
     assert json.load(open(str(engines / "previous" / "m.int8.json")))["tag"] == "one"
-    assert [n for n in os.listdir(str(engines)) if n.startswith(".")] == []
-    rollback(dest, log=quiet)
+    assert debris(engines) == []
+    rollback(dest, verify_onnx, log=quiet)
     assert sha256_file(dest) == sha256_file(first) and json.load(open(info_path(dest)))["tag"] == "one"
-    check_manifest(dest, {})  # the restored manifest matches the restored file
-    rollback(dest, log=quiet)  # and back again
+    af.verify(dest)  # the restored model info matches the restored file
+    rollback(dest, verify_onnx, log=quiet)  # and back again
     assert sha256_file(dest) == sha256_file(second) and json.load(open(info_path(dest)))["tag"] == "two"
+    assert debris(engines) == []
     with pytest.raises(EdgeError, match="nothing to roll back to"):
         rollback(str(engines / "other.int8.onnx"), log=quiet)
 
 
-def test_failed_verification_or_full_disk_leaves_installed_artifact_untouched(digits_onnx_pair, tmp_path,
-                                                                               monkeypatch):
+def test_every_file_of_an_artifact_is_0644_whatever_the_umask(digits_onnx_pair, tmp_path):
+    first, second = digits_onnx_pair
+    held = 0
+    for umask in (0o077, 0o027, 0o002):
+        engines = tmp_path / "u{:o}".format(umask) / "engines"
+        dest = str(engines / "m.int8.onnx")
+        old = os.umask(umask)
+        try:
+            _install(first, dest, "one")
+            _install(second, dest, "two")
+            rollback(dest, verify_onnx, log=quiet)
+        finally:
+            os.umask(old)
+        modes = {rel: oct(os.stat(str(engines / rel)).st_mode & 0o777) for rel, kind in snapshot(engines).items()
+                 if kind != "folder"}
+        assert len(modes) == 6 and set(modes.values()) == {"0o644"}, (umask, modes)
+        held += 1
+    assert held == 3
+
+
+def _planted(engines, dest, plant):
+    """One hostile thing in previous/ or in place of the installed files; returns what must not change."""
+    prev = engines / "previous"
+    outside = engines.parent / "outside.txt"
+    outside.write_text("the user's file\n")
+    if plant == "artifact is a symlink":
+        os.unlink(str(prev / "m.int8.onnx"))
+        os.symlink(str(outside), str(prev / "m.int8.onnx"))
+    elif plant == "sha mismatch":
+        with open(str(prev / "m.int8.onnx"), "ab") as fh:
+            fh.write(b"\0")
+    elif plant == "folder in place of the model info":
+        os.unlink(str(prev / "m.int8.json"))
+        (prev / "m.int8.json").mkdir()
+    elif plant == "model info is a symlink":
+        os.symlink(str(outside), str(engines / "link.json"))
+        os.replace(str(engines / "link.json"), str(prev / "m.int8.json"))
+    elif plant == "no model info":
+        os.unlink(str(prev / "m.int8.json"))
+    elif plant == "not a model, sha matches":
+        (prev / "m.int8.onnx").write_bytes(b"not onnx")
+        info = json.loads((prev / "m.int8.json").read_text())
+        info["sha256"] = sha256_file(str(prev / "m.int8.onnx"))
+        (prev / "m.int8.json").write_text(json.dumps(info))
+    elif plant == "previous is a symlink":
+        elsewhere = engines.parent / "elsewhere"
+        shutil.move(str(prev), str(elsewhere))
+        os.symlink(str(elsewhere), str(prev))
+    elif plant == "installed labels are a symlink":
+        os.unlink(str(engines / "m.int8.labels.txt"))
+        os.symlink(str(outside), str(engines / "m.int8.labels.txt"))
+    return outside
+
+
+ROLLBACK_PLANTS = ("artifact is a symlink", "sha mismatch", "folder in place of the model info",
+                   "model info is a symlink", "no model info", "not a model, sha matches", "previous is a symlink",
+                   "installed labels are a symlink")
+
+
+def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(digits_onnx_pair, tmp_path):
+    first, second = digits_onnx_pair
+    held = 0
+    for n, plant in enumerate(ROLLBACK_PLANTS):
+        engines = tmp_path / str(n) / "engines"
+        dest = str(engines / "m.int8.onnx")
+        _install(first, dest, "one")
+        _install(second, dest, "two")
+        outside = _planted(engines, dest, plant)
+        before, outside_before = snapshot(engines.parent), outside.read_text()
+        with pytest.raises(EdgeError) as err:
+            rollback(dest, verify_onnx, log=quiet)
+        assert "\n" not in str(err.value) and "engines" in str(err.value), (plant, err.value)
+        assert snapshot(engines.parent) == before, plant  # nothing swapped, no .staged or .swap left
+        assert outside.read_text() == outside_before
+        held += 1
+    assert held == len(ROLLBACK_PLANTS)
+    # the CLI says it in one line, exit 2
+    proc = run_edge("rollback", "--artifact", str(tmp_path / "0" / "engines" / "m.int8.onnx"))
+    assert_refused(proc, "m.int8.onnx", "symlink")
+
+
+def test_a_previous_that_is_a_symlink_is_never_written_through(digits_onnx_pair, tmp_path):
     first, second = digits_onnx_pair
     engines = tmp_path / "engines"
     dest = str(engines / "m.int8.onnx")
-    staged = staged_copy(first, dest)
-    install(staged, dest, manifest_for(staged, first), log=quiet)
-    before = snapshot(str(engines))
-    corrupt = staging_path(dest)
-    with open(corrupt, "wb") as fh:
-        fh.write(b"not onnx")
-    with pytest.raises(EdgeError, match="verification failed"):
-        install(corrupt, dest, {}, verify=verify_onnx, log=quiet)
-    os.unlink(corrupt)
-    assert snapshot(str(engines)) == before
+    _install(first, dest, "one")
+    target = tmp_path / "target"
+    target.mkdir()
+    os.symlink(str(target), str(engines / "previous"))
+    before = snapshot(tmp_path)
+    with pytest.raises(EdgeError, match="previous: is not a folder .*refusing to write through it"):
+        _install(second, dest, "two")
+    assert os.listdir(str(target)) == []
+    assert {k: v for k, v in snapshot(tmp_path).items() if ".staged" not in k} == before
 
-    staged = staged_copy(second, dest)
-    install(staged, dest, manifest_for(staged, second), verify=verify_onnx, log=quiet)  # previous/ = first
-    before = snapshot(str(engines))
-    real, calls = artifacts._link_or_copy, []
 
-    def disk_full_on_second_copy(src, dst):  # the artifact is backed up, its manifest is not
-        calls.append(dst)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device", dst)
+GAP_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from edge import artifact as af
+    from edge.commands.common import execute
+    first, second, dest, gap, sig = sys.argv[1:6]
+    real, calls = os.replace, []
+    def replace(src, dst):
         real(src, dst)
+        calls.append(dst)
+        if len(calls) == int(gap):
+            os.kill(os.getpid(), getattr(signal, sig))  # delivered in the gap after this rename
+    os.replace = replace
+    def command(args):  # as `edge build` installs, through the CLI's one error path
+        staged = af.staging_path(dest)
+        try:
+            with open(second, "rb") as src, open(staged, "wb") as out:
+                out.write(src.read())
+            manifest = {"trained": False, "sha256": af.sha256_file(staged)}
+            af.install(staged, dest, manifest, None, None, lambda *a: None)
+        finally:
+            af.remove_quietly([staged])
+        print("finished")
+        return 0
+    sys.exit(execute("install", command, None))
+""")
 
-    monkeypatch.setattr(artifacts, "_link_or_copy", disk_full_on_second_copy)
-    staged = staged_copy(first, dest)
-    with pytest.raises(OSError, match="No space left"):
-        install(staged, dest, manifest_for(staged, first), verify=verify_onnx, log=quiet)
-    os.unlink(staged)
-    assert len(calls) == 2
-    assert snapshot(str(engines)) == before  # installed and previous/ both unchanged and consistent
-    assert [n for n in os.listdir(str(engines)) if n.startswith(".")] == []
-    assert [n for n in os.listdir(str(engines / "previous")) if n.endswith(".tmp")] == []
+
+def test_a_signal_between_the_renames_never_pairs_an_artifact_with_another_model_info(tmp_path):
+    """Whatever rename a SIGTERM, SIGINT or SIGHUP follows, the artifact and its model info match afterwards."""
+    first, second = tmp_path / "first.bin", tmp_path / "second.bin"
+    first.write_bytes(b"first artifact")
+    second.write_bytes(b"second artifact, longer")
+    held = tried = 0
+    for sig in ("SIGTERM", "SIGINT", "SIGHUP"):
+        for gap in (1, 2, 3, 4, 5):  # the model info's temp write, previous/ (2 copies), model info, artifact
+            tried += 1
+            engines = tmp_path / "{}-{}".format(sig, gap) / "engines"
+            dest = str(engines / "m.int8.onnx")
+            staged = staging_path(dest)
+            shutil.copyfile(str(first), staged)
+            install(staged, dest, {"trained": False, "sha256": sha256_file(staged)}, log=quiet)
+            proc = subprocess.run([sys.executable, "-c", GAP_SCRIPT, str(first), str(second), dest, str(gap), sig],
+                                  capture_output=True, text=True, cwd=REPO, timeout=60)
+            assert proc.returncode != 0 and "finished" not in proc.stdout, (sig, gap, proc.stdout, proc.stderr)
+            info = af.verify(dest)  # the pair matches: both old (before the renames) or both new (it waited)
+            assert info["sha256"] == sha256_file(str(second) if gap > 1 else str(first)), (sig, gap)
+            assert debris(engines) == [], (sig, gap)
+            held += 1
+    assert held == tried == 15
 
 
 @pytest.fixture(scope="module")
 def digits_onnx_pair(tmp_path_factory):
-    """Two different small valid ONNX models (random MobileNetV3-Small, two seeds)."""
-    from edge.build.export import export_mobilenet
+    """Two different small valid ONNX models (random MobileNetV3-Small, two seeds), labels beside them."""
+    from edge.build.export import export_model
 
     folder = tmp_path_factory.mktemp("pair")
     paths = []
     for seed in (1, 2):
         path = str(folder / "m{}.onnx".format(seed))
-        export_mobilenet("mobilenet_v3_small", "random", path, seed=seed, log=quiet)
+        export_model("mobilenet_v3_small", "random", path, seed=seed, log=quiet)
         paths.append(path)
     return paths

@@ -10,17 +10,16 @@ import shutil
 import pytest
 import yaml
 
-from edge.build import artifacts, quantize
+from edge import artifact as artifact_files
+from edge.artifact import read_model_info
+from edge.build import quantize
 from edge.build.calibration import import_calibration_set, load_calibration_set
 from edge.build.export import sha256_file
 from edge.build.plan import artifact_status, check_inputs, source_model
-from edge.build.quantize import validate_qdq
+from edge.build.qdq_rules import validate_qdq
 from edge.commands.build import register
 from edge.config import load_config
 from edge.errors import EdgeError
-from edge.modelinfo import read_model_info
-
-from trained_model import digits, digits_qdq  # noqa: F401  (session fixtures)
 
 quiet = lambda *a: None  # noqa: E731
 
@@ -33,7 +32,7 @@ def cli(*argv):
     return args.func(args)
 
 
-def write_config(folder, digits, **build):  # noqa: F811
+def write_config(folder, digits, **build):
     cfg = {"model": {"path": digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
            "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
                           "engines_dir": os.path.join(str(folder), "engines")}, **build)}
@@ -54,14 +53,14 @@ def snapshot(engines):
 
 
 @pytest.fixture(scope="module")
-def built(digits, tmp_path_factory):  # noqa: F811
+def built(digits, tmp_path_factory):
     folder = tmp_path_factory.mktemp("build")
     config = write_config(folder, digits)
     assert cli("build", "--config", config, "--no-progress") == 0
     return config, os.path.join(str(folder), "engines")
 
 
-def test_build_installs_validated_qdq_model_with_manifest(built, digits):  # noqa: F811
+def test_build_installs_validated_qdq_model_with_manifest(built, digits):
     config, engines = built
     artifact = os.path.join(engines, "digits.int8.onnx")
     assert validate_qdq(artifact) == []
@@ -92,7 +91,7 @@ def test_artifact_status_follows_the_inputs(built):
 
 
 @pytest.fixture
-def small_set(digits, tmp_path):  # noqa: F811
+def small_set(digits, tmp_path):
     src = tmp_path / "few"
     src.mkdir()
     for name in load_calibration_set(digits.calibration).files[:10]:
@@ -114,14 +113,14 @@ def _interrupt_calibration(monkeypatch):
 
 
 def _disk_full(monkeypatch):
-    def full(src, dst):
+    def full(src, dst, temps):
         raise OSError(errno.ENOSPC, "No space left on device", dst)
 
-    monkeypatch.setattr(artifacts, "_link_or_copy", full)
+    monkeypatch.setattr(artifact_files, "_copy_to_stage", full)
 
 
 @pytest.mark.parametrize("case", ["bad onnx", "too few images", "gate failure", "disk full", "interrupted"])
-def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, small_set, tmp_path,  # noqa: F811
+def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, small_set, tmp_path,
                                                                 monkeypatch, case):
     config, engines = built
     before = snapshot(engines)
@@ -137,8 +136,9 @@ def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, s
         argv += ["--model", str(bad)]
     elif case == "too few images":
         argv += ["--calibration", small_set]
-    elif case == "gate failure":
-        argv += ["--calibration", digits.grey_calibration]
+    elif case == "gate failure":  # the float fallback's search is tests/test_fallback.py's
+        argv = ["build", "--config", write_config(tmp_path, digits, engines_dir=engines, max_float_layers=0),
+                "--no-progress", "--calibration", digits.grey_calibration]
     elif case == "disk full":
         _disk_full(monkeypatch)
     else:
@@ -157,7 +157,7 @@ def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, s
         assert "has 10 images, at least 32 needed" in str(err.value)
 
 
-def test_inputs_are_checked_up_front_naming_the_field(digits, tmp_path):  # noqa: F811
+def test_inputs_are_checked_up_front_naming_the_field(digits, tmp_path):
     def refused(match, engine=False, calibrator=False, **overrides):
         cfg = load_config(write_config(tmp_path, digits), overrides)
         with pytest.raises(EdgeError, match=match):
@@ -174,6 +174,24 @@ def test_inputs_are_checked_up_front_naming_the_field(digits, tmp_path):  # noqa
     refused("no TensorRT runtime", engine=True)
     assert source_model("engines/m.int8.engine") == "engines/m.onnx"
     assert source_model("engines/m.onnx") == "engines/m.onnx"
+    refused(r"build.target_tensorrt 'eight' in .*edge.yaml: expected MAJOR.MINOR", **{"build.target_tensorrt": "eight"})
+
+
+def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
+    """TensorRT 8.5/8.6 parse opset 17 at most: an opset-18 export is refused up front for JetPack 5, not by the
+    device's parser after calibration."""
+    import onnx
+
+    model = onnx.load(digits.onnx)
+    model.opset_import[0].version = 18
+    newer = str(tmp_path / "digits18.onnx")
+    onnx.save(model, newer)
+    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".json", str(tmp_path / "digits18.json"))
+    cfg = load_config(write_config(tmp_path, digits), {"build.target_tensorrt": "8.5"})
+    with pytest.raises(EdgeError, match=r"digits18.onnx: opset 18, INT8 Q/DQ for TensorRT 8.5 needs 13-17"):
+        check_inputs(cfg, newer)
+    plan = check_inputs(load_config(write_config(tmp_path, digits), {"build.target_tensorrt": "10.3"}), newer)
+    assert plan.target_tensorrt == "10.3"
 
 
 def test_untrained_model_builds_with_gate_recorded_but_not_enforced(small_model, tmp_path, capsys):
@@ -188,7 +206,7 @@ def test_untrained_model_builds_with_gate_recorded_but_not_enforced(small_model,
     assert "gate: " in out and "install: " in out
 
 
-def test_rollback_restores_the_previous_build(built, digits, tmp_path):  # noqa: F811
+def test_rollback_restores_the_previous_build(built, digits, tmp_path):
     config, engines = built
     mine = str(tmp_path / "engines")
     shutil.copytree(engines, mine)
@@ -199,10 +217,10 @@ def test_rollback_restores_the_previous_build(built, digits, tmp_path):  # noqa:
     assert read_model_info(os.path.join(mine, "previous", "digits.int8.onnx"))["calibration"]["method"] == "minmax"
     assert cli("rollback", "--config", config) == 0
     assert read_model_info(artifact)["calibration"]["method"] == "minmax"
-    artifacts.check_manifest(artifact, {"source.sha256": sha256_file(digits.onnx)})
+    artifact_files.verify(artifact, {"source.sha256": sha256_file(digits.onnx)})
 
 
-def test_calibrate_import_and_capture_commands(digits, video_file, tmp_path):  # noqa: F811
+def test_calibrate_import_and_capture_commands(digits, video_file, tmp_path):
     out = str(tmp_path / "imported")
     assert cli("calibrate", "import", os.path.join(digits.root, "raw", "calibration"), out, "--min-images", 10) == 0
     assert len(load_calibration_set(out)) == 64
@@ -386,7 +404,7 @@ def fake_trt(monkeypatch):
     return install
 
 
-def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version="10.3.0"):  # noqa: F811
+def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version="10.3.0"):
     from edge.build.tensorrt_engine import build_engine
 
     lines = []
@@ -397,7 +415,7 @@ def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version=
 
 @pytest.mark.parametrize("version, network_flags, precision_flags", [
     ("8.5.2", 1, ["FP16", "INT8"]), ("10.3.0", 0, ["FP16", "INT8"]), ("11.4.1", 0, [])])
-def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_path, version,  # noqa: F811
+def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_path, version,
                                               network_flags, precision_flags):
     trt, sessions = fake_trt(version)
     info, lines = _engine(digits, tmp_path, digits_qdq, version=version)
@@ -414,7 +432,7 @@ def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_
     assert trt.calls[-1][3] == b"+"
 
 
-def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cache(fake_trt, digits,  # noqa: F811
+def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cache(fake_trt, digits,
                                                                                    tmp_path):
     from edge.frame.preprocess import CpuPreprocessor
 
@@ -435,7 +453,7 @@ def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cac
     assert trt.calls[-1][4] == len(grey) and any("another calibration set" in line for line in lines)
 
 
-def test_tensorrt_11_refuses_what_it_removed_and_parser_errors_are_one_line(fake_trt, digits, tmp_path):  # noqa: F811
+def test_tensorrt_11_refuses_what_it_removed_and_parser_errors_are_one_line(fake_trt, digits, tmp_path):
     fake_trt("11.4.1")
     with pytest.raises(EdgeError, match="TensorRT 11.4.1 has no implicit INT8 calibration"):
         _engine(digits, tmp_path, digits.onnx, images=load_calibration_set(digits.calibration))

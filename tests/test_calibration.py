@@ -1,24 +1,25 @@
-"""Calibration sets: import of odd files, capture with near-duplicate skipping, atomic writes, the shipped
-default sets, and TensorRT's native calibration cache format."""
+"""Calibration sets: import of odd files, capture with near-duplicate skipping, atomic writes that fail in one
+line (read-only, full, too-long names, concurrent writers), EXIF orientation, the shipped default sets, and
+TensorRT's native calibration cache format."""
 
 import json
 import os
+import shlex
 import struct
+import subprocess
+import sys
 
 import cv2
 import numpy as np
 import pytest
 
 from edge.build import calibration as cal
-from edge.build.calibration import (
-    MANIFEST,
-    capture_calibration_set,
-    import_calibration_set,
-    load_calibration_set,
-    make_default_sets,
-    read_trt_calibration_cache,
-)
+from edge.build.calibration import MANIFEST, capture_calibration_set, import_calibration_set, load_calibration_set
+from edge.build.default_sets import make_default_sets
+from edge.build.trt_cache import read_trt_calibration_cache
 from edge.errors import EdgeError
+
+from conftest import assert_refused, run_edge, write_video
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +99,7 @@ def test_interrupted_import_leaves_the_old_set_and_no_temporary_folder(odd_folde
     out = tmp_path / "set"
     before = import_calibration_set(str(odd_folder), str(out), min_images=1, log=lambda *a: None)
     calls = []
-    real = cal._sha256_bytes
+    real = cal.sha256_bytes
 
     def interrupt(data):
         calls.append(1)
@@ -106,7 +107,7 @@ def test_interrupted_import_leaves_the_old_set_and_no_temporary_folder(odd_folde
             raise KeyboardInterrupt
         return real(data)
 
-    monkeypatch.setattr(cal, "_sha256_bytes", interrupt)
+    monkeypatch.setattr(cal, "sha256_bytes", interrupt)
     with pytest.raises(KeyboardInterrupt):
         import_calibration_set(str(odd_folder), str(out), min_images=1, log=lambda *a: None)
     monkeypatch.undo()
@@ -208,3 +209,117 @@ def test_trt_calibration_cache_round_trip(tmp_path):
     assert scales["(Unnamed Layer* 3) [Activation]_output"] == struct.unpack(">f", bytes.fromhex("3d7ba1e2"))[0]
     with pytest.raises(ValueError, match="not a TensorRT calibration cache"):
         read_trt_calibration_cache(b'{"input": [0, 1]}\n')
+
+
+def _exif_rotated_jpeg(image, orientation):
+    """A JPEG whose EXIF says `orientation` (6: rotate 90 degrees clockwise to display)."""
+    ok, encoded = cv2.imencode(".jpg", image)
+    tiff = b"II*\x00\x08\x00\x00\x00" + b"\x01\x00" + struct.pack("<HHIHH", 0x0112, 3, 1, orientation, 0) + b"\0" * 4
+    app1 = b"Exif\x00\x00" + tiff
+    data = encoded.tobytes()
+    return data[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + data[2:]
+
+
+def test_import_records_sizes_as_the_set_is_read_and_skips_names_that_are_not_utf8(tmp_path):
+    src = tmp_path / "src"
+    (src / "label").mkdir(parents=True)
+    crops = photo_crops(6, size=96)
+    wide = [np.ascontiguousarray(c[:64]) for c in crops]  # 96 wide, 64 high
+    for orientation, image in zip((1, 3, 5, 6, 7, 8), wide):  # every EXIF orientation that swaps (5-8) or not
+        (src / "o{}.jpg".format(orientation)).write_bytes(_exif_rotated_jpeg(image, orientation))
+    grey = cv2.cvtColor(wide[0], cv2.COLOR_BGR2GRAY)
+    (src / "label" / "grey6.jpg").write_bytes(_exif_rotated_jpeg(cv2.cvtColor(grey, cv2.COLOR_GRAY2BGR), 6))
+    for raw in (b"caf\xe9.jpg", b"\xff\xfe.png"):
+        with open(os.path.join(os.fsencode(str(src)), raw), "wb") as fh:
+            fh.write(_exif_rotated_jpeg(wide[1], 1))
+    os.mkdir(os.path.join(os.fsencode(str(src)), b"lab\xe9l"))
+    lines = []
+    s = import_calibration_set(str(src), str(tmp_path / "set"), min_images=1, log=lines.append)
+    sizes = {e["name"]: (e["width"], e["height"]) for e in s.manifest["files"]}
+    held = 0
+    for name, (w, h) in sizes.items():
+        assert s.read(name).shape[:2] == (h, w), name  # what a reader decodes is what the manifest says
+        held += 1
+    assert sizes["o6.jpg"] == (64, 96) and sizes["o1.jpg"] == (96, 64) and held == 7
+    assert (src / "o6.jpg").read_bytes() == open(s.path("o6.jpg"), "rb").read()  # still copied byte for byte
+    skipped = s.manifest["skipped"]["file name not UTF-8"]
+    assert sorted(skipped) == ["\\xff\\xfe.png", "caf\\xe9.jpg"] and "2 file name not UTF-8" in lines[0]
+    json.dumps(s.manifest).encode("ascii")
+
+
+def _set_cli(*args, mount=None):
+    """`edge calibrate ...` in a subprocess; `mount`: (folder, tmpfs options) in a private mount namespace."""
+    command = [sys.executable, "-m", "edge", "calibrate"] + [str(a) for a in args]
+    if mount is None:
+        return run_edge("calibrate", *args)
+    script = "mount -t tmpfs -o {} tmpfs {} && exec {}".format(mount[1], shlex.quote(str(mount[0])),
+                                                              " ".join(shlex.quote(c) for c in command))
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_a_set_that_cannot_be_written_is_one_line_and_leaves_nothing(odd_folder, tmp_path):
+    """Read-only folders, a full disk, names too long, a file where the folder would go: import and capture."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
+        pytest.skip("needs root and unshare(1) for a private read-only / full tmpfs")
+    video = tmp_path / "clip.avi"
+    write_video(video, frames=40, size=(320, 240))
+    (tmp_path / "afile").write_text("not a folder")
+    big = tmp_path / "big"
+    big.mkdir()
+    for i, crop in enumerate(photo_crops(8, size=256)):
+        cv2.imwrite(str(big / "p{}.png".format(i)), crop)  # ~1.5 MB in all: more than the small disk holds
+    cases = [  # (name, out folder, mount, what the line names, exit code)
+        ("read-only folder", tmp_path / "ro" / "set", (tmp_path / "ro", "ro,size=1m"), "not a writable folder", 2),
+        ("full disk", tmp_path / "full" / "set", (tmp_path / "full", "size=64k"), "No space left on device", 1),
+        ("name of 256 bytes", tmp_path / ("n" * 256), None, "longer than 255 bytes", 2),
+        ("a file in the way", tmp_path / "afile" / "set", None, "not a writable folder", 2),
+    ]
+    held = tried = 0
+    for name, out, mount, says, code in cases:
+        (tmp_path / "ro").mkdir(exist_ok=True)
+        (tmp_path / "full").mkdir(exist_ok=True)
+        for command in (["import", big, out, "--min-images", 1],
+                        ["capture", out, "--source", video, "--every", 1, "--min-diff", 0, "--min-images", 1]):
+            tried += 1
+            proc = _set_cli(*command, mount=mount)
+            line = assert_refused(proc, says, code=code)
+            assert os.path.basename(str(out))[:40] in line, line
+            parent = str(out.parent) if out.parent.is_dir() else str(tmp_path)
+            assert not os.path.lexists(str(out)) and leftovers(parent) == [], (name, command[0])
+            held += 1
+    assert held == tried == 8
+    ok = tmp_path / ("n" * 240)  # long, but the filesystem takes it: temporary names stay short
+    proc = run_edge("calibrate", "import", odd_folder, ok, "--min-images", 1)
+    assert proc.returncode == 0 and load_calibration_set(str(ok)).files, proc.stderr
+    assert leftovers(str(tmp_path)) == []
+
+
+def test_concurrent_writers_of_one_new_set_each_finish_or_say_so_in_one_line(tmp_path):
+    video = tmp_path / "clip.avi"
+    write_video(video, frames=120, size=(320, 240))
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, crop in enumerate(photo_crops(40, size=128)):
+        cv2.imwrite(str(src / "p{}.png".format(i)), crop)
+    capture = ["capture", None, "--source", video, "--every", 1, "--min-diff", 0, "--min-images", 1]
+    pairs = [("capture", "capture"), ("import", "import"), ("capture", "import")]
+    held = 0
+    for n, pair in enumerate(pairs):
+        out = tmp_path / "new{}".format(n)
+        procs = []
+        for kind in pair:
+            args = ["import", src, out, "--min-images", 1] if kind == "import" else \
+                [out if a is None else a for a in capture]
+            procs.append(subprocess.Popen([sys.executable, "-m", "edge", "calibrate"] + [str(a) for a in args],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          cwd=str(tmp_path)))
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            lines = err.strip().splitlines()
+            assert proc.returncode == 0 or (len(lines) == 1 and "at the same time" in lines[0]), err
+            assert "Traceback" not in err
+        assert load_calibration_set(str(out)).files  # one complete set, whoever won
+        assert leftovers(str(tmp_path)) == []
+        held += 1
+    assert held == len(pairs)

@@ -1,13 +1,15 @@
+import argparse
 import os
 import subprocess
 import sys
 
 import pytest
 
-from edge.config import as_dict, load_config
+from edge.config import Config, as_dict, example_yaml, load_config
 from edge.errors import EdgeError
+from edge.fields import APPLY, add_flags, flag_values, leaves, lookup, reloaded
 
-from conftest import REPO, run_edge
+from conftest import REPO, assert_refused, run_edge
 
 BAD_CONFIGS = [
     ("runtime:\n  budget_ms: 30\n  bugdet: 1\n", "unknown key 'runtime.bugdet'"),
@@ -24,7 +26,29 @@ BAD_CONFIGS = [
     ("runtime: [1, 2]\n", "'runtime' must be a mapping"),
     ("runtime:\n  budget_ms: [30\n", "not valid YAML"),
     ("- just\n- a list\n", "top level must be a mapping"),
+    # YAML hardening (issue 19.18): no silent last-wins, no YAML 1.1 base-60 or octal numbers
+    ("runtime:\n  budget_ms: 30\n  budget_ms: 5\n", "duplicate key 'budget_ms' (line 3)"),
+    ("runtime:\n  top_k: 3\nruntime:\n  frames: 5\n", "duplicate key 'runtime' (line 3)"),
+    ("build:\n  gate:\n    min_agreement: 0.9\n    min_agreement: 0.1\n", "duplicate key 'min_agreement'"),
+    ("runtime:\n  budget_ms: 1:30\n", "'runtime.budget_ms' must be a number, got '1:30'"),
+    ("runtime:\n  frames: 1:30\n", "'runtime.frames' must be an integer, got '1:30'"),
+    ("runtime:\n  warmup: 010\n", "'runtime.warmup' must be an integer, got '010'"),
+    ("runtime:\n  frames: 0x10\n", "'runtime.frames' must be an integer, got '0x10'"),
+    ("runtime:\n  frames: 1_000\n", "'runtime.frames' must be an integer, got '1_000'"),
+    ("service:\n  telemetry:\n    interval_s: 1e-9\n", "'service.telemetry.interval_s' must be between"),
+    # every string field: no control characters (they reach logs and terminals)
+    ("model:\n  path: \"m\\0.onnx\"\n", "'model.path' must not contain control characters"),
+    ("build:\n  engines_dir: \"e\\e[31m\"\n", "'build.engines_dir' must not contain control characters"),
+    ("source:\n  uri: \"rtsp://h/x latency=0 ! fakesink\"\n", "'source.uri': not a well-formed rtsp:// URI"),
 ]
+
+GOOD_NUMBERS = [("service:\n  telemetry:\n    interval_s: 1e-1\n", "service.telemetry.interval_s", 0.1),
+                ("runtime:\n  budget_ms: 2E+1\n", "runtime.budget_ms", 20.0),
+                ("runtime:\n  budget_ms: 25\n", "runtime.budget_ms", 25.0),
+                ("runtime:\n  budget_ms: -0.5e1\n", None, "must be between"),
+                ("runtime:\n  frames: 0\n", "runtime.frames", 0),
+                ("runtime:\n  frames: +7\n", "runtime.frames", 7),
+                ("source:\n  loop: no\n", "source.loop", False)]
 
 
 @pytest.mark.parametrize("text,expected", BAD_CONFIGS)
@@ -38,6 +62,18 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path, text, expected):
     assert err.value.exit_code == 2
 
 
+@pytest.mark.parametrize("text, key, expected", GOOD_NUMBERS)
+def test_numbers_read_as_yaml_1_2_writes_them(tmp_path, text, key, expected):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    if key is None:
+        with pytest.raises(EdgeError, match=expected):
+            load_config(str(path))
+        return
+    value = lookup(load_config(str(path)), key)
+    assert value == expected and type(value) is type(expected)
+
+
 def test_defaults_and_overrides():
     cfg = load_config(None, {"runtime.budget_ms": 20, "source.uri": "x.mp4"})
     assert cfg.runtime.budget_ms == 20.0 and isinstance(cfg.runtime.budget_ms, float)
@@ -48,18 +84,11 @@ def test_defaults_and_overrides():
 def test_cli_bad_config_exits_2_without_traceback(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("runtime:\n  budget: 30\n")
-    proc = run_edge("run", "--config", path)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().count("\n") == 0
-    assert "unknown key 'runtime.budget'" in proc.stderr
+    assert_refused(run_edge("run", "--config", path), "unknown key 'runtime.budget'")
 
 
 def test_cli_missing_config_file(tmp_path):
-    proc = run_edge("run", "--config", tmp_path / "nope.yaml")
-    assert proc.returncode == 2
-    assert "nope.yaml: config file not found" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_refused(run_edge("run", "--config", tmp_path / "nope.yaml"), "nope.yaml: config file not found")
 
 
 @pytest.mark.parametrize("case,expected", [
@@ -83,12 +112,8 @@ def test_cli_bad_inputs_exit_2(tmp_path, small_model, case, expected):
         "unknown scheme": (small_model, "ftp://cam"),
         "model is not ONNX": (garbage, "synthetic"),
     }[case]
-    proc = run_edge("run", "--backend", "onnxruntime", "--preprocess", "cpu", "--frames", 1,
-                    "--model", model, "--source", source)
-    assert proc.returncode == 2, proc.stderr
-    assert expected in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert_refused(run_edge("run", "--backend", "onnxruntime", "--preprocess", "cpu", "--frames", 1,
+                            "--model", model, "--source", source), expected)
 
 
 def test_missing_optional_dependency_names_the_extra(small_model):
@@ -96,11 +121,59 @@ def test_missing_optional_dependency_names_the_extra(small_model):
             "sys.exit(main(['run', '--model', {!r}, '--backend', 'onnxruntime', '--preprocess', 'cpu']))".format(
                 small_model))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "missing dependency 'onnxruntime'" in proc.stderr and "jetson-edge[cpu]" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_refused(proc, "missing dependency 'onnxruntime'", "jetson-edge[cpu]")
 
 
 def test_documented_example_is_complete_and_matches_the_defaults():
-    example = load_config(os.path.join(REPO, "configs", "example.yaml"))
-    assert as_dict(example) == as_dict(load_config(None))
+    path = os.path.join(REPO, "configs", "example.yaml")
+    with open(path, encoding="utf-8") as fh:
+        assert fh.read() == example_yaml(), (
+            "configs/example.yaml is generated from the declarations in edge/config.py; regenerate it with "
+            ".venv/bin/python -c \"from edge.config import example_yaml; print(example_yaml(), end='')\" "
+            "> configs/example.yaml")
+    assert as_dict(load_config(path)) == as_dict(load_config(None))
+    for dotted, f, _ in leaves(Config):  # every key documented, with its choices
+        assert "\n{}{}: ".format("  " * dotted.count("."), dotted.rsplit(".", 1)[-1]) in example_yaml()
+        assert all(str(c) in example_yaml() for c in f.metadata["choices"])
+
+
+def test_each_declared_flag_overrides_its_key_with_the_declared_type_and_choices():
+    """The flags are derived from the declarations: every command that has one takes the same values."""
+    declared = {dotted: f for dotted, f, _ in leaves(Config) if f.metadata["flag"]}
+    assert {"source.uri", "model.path", "runtime.budget_ms", "backend.kind", "preprocess.device",
+            "build.precision", "build.method"} <= set(declared)
+    parser = argparse.ArgumentParser()
+    add_flags(parser, Config, *declared)
+    for dotted, f in declared.items():
+        value = f.metadata["choices"][-1] if f.metadata["choices"] else {int: "3", float: "3.5", str: "x"}[f.type]
+        args = parser.parse_args([f.metadata["flag"], value])
+        assert flag_values(args, Config) == {dotted: f.type(value)}
+        if f.metadata["choices"]:
+            with pytest.raises(SystemExit):
+                parser.parse_args([f.metadata["flag"], "not-a-choice"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--backend", "tflite"], "invalid choice: 'tflite'"),
+    (["classify", "x.jpg", "--preprocess", "gpu"], "invalid choice: 'gpu'"),
+    (["build", "--precision", "int4"], "invalid choice: 'int4'"),
+    (["classify", "x.jpg", "--top-k", "0"], "'runtime.top_k' must be between 1 and 1000"),
+    (["run", "--frames", "-1"], "'runtime.frames' must be between 0 and"),
+])
+def test_every_command_checks_a_flag_as_the_config_checks_its_key(argv, says):
+    proc = run_edge(*argv)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_reload_applies_the_keys_declared_reloadable_and_names_the_rest():
+    running = load_config(None)
+    new = load_config(None, {"model.path": "b.onnx", "runtime.top_k": 3, "runtime.budget_ms": 20,
+                             "source.uri": "clip.mp4", "service.metrics.port": 9200, "build.method": "entropy"})
+    applied, restart = reloaded(running, new)
+    assert applied.model.path == "b.onnx" and applied.runtime.top_k == 3
+    assert applied.runtime.budget_ms == 30.0 and applied.source.uri == "synthetic"
+    assert sorted(restart) == ["runtime.budget_ms", "service.metrics.port", "source.uri"]  # build.*: not served
+    assert running.model.path != "b.onnx"  # the running config is never changed in place
+    policies = {dotted: policy for dotted, _, policy in leaves(Config)}
+    assert {k for k, p in policies.items() if p == APPLY} >= {"model.path", "preprocess.mean", "backend.kind",
+                                                              "runtime.top_k", "runtime.max_consecutive_errors"}

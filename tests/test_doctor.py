@@ -1,10 +1,17 @@
 """`edge doctor` through the real CLI on this machine (no GPU): the CPU path can run (exit 0), a config that
 asks for TensorRT or CUDA preprocessing cannot (exit 1, FAIL lines with the reason and what to do)."""
 
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from typing import Dict
 
-from conftest import run_edge
+import pytest
+
+from conftest import REPO, assert_refused, run_edge
 
 
 def status(stdout: str) -> Dict[str, str]:
@@ -16,14 +23,15 @@ def test_cpu_path_can_run(small_model: str) -> None:
     proc = run_edge("doctor", "--model", small_model, "--source", "synthetic")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = status(proc.stdout)
-    assert list(lines) == ["python", "tensorrt", "gpu", "kernel", "opencv", "argus", "jtop", "power", "model",
-                           "pipeline"]
+    assert list(lines) == ["python", "numpy", "onnxrt", "tensorrt", "nvcc", "gpu", "kernel", "opencv", "argus", "jtop",
+                           "power", "model", "pipeline"]
     assert lines["python"] == lines["model"] == lines["pipeline"] == "ok"
     assert "FAIL" not in lines.values()
     assert re.search(r"^ok\s+pipeline\s+loads: backend onnxruntime, preprocess cpu \(model is not a \.engine",
                      proc.stdout, re.M)
-    assert re.search(r"^--\s+kernel\s+not loaded \(no CUDA device\); shipped edge/cuda/preprocess.fatbin .* matches",
-                     proc.stdout, re.M)
+    assert re.search(r"^--\s+kernel\s+not loaded \(no CUDA device\); would try /var/lib/jetson-edge/kernels \(the "
+                     r"service's state directory\).*, then shipped edge/cuda/preprocess.fatbin .* matches", proc.stdout,
+                     re.M)
     assert proc.stdout.rstrip().endswith("edge doctor: the configured path can run")
 
 
@@ -43,3 +51,86 @@ def test_gpu_config_cannot_run_here(tmp_path) -> None:
 def test_bad_config_is_exit_2(tmp_path) -> None:
     proc = run_edge("doctor", "--config", str(tmp_path / "missing.yaml"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def doctor_as_nobody(model: str, kernels, home: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, EDGE_KERNEL_DIR=str(kernels), HOME=home)
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "edge",
+                           "doctor", "--model", model, "--source", "synthetic"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env=env)
+
+
+def test_doctor_as_an_unprivileged_user_names_each_cause_in_one_line(small_model: str, tmp_path) -> None:
+    """What the service account would meet (here: nobody, no groups): a model folder and a kernel folder it cannot
+    read are named, one line each, with the account; no traceback."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv(1) to drop to an unprivileged user")
+    kernels = tmp_path / "kernels"  # root's, 0700: like /var/lib/jetson-edge/kernels owned by another account
+    kernels.mkdir(mode=0o700)
+    shared = tempfile.mkdtemp(prefix="doctor-")  # readable by nobody
+    try:
+        os.chmod(shared, 0o755)
+        for name in os.listdir(os.path.dirname(small_model)):
+            shutil.copy(os.path.join(os.path.dirname(small_model), name), shared)
+        model = os.path.join(shared, os.path.basename(small_model))
+        proc = doctor_as_nobody(model, kernels, shared)
+        os.chmod(model, 0o600)  # now the model too is unreadable for nobody
+        unreadable = doctor_as_nobody(model, kernels, shared)
+    finally:
+        shutil.rmtree(shared)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^--\s+kernel\s+.*{} \(\$EDGE_KERNEL_DIR\): not readable as user nobody \(groups nogroup\) "
+                     r"\(Permission denied\)".format(re.escape(str(kernels))), proc.stdout, re.M), proc.stdout
+    assert unreadable.returncode == 1 and "Traceback" not in unreadable.stdout + unreadable.stderr
+    assert re.search(r"^FAIL\s+pipeline\s+.*{}".format(re.escape(model)), unreadable.stdout, re.M), unreadable.stdout
+    assert all(re.match(r"^(ok|warn|FAIL|--)\s+\S+\s|^edge doctor: ", line) for line in unreadable.stdout.splitlines())
+
+
+def test_a_check_that_raises_anything_is_one_fail_line() -> None:
+    from edge.commands.doctor import _safe
+
+    def broken() -> None:
+        raise RuntimeError("driver exploded\nsecond line")
+
+    assert _safe("gpu", broken) == ("FAIL", "gpu", "the check itself failed: RuntimeError: driver exploded")
+
+
+def test_opencv_built_for_numpy_1_is_named_as_an_abi_mismatch(tmp_path, monkeypatch) -> None:
+    from edge.commands.doctor import check_opencv
+
+    (tmp_path / "cv2.py").write_text("raise ImportError('numpy.core.multiarray failed to import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "cv2", raising=False)
+    status_, what, detail = check_opencv(True, True)
+    assert (status_, what) == ("FAIL", "opencv") and "built for NumPy 1.x" in detail and "numpy<2" in detail
+    assert "apt install python3-opencv" not in detail
+
+
+def test_a_slow_gst_inspect_is_a_line_not_a_traceback(tmp_path, monkeypatch) -> None:
+    from edge.commands import doctor
+
+    fake = tmp_path / "gst-inspect-1.0"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    monkeypatch.setattr(doctor, "GST_INSPECT_TIMEOUT_S", 1)
+    status_, what, detail = doctor.check_argus(True)
+    assert (status_, what) == ("warn", "argus") and "took over 1 s (first registry scan?)" in detail
+
+
+def test_as_service_takes_the_units_user_groups_and_sandbox_and_nothing_else() -> None:
+    from edge.commands.doctor import sandbox_properties
+
+    props = sandbox_properties(os.path.join(REPO, "systemd", "jetson-edge.service"))
+    assert {"--property=User=jetson-edge", "--property=SupplementaryGroups=video render jtop",
+            "--property=ProtectSystem=strict", "--property=StateDirectory=jetson-edge jetson-edge/engines",
+            "--property=Environment=TMPDIR=/run/jetson-edge"} <= set(props)
+    keys = {p.split("=", 2)[1] for p in props}
+    assert not keys & {"ExecStart", "ExecReload", "Type", "WatchdogSec", "Restart", "NotifyAccess"}
+    assert not keys & {"Description", "WantedBy", "After"}  # [Unit] and [Install] are not the sandbox
+
+
+def test_as_service_without_systemd_or_unit_is_one_line() -> None:
+    if os.path.isdir("/run/systemd/system"):
+        pytest.skip("a running systemd here: --as-service would really run")
+    assert_refused(run_edge("doctor", "--as-service"), "--as-service", "systemd-run")

@@ -11,8 +11,6 @@ import sys
 import pytest
 import yaml
 
-from edge.config import load_config
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHART = os.path.join(REPO, "deploy", "helm", "jetson-edge")
 ANSIBLE = os.path.join(REPO, "deploy", "ansible")
@@ -26,94 +24,6 @@ def venv_tool(name, package):
     if not os.path.exists(path):
         pytest.skip("{} not installed (pip install -e '.[fleet]', package {})".format(name, package))
     return path
-
-
-@pytest.fixture(scope="module")
-def helm():
-    if sys.version_info < (3, 10):
-        pytest.skip("helm-python-sdk needs Python >= 3.10")
-    return pytest.importorskip("helm_python", reason="helm-python-sdk not installed (pip install -e '.[fleet]')")
-
-
-def render(helm, values):
-    return helm.Chart.load(CHART).render(values, name="edge", namespace="edge")
-
-
-def docs(rendered, kind):
-    return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d and d["kind"] == kind]
-
-
-def test_chart_lints_strictly_for_kubernetes_1_33(helm):
-    report = helm.lint(CHART, {"agent": {"remoteWrite": {"url": URL}}}, strict=True, kube_version="v1.33.0")
-    assert report["errors"] == []
-    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report["messages"]
-
-
-def test_chart_refuses_to_render_without_a_remote_write_url(helm):
-    with pytest.raises(helm.HelmError, match="agent.remoteWrite.url is required"):
-        render(helm, {})
-
-
-def test_rendered_chart_validates_against_kubernetes_1_33(helm, tmp_path):
-    validate = venv_tool("kubernetes-validate", "kubernetes-validate")
-    out = tmp_path / "rendered.yaml"
-    out.write_text("\n---\n".join(render(helm, {"agent": {"remoteWrite": {"url": URL}}}).values()))
-    proc = subprocess.run([validate, "-k", "1.33.0", "--strict", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "passed for resource daemonset/edge" in proc.stdout
-    # the validator does reject what 1.33 does not know (so the pass above means something)
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(out.read_text().replace("runtimeClassName:", "runtimeClass:"))
-    assert subprocess.run([validate, "-k", "1.33.0", "--strict", str(bad)], capture_output=True).returncode != 0
-
-
-def test_daemonset_runs_on_jetson_nodes_with_the_devices_probes_and_agent(helm):
-    values = {"agent": {"remoteWrite": {"url": URL}, "externalLabels": {"fleet": "north"}},
-              "cameras": ["/dev/video0", "/dev/video1"], "maxUnavailable": 2}
-    rendered = render(helm, values)
-    ds, = docs(rendered, "DaemonSet")
-    spec = ds["spec"]["template"]["spec"]
-    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}
-    assert spec["runtimeClassName"] == "nvidia" and spec["nodeSelector"] == {"jetson-edge/enabled": "true"}
-    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["argus"]["hostPath"] == {"path": "/tmp/argus_socket", "type": "Socket"}
-    assert volumes["jtop"]["hostPath"] == {"path": "/run/jtop.sock", "type": "Socket"}
-    assert volumes["engines"]["hostPath"]["path"] == "/var/lib/jetson-edge/engines"
-    assert [volumes["camera-{}".format(i)]["hostPath"] for i in (0, 1)] == [
-        {"path": "/dev/video0", "type": "CharDevice"}, {"path": "/dev/video1", "type": "CharDevice"}]
-    edge, agent = spec["containers"]
-    assert edge["resources"]["limits"] and agent["resources"]["limits"]
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert "127.0.0.1:9108/healthz" in " ".join(edge[probe]["exec"]["command"])
-    assert "--enable-feature=agent,expand-external-labels" in agent["args"]
-    assert agent["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
-    three = docs(render(helm, dict(values, agent=dict(values["agent"], image={"tag": "v3.5.0"}))), "DaemonSet")[0]
-    assert "--agent" in three["spec"]["template"]["spec"]["containers"][1]["args"]
-    assert docs(render(helm, dict(values, argusSocket=False, jtopSocket=False, cameras=[])), "DaemonSet")[0][
-        "spec"]["template"]["spec"]["volumes"][-1]["name"] == "agent-wal"
-
-
-def test_rendered_configs_are_accepted_by_edge_and_promtool(helm, tmp_path):
-    values = {"agent": {"remoteWrite": {"url": URL, "extra": {"basic_auth": {"username": "fleet",
-                                                                             "password_file": "/secrets/pw"}}}},
-              "config": {"source": "rtsp://cam.local/stream", "budgetMs": 25, "precision": "fp16"}}
-    cm, = docs(render(helm, values), "ConfigMap")
-    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
-    cfg = load_config(str(tmp_path / "config.yaml"))
-    assert cfg.source.uri == "rtsp://cam.local/stream" and cfg.runtime.budget_ms == 25
-    assert cfg.model.path == "/var/lib/jetson-edge/engines/mobilenet_v3_large.fp16.engine"
-    assert cfg.build.engines_dir == "/var/lib/jetson-edge/engines" and cfg.service.metrics.host == "127.0.0.1"
-    agent = yaml.safe_load(cm["data"]["agent.yml"])
-    assert agent["global"]["external_labels"]["device"] == "${NODE_NAME}"
-    assert agent["remote_write"][0]["url"] == URL
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (Debian: apt-get install prometheus)")
-    (tmp_path / "agent.yml").write_text(cm["data"]["agent.yml"])
-    proc = subprocess.run([promtool, "check", "config", "--agent", str(tmp_path / "agent.yml")], capture_output=True,
-                          text=True, env=dict(os.environ, NODE_NAME="jetson-01"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # -- Ansible ------------------------------------------------------------------------------------------------
@@ -136,49 +46,26 @@ def test_playbook_syntax_and_ansible_lint(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_playbook_stages_the_files_idempotently_and_check_mode_shows_the_diff(tmp_path, small_model):
-    root = tmp_path / "root"
-    sets = {}
-    for name in ("default", "regression"):  # two images each: ansible copies file by file
-        src = os.path.join(REPO, "calibration", name)
-        sets[name] = tmp_path / "sets" / name
-        sets[name].mkdir(parents=True)
-        for image in sorted(f for f in os.listdir(src) if f.endswith(".jpg"))[:2]:
-            shutil.copy(os.path.join(src, image), str(sets[name]))
-    stage = ["-e", "ansible_become=false", "-e", "jetson_edge_root=" + str(root), "-e", "jetson_edge_system=false",
-             "-e", "jetson_edge_model=" + small_model, "-e", "jetson_edge_source=rtsp://cam.local/s",
-             "-e", "jetson_edge_calibration_dir={}".format(sets["default"]),
-             "-e", "jetson_edge_regression_dir={}".format(sets["regression"])]
-    check = ansible(tmp_path, "--check", "--diff", *stage)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert not root.exists() or not list(root.rglob("config.yaml")), "check mode wrote files"
-    assert "+  uri: \"rtsp://cam.local/s\"" in check.stdout  # the diff of the config it would write
-    first = ansible(tmp_path, *stage)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert re.search(r"localhost\s+: ok=\d+\s+changed=[1-9]", first.stdout)
-    cfg = load_config(str(root / "etc/jetson-edge/config.yaml"))
-    stem = os.path.splitext(os.path.basename(small_model))[0]
-    assert cfg.model.path == "/var/lib/jetson-edge/engines/{}.int8.engine".format(stem)
-    assert cfg.source.uri == "rtsp://cam.local/s" and cfg.build.engines_dir == "/var/lib/jetson-edge/engines"
-    assert (root / "var/lib/jetson-edge/models" / os.path.basename(small_model)).exists()
-    for name, src in sets.items():
-        assert sorted(os.listdir(str(root / "var/lib/jetson-edge/calibration" / name))) == sorted(os.listdir(str(src)))
-    unit = (root / "etc/systemd/system/jetson-edge.service").read_text()
-    assert unit == open(os.path.join(REPO, "systemd", "jetson-edge.service")).read()
-    second = ansible(tmp_path, *stage)
-    assert second.returncode == 0 and re.search(r"localhost\s+: ok=\d+\s+changed=0 ", second.stdout), second.stdout
-
-
-def test_rollout_is_canary_first_and_a_failed_gate_rolls_back_and_stops():
+def test_rollout_plays_skip_unreachable_devices_and_gate_before_the_switch():
     with open(os.path.join(ANSIBLE, "site.yml")) as fh:
-        play, = yaml.safe_load(fh)
-    assert play["max_fail_percentage"] == 0 and play["serial"].startswith("{{ jetson_edge_batches | default([1,")
-    with open(os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks", "main.yml")) as fh:
-        block, = [t for t in yaml.safe_load(fh) if "block" in t]
-    argv = [t["ansible.builtin.command"]["argv"][:2] for t in block["block"] + block["rescue"]
-            if "ansible.builtin.command" in t]
-    assert argv == [[".venv/bin/edge", "build"], [".venv/bin/edge", "check"], [".venv/bin/edge", "rollback"]]
-    assert "ansible.builtin.fail" in block["rescue"][-1]
+        reach, report, rollout = yaml.safe_load(fh)
+    assert reach["tasks"][0]["ignore_unreachable"] is True and report["hosts"] == "jetson_edge_unreachable"
+    assert rollout["hosts"] == "jetsons:&jetson_edge_reachable" and rollout["strategy"] == "host_pinned"
+    assert "max_fail_percentage" not in rollout  # the free strategies ignore it: a failed gate pauses instead
+    tasks = os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks")
+    with open(os.path.join(tasks, "gate.yml")) as fh:
+        block, = yaml.safe_load(fh)
+    steps = [t["name"].split(" (")[0] for t in block["block"]]
+    assert steps == ["Forget an earlier failure of this release", "Build the CUDA preprocessing kernel for this GPU",
+                     "Fetch the artifact built for this engine identity", "Build the release's artifact on the device",
+                     "Stop the service", "Latency gate", "Publish the gated artifact for devices of this type",
+                     "Seal the release"]
+    rescue = [t["name"] for t in block["rescue"]]
+    assert rescue[0].startswith("Mark the release failed") and "ansible.builtin.fail" in block["rescue"][-1]
+    with open(os.path.join(tasks, "deploy.yml")) as fh:
+        deploy = [t["name"] for t in yaml.safe_load(fh)]
+    assert deploy.index("Package, files and build of the release") < deploy.index(
+        "Switch to the release (only after its gate passed here)")
 
 
 # -- container ----------------------------------------------------------------------------------------------
@@ -217,27 +104,62 @@ def test_entrypoint_parses_and_passes_shellcheck():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_entrypoint_builds_an_engine_that_does_not_match_the_board_then_runs(tmp_path, small_model):
-    """The real manifest check (edge's own code) finds no engine for this board; `edge` itself is replaced by a
-    recorder, since building a TensorRT engine needs a Jetson."""
+def run_entrypoint(tmp_path, small_model, fake_edge="", **env):
+    """The real entrypoint and the real manifest check (edge's own code, which finds no engine for this board);
+    `edge` itself is a recorder (building a TensorRT engine needs a Jetson) running `fake_edge` after recording."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls"
-    (bin_dir / "edge").write_text("#!/bin/sh\necho \"$*\" >> {}\n".format(calls))
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        (bin_dir / "python3").symlink_to(sys.executable)
+    (bin_dir / "edge").write_text("#!/bin/sh\necho \"$*\" >> {}\n{}\n".format(tmp_path / "calls", fake_edge))
     (bin_dir / "edge").chmod(0o755)
-    (bin_dir / "python3").symlink_to(sys.executable)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "engines" / "m.int8.engine")},
+                                      "source": {"uri": "csi://0"},
                                       "build": {"engines_dir": str(tmp_path / "engines")}}))
-    env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), EDGE_CONFIG=str(config),
-               EDGE_SOURCE_MODEL=small_model, PYTHONPATH=REPO)
-    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")], capture_output=True, text=True, env=env,
+    full_env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), EDGE_CONFIG=str(config),
+                    EDGE_SOURCE_MODEL=small_model, PYTHONPATH=REPO, **env)
+    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")], capture_output=True, text=True, env=full_env,
                           cwd=REPO, timeout=120)
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return proc, str(config), calls
+
+
+def test_entrypoint_builds_an_engine_that_does_not_match_the_board_then_runs(tmp_path, small_model):
+    proc, config, calls = run_entrypoint(tmp_path, small_model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "building the engine" in proc.stdout
-    assert calls.read_text().splitlines() == [
-        "build --engine --config {} --model {} --no-progress".format(config, small_model),
-        "run --config {}".format(config)]
+    assert calls == ["build --engine --config {} --model {} --no-progress".format(config, small_model),
+                     "run --config {}".format(config)]
+
+
+def test_entrypoint_does_not_rebuild_a_failed_build_on_every_restart(tmp_path, small_model):
+    fail_build = 'case "$1" in build) exit 1;; esac'
+    first, _, calls = run_entrypoint(tmp_path, small_model, fail_build)
+    assert first.returncode == 1 and [c.split()[0] for c in calls] == ["build"]
+    again, _, calls = run_entrypoint(tmp_path, small_model, fail_build)
+    assert again.returncode == 1 and "failed before" in again.stderr
+    assert [c.split()[0] for c in calls] == ["build"]  # the restart did not build again
+    os.unlink(str(tmp_path / "engines" / "mobilenet_v3_small.failed"))
+    retried, _, calls = run_entrypoint(tmp_path, small_model)
+    assert retried.returncode == 0 and [c.split()[0] for c in calls] == ["build", "build", "run"]
+
+
+def test_entrypoint_takes_the_source_from_a_secret_without_putting_it_in_argv(tmp_path, small_model):
+    uri = "rtsp://admin:S3cretPass@cam.local/stream"
+    miss = 'case "$1 $2" in "cache fetch") exit 1;; esac'
+    proc, config, calls = run_entrypoint(tmp_path, small_model, miss, EDGE_SOURCE_URI=uri,
+                                         EDGE_ENGINE_CACHE=str(tmp_path / "shared"))
+    assert proc.returncode == 0, proc.stderr
+    assert all("S3cretPass" not in c for c in calls)
+    assert [c.split()[:2] for c in calls] == [["cache", "fetch"], ["build", "--engine"], ["cache", "publish"],
+                                              ["run", "--config"]]
+    private = calls[-1].split()[-1]
+    assert private != config and oct(os.stat(private).st_mode & 0o777) == "0o600"
+    with open(private) as fh:
+        assert yaml.safe_load(fh)["source"]["uri"] == uri
+    with open(config) as fh:
+        assert "S3cretPass" not in fh.read()
 
 
 # -- docs -----------------------------------------------------------------------------------------------------

@@ -169,7 +169,14 @@ def test_promtool_checks_the_rules():
     proc = subprocess.run([tool("promtool"), "check", "rules", "rules.yml"], cwd=PROM_DIR, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 16 rules found" in proc.stdout
+    assert "SUCCESS: 19 rules found" in proc.stdout
+    alerts = [r for r in rules() if "alert" in r]
+    assert {"EdgeDeviceSilent", "EdgeDeviceFlapping", "EdgeRemoteWriteLag"} <= {r["alert"] for r in alerts}
+    with open(os.path.join(REPO, "docs", "fleet.md")) as fh:
+        anchors = {h.lower() for h in re.findall(r"^#+ (Edge\w+)$", fh.read(), re.M)}  # GitHub's anchors
+    for rule in alerts:  # every alert links its runbook, and the runbook section exists
+        assert rule["annotations"]["runbook_url"] == "docs/fleet.md#" + rule["alert"].lower(), rule["alert"]
+        assert rule["alert"].lower() in anchors, rule["alert"]
 
 
 def test_promtool_unit_tests_cover_every_alert_firing_and_not_firing():

@@ -1,44 +1,64 @@
-"""One Jetson install recipe: the lines scripts/install_service.sh runs (its jetson_recipe function) are the
-lines docs/service.md shows, in the same order, and the README's Jetson install row names them too."""
+"""One Jetson install recipe per JetPack: the lines scripts/install_service.sh runs (its jetson_recipe function)
+are the lines docs/service.md shows for each JetPack, in the same order, and the README's Jetson row names
+them too. The recipe run for real with stand-in commands: a failed step stops the install with its message."""
 
+import os
 import re
+import stat
+import subprocess
 from pathlib import Path
-from typing import List
+from typing import Dict, List
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+INSTALL = ROOT / "scripts" / "install_service.sh"
+# JetPack -> (its constraints file, the apt suffix of its CUDA's nvcc)
+JETPACKS = {"5": ("jetpack5", "11-4"), "6": ("jetpack6", "12-6"), "7": ("jetpack7", "13-0")}
 
 
-def normalise(command: str) -> str:
-    """The same command written by hand (sudo ...) or by the installer (act ...; $state for the state dir)."""
-    command = re.sub(r"^(sudo|act) ", "", command.strip())
-    return command.replace('"$state', "/var/lib/jetson-edge").replace('"', "")
+def normalise(command: str, jetpack: str = "6") -> str:
+    """The same command written by hand (sudo ...) or by the installer (step ...; $state for the state dir,
+    $jp and $cuda for the JetPack's constraints and CUDA)."""
+    jp, cuda = JETPACKS[jetpack]
+    command = re.sub(r"^has_nvcc \|\| ", "", command.strip())
+    command = re.sub(r"^(sudo|step) ", "", command)
+    command = command.replace('"$state', "/var/lib/jetson-edge").replace("$jp", jp).replace("$cuda", cuda)
+    return command.replace('"', "")
 
 
-def installer_recipe() -> List[str]:
-    text = (ROOT / "scripts" / "install_service.sh").read_text()
+def installer_recipe(jetpack: str = "6") -> List[str]:
+    text = INSTALL.read_text()
     body = re.search(r"^jetson_recipe\(\) \{\n(.*?)^\}", text, re.S | re.M)
     assert body is not None, "no jetson_recipe() in scripts/install_service.sh"
-    return [normalise(line) for line in body.group(1).splitlines() if line.strip()]
+    return [normalise(line, jetpack) for line in body.group(1).splitlines() if re.search(r"(^|\| )step ", line.strip())]
 
 
 def test_recipe_is_the_jetpack_one() -> None:
-    recipe = installer_recipe()
-    assert recipe == [
+    assert installer_recipe("6") == [
         "apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev",
+        "apt-get install -y cuda-nvcc-12-6",
         "python3 -m venv --system-site-packages .venv",
-        "env PATH=/usr/local/cuda/bin:$PATH .venv/bin/pip install -e '.[jetson,service,check]'",
-        ".venv/bin/python scripts/build_kernel.py --into /var/lib/jetson-edge/kernels",
+        "env PATH=/usr/local/cuda/bin:$PATH PIP_CONSTRAINT=constraints/jetpack6.txt .venv/bin/pip install -e "
+        "'.[jetson,service,check]'",
+        ".venv/bin/jtop --install-service",
+        "env PATH=/usr/local/cuda/bin:$PATH .venv/bin/python scripts/build_kernel.py --into "
+        "/var/lib/jetson-edge/kernels",
     ]
-    assert not any("opencv-python" in line or "bootstrap" in line for line in recipe)
+    assert not any("opencv-python" in line or "bootstrap" in line for line in installer_recipe())
+    for jp, _ in JETPACKS.values():
+        assert (ROOT / "constraints" / (jp + ".txt")).is_file()
 
 
-def test_docs_show_the_installer_lines_in_order() -> None:
+@pytest.mark.parametrize("jetpack", sorted(JETPACKS))
+def test_docs_show_the_installer_lines_in_order_for_each_jetpack(jetpack: str) -> None:
     text = (ROOT / "docs" / "service.md").read_text()
     section = text[text.index("## Installing on a Jetson"):]
+    section = section[section.index("### JetPack " + jetpack):]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None
-    shown = [normalise(line.split("  #")[0]) for line in block.group(1).splitlines()]
-    recipe = installer_recipe()
+    shown = [normalise(line.split("  #")[0], jetpack) for line in block.group(1).splitlines()]
+    recipe = installer_recipe(jetpack)
     start = shown.index(recipe[0])
     assert shown[start:start + len(recipe)] == recipe
     assert "bootstrap.sh" not in block.group(1)
@@ -47,6 +67,62 @@ def test_docs_show_the_installer_lines_in_order() -> None:
 def test_readme_jetson_row_names_the_same_lines() -> None:
     row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| Jetson"))
     named = [normalise(c) for c in re.findall(r"`([^`]+)`", row)]
-    recipe = installer_recipe()
-    positions = [named.index(command) for command in recipe]
+    positions = [named.index(command) for command in installer_recipe("6")]
     assert positions == sorted(positions)
+
+
+def stand_ins(tmp_path: Path) -> Dict[str, str]:
+    """Commands the recipe runs, as scripts that log their arguments and fail when named in $FAIL_AT."""
+    log = tmp_path / "ran.log"
+    script = '#!/bin/sh\necho "$(basename "$0") $*" >> {log}\n' \
+             'if [ "$(basename "$0")" = "$FAIL_AT" ]; then echo "E: $(basename "$0") broke" >&2; exit 100; fi\n'
+    checkout = tmp_path / "checkout"
+    for folder, names in ((tmp_path / "bin", ("apt-get", "python3")), (checkout / ".venv" / "bin",
+                                                                       ("pip", "jtop", "python"))):
+        folder.mkdir(parents=True)
+        for name in names:
+            path = folder / name
+            path.write_text(script.format(log=log))
+            path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return {"bin": str(tmp_path / "bin"), "checkout": str(checkout), "log": str(log)}
+
+
+def run_recipe(tmp_path: Path, fail_at: str) -> subprocess.CompletedProcess:
+    """jetson_recipe from the installer, sourced, as the installer runs it (a subshell in the checkout)."""
+    paths = stand_ins(tmp_path)
+    # This machine is no Jetson: name the JetPack and its CUDA; nvcc is treated as missing.
+    body = 'source "$1"; jetpack() { echo jetpack6; }; cuda_package_version() { echo 12-6; }; has_nvcc() { false; }; ' \
+           'dry_run=0; state="$2"; (cd "$3" && jetson_recipe) || exit 1; echo recipe done'
+    env = dict(os.environ, PATH=paths["bin"] + os.pathsep + os.environ["PATH"], FAIL_AT=fail_at)
+    return subprocess.run(["bash", "-c", body, "recipe",
+                           str(INSTALL), str(tmp_path / "state"), paths["checkout"]],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.mark.parametrize("fail_at,ran", [
+    ("apt-get", ["apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev"]),
+    ("pip", ["apt-get", "apt-get", "python3", "pip install -e .[jetson,service,check]"]),
+    ("jtop", ["apt-get", "apt-get", "python3", "pip", "jtop --install-service"]),
+])
+def test_a_failed_step_stops_the_install_with_its_message(tmp_path: Path, fail_at: str, ran: List[str]) -> None:
+    proc = run_recipe(tmp_path, fail_at)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "recipe done" not in proc.stdout
+    assert "E: {} broke".format(fail_at) in proc.stderr
+    assert re.search(r"step failed \(exit 100\): .*{}".format(re.escape(ran[-1].split()[0])), proc.stderr)
+    logged = (tmp_path / "ran.log").read_text().splitlines()
+    assert [line.split()[0] for line in logged] == [r.split()[0] for r in ran]  # nothing after the failure ran
+    assert logged[-1] == ran[-1]
+
+
+def test_the_whole_recipe_runs_in_order_and_installs_nvcc_where_missing(tmp_path: Path) -> None:
+    proc = run_recipe(tmp_path, fail_at="")
+    assert proc.returncode == 0 and "recipe done" in proc.stdout, proc.stdout + proc.stderr
+    assert (tmp_path / "ran.log").read_text().splitlines() == [
+        "apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev",
+        "apt-get install -y cuda-nvcc-12-6",
+        "python3 -m venv --system-site-packages .venv",
+        "pip install -e .[jetson,service,check]",
+        "jtop --install-service",
+        "python scripts/build_kernel.py --into {}/kernels".format(tmp_path / "state"),
+    ]

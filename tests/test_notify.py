@@ -12,7 +12,8 @@ import service_helpers as sh
 
 from edge.service.loop import run
 from edge.service.notify import Notifier
-from edge.service.runtime import Runtime, StopFlag
+from edge.service.runtime import Runtime
+from edge.service.signals import StopFlag
 
 from conftest import REPO
 
@@ -35,7 +36,7 @@ def test_notifier_reaches_path_and_abstract_sockets(tmp_path, monkeypatch, abstr
         assert n.enabled
         assert n.ready("fps 30") and n.status("line one\nline two")
         lst.wait_for("STATUS", after=0)
-        assert sh.wait_until(lambda: len(lst.lines("STATUS")) == 2, 2)
+        assert sh.wait_until(lambda: len(lst.lines("STATUS")) == 2, 30)
     finally:
         lst.close()
     assert [line for _, line in lst.fields()] == ["READY=1", "STATUS=fps 30", "STATUS=line one line two"]
@@ -51,7 +52,7 @@ def test_watchdog_needs_ready_and_pings_at_most_every_half_interval(listener, mo
     sent = [n.watchdog(now=t) for t in (n.last_watchdog + 0.05, n.last_watchdog + 0.21, n.last_watchdog + 0.3,
                                         n.last_watchdog + 0.45)]
     assert sent == [False, True, False, True]
-    assert sh.wait_until(lambda: len(listener.lines("WATCHDOG")) == 2, 2)
+    assert sh.wait_until(lambda: len(listener.lines("WATCHDOG")) == 2, 30)
 
 
 def test_watchdog_for_another_pid_is_ignored(listener, monkeypatch):
@@ -89,8 +90,8 @@ def test_edge_run_notifies_ready_status_watchdog_and_stopping(small_model, tmp_p
             "runtime": {"warmup": 2, "budget_ms": 1000}, "service": {"telemetry": {"enabled": False}}})
         proc = subprocess.run([sys.executable, "-m", "edge", "run", "--config", cfg, "--model", small_model,
                                "--backend", "onnxruntime", "--preprocess", "cpu", "--frames", "90"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        time.sleep(0.2)
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert sh.wait_until(lambda: lst.lines("STOPPING"), 30)  # the last datagram has arrived
     finally:
         lst.close()
     assert proc.returncode == 0, proc.stderr
@@ -100,9 +101,9 @@ def test_edge_run_notifies_ready_status_watchdog_and_stopping(small_model, tmp_p
     pings = [f for f in fields if f == "WATCHDOG=1"]
     assert len(pings) >= 3, fields  # ~1.5 s of frames, a ping every >= 0.1 s
     ping_times = [t for t, line in lst.fields() if line == "WATCHDOG=1"]
-    # rate limit: no more pings than one per WATCHDOG_USEC/2 over the span (arrival times jitter a little)
+    # rate limit: no more pings than one per WATCHDOG_USEC/2 over the span (arrival times jitter a little;
+    # the exact rule is test_watchdog_needs_ready_and_pings_at_most_every_half_interval's)
     assert len(ping_times) <= (ping_times[-1] - ping_times[0]) / 0.1 + 1.5, "pinged faster than WATCHDOG_USEC/2"
-    assert min(b - a for a, b in zip(ping_times, ping_times[1:])) > 0.05
     assert fields[-2] == "STOPPING=1" and fields[-1].startswith("STATUS=stopping (frames): 90 frames")
     start = sh.json_lines(proc.stdout)[0]
     assert start["systemd"] is True and start["watchdog_ping_s"] == pytest.approx(0.1)
@@ -115,10 +116,10 @@ def test_watchdog_stops_while_inference_hangs_and_resumes_after(small_model, lis
     backend = sh.ControlledBackend(small_model)
     cfg = sh.service_config(small_model)
     log = sh.ListLog()
-    runtime = Runtime(cfg, log, stages_factory=sh.stages_with(backend))
+    runtime = Runtime(cfg, log=log, stages_factory=sh.stages_with(backend))
     stop = StopFlag()
     outcome = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(cfg, stop=stop, runtime=runtime)))
+    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(runtime, stop)))
     thread.start()
     try:
         ready_at, _ = listener.wait_for("READY")
@@ -135,8 +136,8 @@ def test_watchdog_stops_while_inference_hangs_and_resumes_after(small_model, lis
         assert resumed > hang_started + 1.0
     finally:
         backend.release.set()
-        stop.event.set()
-        thread.join(timeout=10)
+        stop.request("test over")
+        thread.join(timeout=30)
     assert not thread.is_alive()
-    assert outcome["report"]["ended_by"] == "signal None" and outcome["report"]["frames"] > 0
-    assert listener.lines("STOPPING")
+    assert outcome["report"]["ended_by"] == "test over" and outcome["report"]["frames"] > 0
+    assert sh.wait_until(lambda: listener.lines("STOPPING"), 30)

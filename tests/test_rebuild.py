@@ -2,6 +2,7 @@
 atomic install and SIGHUP to a real `edge run`; a failure injected at each step leaves the installed artifact
 and calibration set byte-identical."""
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -17,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+import service_helpers as sh
 import yaml
 
 from edge.build.calibration import import_calibration_set
@@ -25,7 +27,7 @@ from edge.commands import rebuild
 from conftest import REPO, run_edge
 
 ARTIFACT_FILES = ("engines/m.int8.onnx", "engines/m.int8.json", "engines/m.int8.labels.txt")
-STEPS = ("capture", "calibrate", "build", "gate", "latency", "install", "reload")
+STEPS = ("capture", "calibrate", "fallback", "build", "gate", "latency", "install", "reload")
 
 
 def sha(path):
@@ -89,7 +91,7 @@ def ws(small_model, regression_set, tmp_path):
               "runtime": {"budget_ms": 1000, "warmup": 2, "report_every": 100000},
               "build": {"calibration_dir": "cal/current", "regression_dir": regression_set, "engines_dir": "engines",
                         "min_images": 8},
-              "service": {"telemetry": {"enabled": False}}}
+              "service": {"telemetry": {"enabled": False}, "metrics": {"enabled": True, "port": sh.free_port()}}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
     return tmp_path
 
@@ -136,7 +138,7 @@ def test_reload_target_is_checked_before_any_work(ws, capsys, monkeypatch):
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
         rc, _, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--pid", sleeper.pid, *CHEAP)
-        assert rc == 2 and "is not jetson-edge" in err and "refusing" in err
+        assert rc == 2 and "is not an `edge run` service" in err and "refusing" in err
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -170,51 +172,60 @@ class Lines:
         raise AssertionError("no '{}' line within {} s; saw: {}".format(event, timeout, "".join(self.seen)[-2000:]))
 
 
-def test_rebuild_installs_and_reloads_the_running_service(ws):
-    old = {name: sha(str(ws / name)) for name in ARTIFACT_FILES}
-    old_set = tree(ws, "cal/current")
-    service = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", "cfg.yaml"], cwd=str(ws),
+@contextlib.contextmanager
+def daemon(ws, config="cfg.yaml"):
+    """A real `edge run` on the workspace's config; yields (process, its stdout lines) once it serves."""
+    service = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=str(ws),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out = Lines(service.stdout)
-        start = out.wait_for("start")
-        assert start["precision"] == "fp32" and start["model"] == "engines/m.int8.onnx"
+        out.wait_for("start")
+        yield service, out
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+
+
+def test_rebuild_installs_and_reloads_the_running_service(ws):
+    old = {name: sha(str(ws / name)) for name in ARTIFACT_FILES}
+    old_set = tree(ws, "cal/current")
+    with daemon(ws) as (service, out):
         (ws / "edge.pid").write_text("{}\n".format(service.pid))
-        proc = subprocess.run([sys.executable, "-m", "edge.commands.rebuild", "--config", "cfg.yaml",
+        proc = subprocess.run([sys.executable, "-m", "edge", "rebuild", "--config", "cfg.yaml",
                                "--pidfile", "edge.pid"] + [str(a) for a in CHEAP], cwd=str(ws),
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         for number, name in enumerate(STEPS, 1):
-            assert "rebuild: step {}/7 '{}' done".format(number, name) in proc.stdout
-        assert "sent SIGHUP to {}".format(service.pid) in proc.stdout
-
+            assert "rebuild: step {}/8 '{}' done".format(number, name) in proc.stdout
         new_sha = sha(str(ws / "engines/m.int8.onnx"))
+        # done only when the service's own metrics counted the reload and named the installed bytes
+        assert "reload: kill -HUP {} (from edge.pid) confirmed: the service serves engines/m.int8.onnx (sha256 {})" \
+            .format(service.pid, new_sha[:12]) in proc.stdout
         assert new_sha != old["engines/m.int8.onnx"]
         assert sha(str(ws / "engines/previous/m.int8.onnx")) == old["engines/m.int8.onnx"]  # kept for rollback
         manifest = json.loads((ws / "engines/m.int8.json").read_text())
         assert manifest["sha256"] == new_sha and manifest["precision"] == "int8" and manifest["format"] == "onnx-qdq"
         assert manifest["latency"]["verdict"] == "pass" and manifest["latency"]["p99_ms"] <= 1000
-        assert manifest["gate"]["report"] == str(ws / "engines/m.int8.gate.json")
+        # no absolute path in the model info: names relative to the engines folder
+        assert manifest["gate"]["report"] == "m.int8.gate.json" and manifest["latency"]["report"] == \
+            "m.int8.latency.json"
+        assert manifest["source"]["path"] == "m.onnx" and manifest["calibration"]["set"] == "../cal/current"
+        assert str(ws) not in json.dumps(manifest)
         # the captured set now is build.calibration_dir, the old one kept beside it
         captured = json.loads((ws / "cal/current/manifest.json").read_text())
         assert captured["source"] == str(ws / "camera.avi") and captured["count"] == 12
         assert manifest["calibration"]["sha256"] == captured["sha256"]
-        assert manifest["calibration"]["set"] == str(ws / "cal/current")
         assert {k.replace("cal/current.previous", "cal/current"): v for k, v in tree(ws, "cal/current.previous")
                 .items()} == old_set
         assert not glob.glob(str(ws / "cal" / "*.rebuild-*")) and not glob.glob(str(ws / "engines" / ".*staged"))
 
-        reload = out.wait_for("reload", timeout=30)  # the service got SIGHUP and swapped to the new artifact
+        reload = out.wait_for("reload", timeout=30)  # the service's own line agrees
         assert reload["sha256"] == new_sha and reload["precision"] == "int8-qdq"
-        assert reload["model"] == "engines/m.int8.onnx"
         service.send_signal(signal.SIGTERM)
         report = out.wait_for("report", timeout=30)
         assert report["reloads"] == {"ok": 1, "failed": 0}
         assert service.wait(30) == 0
-    finally:
-        if service.poll() is None:
-            service.kill()
-            service.wait()
 
 
 def _fake_systemctl(bin_dir):
@@ -226,18 +237,26 @@ def _fake_systemctl(bin_dir):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+def _daemon_config(ws, **model):
+    cfg = yaml.safe_load((ws / "cfg.yaml").read_text())
+    cfg["model"].update(model)
+    (ws / "daemon.yaml").write_text(yaml.safe_dump(cfg))
+    return "daemon.yaml"
+
+
 @pytest.mark.parametrize("step,why", [
     ("capture", "unreadable source"),
     ("capture", "too few images"),
     ("gate", "impossible thresholds"),
     ("latency", "impossible budget"),
     ("reload", "systemctl reload fails after the install"),
-    ("reload", "the process exits on SIGHUP"),
+    ("reload", "the service reports its reload failed"),
+    ("reload", "the service serves another model"),
 ])
-def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatch, request):
+def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatch):
     monkeypatch.chdir(ws)
-    request_cleanup = request.addfinalizer
     args = ["--config", "cfg.yaml", "--no-reload"] + list(CHEAP)
+    service = contextlib.ExitStack()
     if why == "unreadable source":
         (ws / "broken.avi").write_text("not a video\n")
         args += ["--source", ws / "broken.avi", "--check-source", "synthetic"]
@@ -253,16 +272,23 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
         (ws / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     elif why == "impossible budget":
         args += ["--budget-ms", 0.001]
-    elif why == "the process exits on SIGHUP":  # an edge-looking process without a SIGHUP handler
-        victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "edge", "run"])
-        request_cleanup(lambda: (victim.kill(), victim.wait()))
-        args = [a for a in args if a != "--no-reload"] + ["--pid", victim.pid]
+    elif why == "the service reports its reload failed":  # its labels file is gone when it reloads
+        shutil.copy(str(ws / "engines/m.int8.labels.txt"), str(ws / "gone.labels.txt"))
+        proc, _ = service.enter_context(daemon(ws, _daemon_config(ws, labels="gone.labels.txt")))
+        os.unlink(str(ws / "gone.labels.txt"))
+        args = [a for a in args if a != "--no-reload"] + ["--pid", proc.pid]
+    elif why == "the service serves another model":  # its model.path is not what the rebuild installs
+        for ext in (".onnx", ".json", ".labels.txt"):
+            shutil.copy(str(ws / ("engines/m.int8" + ext)), str(ws / ("engines/other" + ext)))
+        proc, _ = service.enter_context(daemon(ws, _daemon_config(ws, path="engines/other.onnx")))
+        args = [a for a in args if a != "--no-reload"] + ["--pid", proc.pid]
     else:
         _fake_systemctl(ws / "bin")
         monkeypatch.setenv("PATH", "{}:{}".format(ws / "bin", os.environ["PATH"]))
         args = [a for a in args if a != "--no-reload"] + ["--systemd"]
     before = protected(ws)
-    rc, out, err = rebuild_cli(capsys, *args)
+    with service:
+        rc, out, err = rebuild_cli(capsys, *args)
     assert rc != 0
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edge rebuild: error: rebuild failed at step '{}': ".format(step)), \
@@ -272,14 +298,76 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
     assert leftovers(ws) == []
     if step == "reload":
         assert "previous artifact restored, calibration set restored" in lines[0]
-        assert ("exited on SIGHUP instead of reloading" in lines[0]) == (why == "the process exits on SIGHUP")
         assert "install: engines/m.int8.onnx" in out  # it had been installed, then rolled back
+    if why == "the service reports its reload failed":
+        assert "reported its reload failed" in lines[0]
+    if why == "the service serves another model":
+        assert "the service reloaded but serves sha256" in lines[0]
     if step == "gate":
         assert "accuracy gate failed" in lines[0]
     if step == "latency":
         assert "> budget 0.001 ms" in lines[0]
     later = STEPS[STEPS.index(step) + 1:]
     assert not any("'{}' done".format(name) in out for name in later)
+
+
+def test_only_a_real_edge_run_process_is_signalled(ws, capsys, monkeypatch):
+    """`--pid` of anything but an `edge run` process is refused before any work, the process left alone."""
+    monkeypatch.chdir(ws)
+    for argv in (["edge", "run"], ["/opt/venv/bin/edge", "run", "--config", "c.yaml"],
+                 ["/usr/bin/python3.8", "-m", "edge", "run"], ["python3", "-u", "/v/bin/edge", "run"]):
+        assert rebuild.is_edge_run(argv), argv
+    impostors = ([sys.executable, "-c", "import time; time.sleep(60)", "edge", "run"],
+                 ["sh", "-c", "sleep 60; echo edge run", "edge"],
+                 [sys.executable, "-c", "import time; time.sleep(60)", "-m", "edge", "run"],
+                 [sys.executable, "-m", "edge", "check", "--source", "synthetic", "--frames", "100000", "--json", "",
+                  "--plot", ""])
+    before = tree(ws, "")
+    held = 0
+    for argv in impostors:
+        victim = subprocess.Popen(argv, cwd=str(ws), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            rc, out, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--pid", victim.pid, *CHEAP)
+            assert rc == 2 and "is not an `edge run` service" in err and len(err.strip().splitlines()) == 1, err
+            assert victim.poll() is None  # not signalled
+            held += 1
+        finally:
+            victim.kill()
+            victim.wait()
+    assert held == len(impostors) and tree(ws, "") == before
+
+
+def test_a_previous_set_the_rebuild_did_not_write_is_never_removed(ws, capsys, monkeypatch):
+    """calibration/<set>.previous holding anything but a set this tool wrote stops the rebuild before any work."""
+    monkeypatch.chdir(ws)
+    previous = ws / "cal" / "current.previous"
+    plants = ("a user's file", "a user's folder", "a symlink to the user's folder", "a file in its place")
+    held = 0
+    for plant in plants:
+        shutil.rmtree(str(previous), ignore_errors=True) if previous.is_dir() and not previous.is_symlink() else \
+            os.unlink(str(previous)) if os.path.lexists(str(previous)) else None
+        mine = ws / "mine"
+        shutil.rmtree(str(mine), ignore_errors=True)
+        mine.mkdir()
+        (mine / "notes.txt").write_text("keep me")
+        if plant == "a symlink to the user's folder":
+            os.symlink(str(mine), str(previous))
+        elif plant == "a file in its place":
+            previous.write_text("keep me")
+        else:
+            import_calibration_set(str(ws / "old-images"), str(previous), min_images=1, log=lambda *a: None)
+            if plant == "a user's file":
+                (previous / "notes.txt").write_text("keep me")
+            else:
+                (previous / "sub").mkdir()
+                (previous / "sub" / "notes.txt").write_text("keep me")
+        before = tree(ws, "")
+        rc, out, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--no-reload", *CHEAP)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "current.previous" in err, (plant, err)
+        assert "refusing" in err and "step 1/8" not in out, (plant, err)
+        assert tree(ws, "") == before and (mine / "notes.txt").read_text() == "keep me", plant
+        held += 1
+    assert held == len(plants)
 
 
 def test_ctrl_c_at_the_very_end_completes_the_install_and_leaves_no_work_folder(ws, capsys, monkeypatch):
@@ -289,7 +377,7 @@ def test_ctrl_c_at_the_very_end_completes_the_install_and_leaves_no_work_folder(
     before = sha(str(ws / "engines/m.int8.onnx"))
     rc, out, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--no-reload", *CHEAP)
     assert rc == 0 and "interrupted" not in err, err
-    assert "rebuild: step 7/7 'reload' done" in out and "it was completed" in out
+    assert "rebuild: step 8/8 'reload' done" in out and "it was completed" in out
     assert sha(str(ws / "engines/m.int8.onnx")) != before
     assert leftovers(ws) == [str(ws / "cal" / "current.previous")]  # the previous set is kept by design
 

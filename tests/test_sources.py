@@ -53,16 +53,30 @@ def test_image_folder_reads_images_and_skips_non_images(tmp_path):
     assert all(f.image.shape == (50, 60, 3) for f in frames)
 
 
+def test_a_folder_source_is_listed_as_a_path_and_only_its_files_are_images(tmp_path):
+    """`cam[1]/` is the folder of that name (never a glob matching `cam1/`); a subfolder named like an image is
+    skipped, not read (issue 19 item 10)."""
+    import cv2
+
+    folder, decoy = tmp_path / "cam[1]", tmp_path / "cam1"
+    for path, value in ((folder, 200), (decoy, 10)):
+        path.mkdir()
+        cv2.imwrite(str(path / "a.png"), np.full((20, 30, 3), value, np.uint8))
+    (folder / "sub.jpg").mkdir()
+    (folder / "sub.jpg" / "inner.png").write_bytes(b"")
+    frames, grabber = grab_all(SourceConfig(uri=str(folder), fps=1000, loop=False))
+    assert [int(f.image.mean()) for f in frames] == [200] and grabber.broken == 0
+
+
 def test_synthetic_source_is_paced():
     grabber = LatestFrameGrabber(open_capture(SourceConfig(width=64, height=48, fps=50))).start()
     try:
-        start = time.monotonic()
         frames = [grabber.get() for _ in range(10)]
-        elapsed = time.monotonic() - start
     finally:
         grabber.stop()
     assert frames[0].image.shape == (48, 64, 3)
-    assert 0.12 < elapsed < 1.0  # 10 frames at 50 fps ~ 0.2 s
+    span = frames[-1].captured - frames[0].captured
+    assert span >= 0.8 * 0.02 * (frames[-1].seq - frames[0].seq)  # never faster than 50 fps, however idle
 
 
 class CountingCapture(Capture):
@@ -148,7 +162,7 @@ def test_jetson_pipelines_use_the_hardware_blocks_and_keep_only_the_newest_frame
     assert csi.startswith("nvarguscamerasrc sensor-id=0 ! video/x-raw(memory:NVMM),width=1280,height=720,"
                           "framerate=30/1,format=NV12 ! nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! ")
     rtsp = rtsp_pipeline("rtsp://10.0.0.2/stream", "auto", True, JETSON)
-    assert rtsp.startswith("rtspsrc location=rtsp://10.0.0.2/stream latency=0 drop-on-latency=true protocols=tcp "
+    assert rtsp.startswith("rtspsrc location=\"rtsp://10.0.0.2/stream\" latency=0 drop-on-latency=true protocols=tcp "
                            "! parsebin ! nvv4l2decoder enable-max-performance=1 ! nvvidconv ! ")
     assert "! rtph265depay ! h265parse ! nvv4l2decoder " in rtsp_pipeline("rtsp://x", "h265", False, JETSON)
     assert "protocols" not in rtsp_pipeline("rtsp://x", "h265", False, JETSON)
@@ -215,7 +229,7 @@ def test_a_live_capture_whose_open_hangs_does_not_block_start():
     started = time.monotonic()
     grabber.start()
     try:
-        assert time.monotonic() - started < 0.5  # the loop gets control back: its first-frame deadline can act
+        assert time.monotonic() - started < 10  # not the open's 30 s: the loop gets control back, its deadline acts
         with pytest.raises(SourceTimeout):
             grabber.get(0.3)
         assert grabber.stalled_for() >= 0.3  # the hung open is seen as a stall (recover_stall can abandon it)

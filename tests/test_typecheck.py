@@ -47,7 +47,8 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, str]:
 
 
 GPU_FILES = ("edge/frame/cuda_kernel.py", "edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_runner.py",
-             "edge/frame/tensorrt_backend.py", "edge/frame/select.py", "edge/build/tensorrt_engine.py")
+             "edge/frame/tensorrt_backend.py", "edge/frame/select.py", "edge/build/tensorrt_engine.py",
+             "edge/frame/cuda_session.py")
 
 
 def mypy(mypy_path: Path, *targets: str, cwd: Path = ROOT) -> "subprocess.CompletedProcess[str]":

@@ -5,17 +5,15 @@ torchvision's mobilenet_v3_small(num_classes=10) trained on scikit-learn's `load
 reach ~98 %), exported by edge.build.export.export_onnx. Its inputs come from the runtime's CpuPreprocessor with
 resize 64 / crop 64 (an identity resample of a 64x64 image), exactly as training normalised them.
 
-The test files import the `digits` fixture from here (tests/conftest.py belongs to the lead); it trains once
-per session into a session temporary folder.
+tests/conftest.py's session fixtures `digits` and `digits_qdq` train and quantize it once per test session.
 """
 
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Callable, List, Tuple
 
 import numpy as np
-import pytest
 
 from edge.build.calibration import import_calibration_set
 from edge.config import PreprocessConfig
@@ -155,29 +153,3 @@ def train_digits_model(root: str, epochs: int = EPOCHS, log: Callable[..., None]
     return DigitsModel(root=root, onnx=onnx_path, preprocess=pre, calibration=sets["calibration"],
                        regression=sets["regression"], grey_calibration=sets["grey"], test_images=images[test],
                        test_labels=labels[test], torch_top1=top1, train_seconds=seconds)
-
-
-# Each test module that imports a fixture gets its own copy of it, so "session" alone would train once per
-# module: the first result is kept here for the whole process.
-_SESSION: Dict[str, Any] = {}
-
-
-@pytest.fixture(scope="session")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> DigitsModel:
-    if "digits" not in _SESSION:
-        _SESSION["digits"] = train_digits_model(str(tmp_path_factory.mktemp("digits")))
-    return _SESSION["digits"]
-
-
-@pytest.fixture(scope="session")
-def digits_qdq(digits: DigitsModel, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
-    from edge.build.calibration import load_calibration_set
-    from edge.build.quantize import quantize_qdq
-
-    if "qdq" not in _SESSION:
-        out = str(tmp_path_factory.mktemp("qdq") / "digits.int8.onnx")
-        quantize_qdq(digits.onnx, out, load_calibration_set(digits.calibration), digits.preprocess, "minmax", True,
-                     show_progress=False, log=lambda *a: None)
-        _SESSION["qdq"] = out
-    return _SESSION["qdq"]

@@ -1,13 +1,40 @@
 #!/usr/bin/env bash
-# Container entrypoint: engines are tied to the board (TensorRT, GPU, L4T). If the engine in the hostPath cache
-# was not built from this image's model on this kind of board, build it there (`edge build --engine`), then serve.
-#   EDGE_CONFIG        the daemon config (model.path is the engine in build.engines_dir, the cache)
+# Container entrypoint: engines are tied to the board (TensorRT, GPU, L4T). The engine in the hostPath folder is
+# served when it was built from this image's model on this kind of board; else, in order: the set kept in
+# previous/ (a `helm rollback` to the image that built it: swapped back, no build), the shared cache of this
+# engine identity (EDGE_ENGINE_CACHE), a build here (published to the shared cache when it is a folder).
+# A build that failed for this model stays failed (no rebuild per restart): delete <engine>.failed to retry.
+#   EDGE_CONFIG        the daemon config (model.path is the engine in build.engines_dir)
 #   EDGE_SOURCE_MODEL  the FP32 ONNX shipped in the image
+#   EDGE_ENGINE_CACHE  optional: a folder or http(s):// URL shared by nodes of one board type
+#   EDGE_SOURCE_URI    optional: source.uri from a Secret (written to a private copy of the config, not argv)
 set -euo pipefail
 config="${EDGE_CONFIG:?EDGE_CONFIG is not set}"
 source_model="${EDGE_SOURCE_MODEL:?EDGE_SOURCE_MODEL is not set}"
 
-if reason="$(python3 - "$config" "$source_model" <<'PY'
+# Host socket folders mounted read-only at /host/*: link the sockets where their clients look for them.
+if [ -d /host/tmp ]; then ln -sfn /host/tmp/argus_socket /tmp/argus_socket; fi
+if [ -d /host/run ]; then ln -sfn /host/run/jtop.sock /run/jtop.sock; fi
+
+if [ -n "${EDGE_SOURCE_URI:-}" ]; then
+  private="$(mktemp -d)/config.yaml"
+  python3 - "$config" "$private" <<'PY'
+import os, sys
+
+import yaml
+
+with open(sys.argv[1]) as fh:
+    cfg = yaml.safe_load(fh)
+cfg.setdefault("source", {})["uri"] = os.environ["EDGE_SOURCE_URI"]
+fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+with os.fdopen(fd, "w") as fh:
+    yaml.safe_dump(cfg, fh)
+PY
+  config="$private"
+fi
+
+status() {  # prints why the engine is not current; exit 0 when it is
+  python3 - "$config" "$source_model" "$1" <<'PY'
 import sys
 
 from edge.build.plan import artifact_status
@@ -15,16 +42,41 @@ from edge.config import load_config
 from edge.errors import EdgeError
 
 try:
-    current, why = artifact_status(load_config(sys.argv[1]), model=sys.argv[2], engine=True)
+    overrides = {"build.engines_dir": sys.argv[3]} if sys.argv[3] else {}
+    current, why = artifact_status(load_config(sys.argv[1], overrides), model=sys.argv[2], engine=True)
 except EdgeError as exc:  # e.g. no TensorRT: the build below says so in one line
     current, why = False, str(exc)
 print(why)
 sys.exit(0 if current else 1)
 PY
-)"; then
+}
+
+engines="$(python3 -c 'import sys; from edge.config import load_config; print(load_config(sys.argv[1]).build.engines_dir)' "$config")"
+model_sha="$(sha256sum "$source_model" | cut -d' ' -f1)"
+mkdir -p "$engines"
+failed="$engines/$(basename "${source_model%.onnx}").failed"
+
+if reason="$(status "")"; then
   echo "jetson-edge-entrypoint: engine matches this board"
+elif status "$engines/previous" > /dev/null; then
+  echo "jetson-edge-entrypoint: previous/ holds this model's engine (a rollback): swapping it back"
+  edge rollback --engine --config "$config" --model "$source_model"
+elif [ -n "${EDGE_ENGINE_CACHE:-}" ] && edge cache fetch "$EDGE_ENGINE_CACHE" --engine --config "$config" \
+       --model "$source_model"; then
+  echo "jetson-edge-entrypoint: engine fetched from the shared cache"
+elif [ -f "$failed" ] && [ "$(cat "$failed")" = "$model_sha" ]; then
+  echo "jetson-edge-entrypoint: the build of this model failed before ($failed); delete it to retry" >&2
+  exit 1
 else
   echo "jetson-edge-entrypoint: building the engine: $reason"
-  edge build --engine --config "$config" --model "$source_model" --no-progress
+  if ! edge build --engine --config "$config" --model "$source_model" --no-progress; then
+    echo "$model_sha" > "$failed"
+    exit 1
+  fi
+  rm -f "$failed"
+  case "${EDGE_ENGINE_CACHE:-}" in
+    "" | http://* | https://*) ;;
+    *) edge cache publish "$EDGE_ENGINE_CACHE" --engine --config "$config" --model "$source_model" ;;
+  esac
 fi
 exec edge run --config "$config"

@@ -10,18 +10,10 @@ it names exactly the bytes a calibration saw; artifact manifests record it. Imag
 (`regression/7/x.png`) carry that folder's name as their label (edge.build.gate). Every write goes to a
 temporary folder beside the target and is renamed into place: a set is never half-written, and only a folder
 whose manifest lists every file in it is ever replaced (anything else may hold the user's files).
-
-Also here: TensorRT's native calibration cache format (`TRT-<ver>-EntropyCalibration2` header, then
-`tensor: <hex of the big-endian float32 scale>` lines, scale = amax / 127), written and read without TensorRT.
 """
 
-import contextlib
 import hashlib
 import os
-import re
-import shutil
-import struct
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -29,8 +21,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 
 from edge.errors import EdgeError, require
-from edge.fileio import check_replaceable, load_json, read_image
-from edge.modelinfo import write_json_atomic
+from edge.fileio import atomic_dir, load_json, read_image, write_json_atomic
 
 MANIFEST = "manifest.json"
 MIN_SIDE = 32  # smaller images cannot be resized/cropped meaningfully
@@ -78,7 +69,7 @@ def set_hash(file_hashes: Dict[str, str]) -> str:
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
-def _sha256_bytes(data: bytes) -> str:
+def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -102,7 +93,7 @@ def load_calibration_set(path: str, min_images: int = 1, verify: bool = True,
         for name in entries:
             try:
                 with open(os.path.join(path, name), "rb") as fh:
-                    actual[name] = _sha256_bytes(fh.read())
+                    actual[name] = sha256_bytes(fh.read())
             except OSError:
                 raise EdgeError("{}: listed in {} but missing ({})".format(
                     os.path.join(path, name), MANIFEST, hint)) from None
@@ -116,43 +107,18 @@ def load_calibration_set(path: str, min_images: int = 1, verify: bool = True,
     return CalibrationSet(root=path, files=sorted(entries), sha256=recorded, manifest=manifest)
 
 
-@contextlib.contextmanager
-def _atomic_dir(out_dir: str, keep_out: Optional[str] = None) -> Iterator[str]:
-    """Yields a temporary folder beside `out_dir`; on success it replaces `out_dir` (only a set written here: see
-    edge.fileio.check_replaceable), on any error it is removed. `keep_out` (the source) and `out_dir` must not
-    overlap."""
-    out_dir = os.path.abspath(out_dir)
-    real = os.path.realpath(out_dir)
-    if keep_out is not None:
-        other = os.path.realpath(keep_out)
-        if other == real or other.startswith(real + os.sep) or real.startswith(other + os.sep):
-            raise EdgeError("{}: the output folder must not contain, or be inside, {}".format(out_dir, keep_out))
-    check_replaceable(out_dir, MANIFEST)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".tmp-", dir=parent)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)
-        check_replaceable(out_dir, MANIFEST)  # still true after the (long) copy
-        old = None
-        if os.path.exists(out_dir):
-            old = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".old-", dir=parent)
-            os.rename(out_dir, os.path.join(old, "set"))
-        try:
-            os.rename(tmp, out_dir)
-        except BaseException:
-            if old is not None:
-                os.rename(os.path.join(old, "set"), out_dir)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+def write_image(folder: str, name: str, data: bytes) -> None:
+    """One image of a set, readable by every user (the service user reads what root captured)."""
+    path = os.path.join(folder, name)
+    if not os.path.isdir(os.path.dirname(path)):  # a label subfolder
+        os.makedirs(os.path.dirname(path))
+        os.chmod(os.path.dirname(path), 0o755)
+    with open(path, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, 0o644)
 
 
-def _write_manifest(folder: str, hashes: Dict[str, str], sizes: Dict[str, Tuple[int, int]], source: str,
+def write_set_manifest(folder: str, hashes: Dict[str, str], sizes: Dict[str, Tuple[int, int]], source: str,
                     extra: Dict[str, Any]) -> Dict[str, Any]:
     manifest = {
         "version": 1,
@@ -181,6 +147,21 @@ def _thumbnail(image: np.ndarray) -> np.ndarray:
     return cv2.resize(grey, (THUMB, THUMB), interpolation=cv2.INTER_AREA).astype(np.float32).ravel()
 
 
+def frames_of(capture: Any, limit: int) -> Iterator[Any]:
+    """Up to `limit` frames (0: all) of an unopened capture (edge.frame.sources); it is closed at the end."""
+    capture.open()
+    try:
+        count = 0
+        while limit <= 0 or count < limit:
+            image = capture.read()
+            if image is None:
+                return
+            count += 1
+            yield image
+    finally:
+        capture.close()
+
+
 def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 30, max_images: int = 500,
                             min_images: int = 1, min_diff: float = DEFAULT_MIN_DIFF, source: str = "capture",
                             quality: int = 95, log: Callable[..., None] = print) -> CalibrationSet:
@@ -195,7 +176,7 @@ def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 
     hashes: Dict[str, str] = {}
     sizes: Dict[str, Tuple[int, int]] = {}
     seen = duplicates = small = 0
-    with _atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, MANIFEST, "set") as tmp:
         for index, frame in enumerate(frames):
             seen += 1
             if index % every_k:
@@ -216,9 +197,8 @@ def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 
                 raise EdgeError("capture: could not encode frame {} as JPEG".format(index))
             name = "{:05d}.jpg".format(len(hashes))
             data = encoded.tobytes()
-            with open(os.path.join(tmp, name), "wb") as fh:
-                fh.write(data)
-            hashes[name] = _sha256_bytes(data)
+            write_image(tmp, name, data)
+            hashes[name] = sha256_bytes(data)
             sizes[name] = (image.shape[1], image.shape[0])
             thumbs.append(thumb)
             if len(hashes) >= max_images:
@@ -226,7 +206,7 @@ def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 
         if len(hashes) < min_images:
             raise EdgeError("capture: kept {} images from {} frames ({} near-duplicates), at least {} needed; "
                             "capture longer or lower --every".format(len(hashes), seen, duplicates, min_images))
-        manifest = _write_manifest(tmp, hashes, sizes, source, {
+        manifest = write_set_manifest(tmp, hashes, sizes, source, {
             "capture": {"every_k": every_k, "frames_seen": seen, "near_duplicates": duplicates,
                         "too_small": small, "min_diff": min_diff}})
     log("calibration: captured {} images from {} frames into {} ({} near-duplicates skipped)".format(
@@ -236,7 +216,7 @@ def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 
 
 
 def _to_bgr8(image: np.ndarray) -> np.ndarray:
-    """Any decoded image (grey, BGR, BGRA; 8 or 16 bit) -> HxWx3 uint8 BGR."""
+    """Any decoded image (grey or BGR; 8 or 16 bit) -> HxWx3 uint8 BGR."""
     cv2 = require("cv2")
     if image.dtype == np.uint16:
         image = (image >> 8).astype(np.uint8)
@@ -244,8 +224,6 @@ def _to_bgr8(image: np.ndarray) -> np.ndarray:
         raise ValueError("unsupported pixel type " + str(image.dtype))
     if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
         return cv2.cvtColor(image.reshape(image.shape[:2]), cv2.COLOR_GRAY2BGR)
-    if image.ndim == 3 and image.shape[2] == 4:
-        return cv2.cvtColor(image, cv2.COLOR_BGRA2BGR)
     if image.ndim == 3 and image.shape[2] == 3:
         return image
     raise ValueError("unsupported shape " + str(image.shape))
@@ -260,10 +238,30 @@ def _summary(skipped: Dict[str, List[str]], total: int) -> str:
     return "import: skipped {} of {} files: {}".format(sum(len(v) for v in skipped.values()), total, "; ".join(parts))
 
 
+def _has_alpha(data: bytes) -> bool:
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return data[25:26] in (b"\x04", b"\x06")  # IHDR colour type: grey + alpha, RGBA
+    if data[:2] == b"\xff\xd8":
+        return False  # JPEG has no alpha
+    cv2 = require("cv2")
+    raw = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    return raw is not None and raw.ndim == 3 and raw.shape[2] == 4
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept by os.walk as surrogates
+        return False
+    return True
+
+
 def _decode_candidate(path: str, rel: str) -> Tuple[bytes, Optional[np.ndarray], Optional[str]]:
     """(bytes, decoded image, None) or (bytes, None, why it is skipped): edge.fileio.read_image's limits, then
-    images too small to crop are skipped too."""
-    data, image, why = read_image(path, require("cv2").IMREAD_UNCHANGED)
+    images too small to crop are skipped too. Decoded as a set is read (EXIF orientation applied, alpha dropped),
+    keeping grey and 16 bits to convert."""
+    cv2 = require("cv2")
+    data, image, why = read_image(path, cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR)
     if image is None:
         if why == "not a readable image":
             why = "unreadable" if rel.lower().endswith(_DECODABLE) else "not an image"
@@ -278,6 +276,7 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
     """Copy the usable images under `src_dir` (subfolders kept: they are labels) into a new set at `out_dir`.
 
     3-channel 8-bit images are copied byte for byte; grey, 4-channel and 16-bit ones are converted to BGR PNG.
+    Sizes are recorded as the set is read (EXIF orientation applied); names that are not UTF-8 are skipped.
     Zero-byte, unreadable, non-image and too-small (< MIN_SIDE px) files are skipped and listed in one line.
     """
     cv2 = require("cv2")
@@ -290,9 +289,13 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
             if not name.startswith(".") and name != MANIFEST:
                 candidates.append(os.path.relpath(os.path.join(root, name), src_dir).replace(os.sep, "/"))
     skipped: Dict[str, List[str]] = {}
+    total = len(candidates)
+    for rel in [c for c in candidates if not _utf8(c)]:  # a set's names go into JSON and its set hash as UTF-8
+        candidates.remove(rel)
+        skipped.setdefault("file name not UTF-8", []).append(os.fsencode(rel).decode("utf-8", "backslashreplace"))
     hashes: Dict[str, str] = {}
     sizes: Dict[str, Tuple[int, int]] = {}
-    with _atomic_dir(out_dir, keep_out=src_dir) as tmp:
+    with atomic_dir(out_dir, MANIFEST, "set", keep_out=src_dir) as tmp:
         for rel in candidates:
             data, image, reason = _decode_candidate(os.path.join(src_dir, rel), rel)
             if image is None or reason is not None:
@@ -303,7 +306,7 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
             except ValueError:
                 skipped.setdefault("unsupported pixel format", []).append(rel)
                 continue
-            if bgr is not image:  # converted: store losslessly
+            if bgr is not image or _has_alpha(data):  # converted (alpha dropped as every reader drops it): PNG
                 rel = os.path.splitext(rel)[0] + ".png"
                 ok, encoded = cv2.imencode(".png", bgr)
                 if not ok:
@@ -314,122 +317,16 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
             while rel in hashes:
                 rel = "{}-{}{}".format(base, n, ext)
                 n += 1
-            dest = os.path.join(tmp, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with open(dest, "wb") as fh:
-                fh.write(data)
-            hashes[rel] = _sha256_bytes(data)
+            write_image(tmp, rel, data)
+            hashes[rel] = sha256_bytes(data)
             sizes[rel] = (bgr.shape[1], bgr.shape[0])
         if skipped:
-            log(_summary(skipped, len(candidates)))
+            log(_summary(skipped, total))
         if len(hashes) < min_images:
             raise EdgeError("{}: {} usable images, at least {} needed (build.min_images / --min-images)".format(
                 src_dir, len(hashes), min_images))
-        manifest = _write_manifest(tmp, hashes, sizes, source or os.path.abspath(src_dir),
+        manifest = write_set_manifest(tmp, hashes, sizes, source or os.path.abspath(src_dir),
                                    {"skipped": {k: sorted(v) for k, v in skipped.items()}})
     log("calibration: imported {} images into {} (set sha256 {})".format(len(hashes), out_dir, manifest["sha256"][:12]))
     warn_if_few(len(hashes), log)
     return CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest)
-
-
-# --- the default sets shipped in calibration/ -------------------------------------------------------------
-
-# scikit-image sample photographs (licences quoted in calibration/README.md).
-CALIBRATION_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "coins", "brick", "grass")
-HELD_OUT_PHOTOS = ("hubble_deep_field", "immunohistochemistry", "clock", "retina")
-
-
-def _skimage_photo(name: str) -> np.ndarray:
-    """A scikit-image sample as HxWx3 uint8 BGR."""
-    rgb = np.asarray(getattr(require("skimage.data"), name)(), np.uint8)
-    if rgb.ndim == 2:
-        rgb = np.stack([rgb] * 3, axis=-1)
-    return np.ascontiguousarray(rgb[:, :, ::-1])
-
-
-def _variants(image: np.ndarray, count: int, rng: np.random.Generator, max_side: int) -> List[np.ndarray]:
-    """Deterministic random crops (35-100 % of the area, aspect 3:4-4:3), flips, scales (longest side 160-max_side)."""
-    cv2 = require("cv2")
-    h, w = image.shape[:2]
-    out = []
-    for _ in range(count):
-        area = rng.uniform(0.35, 1.0) * h * w
-        aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
-        cw = int(min(w, round(np.sqrt(area * aspect))))
-        ch = int(min(h, round(np.sqrt(area / aspect))))
-        x0 = int(rng.integers(0, w - cw + 1))
-        y0 = int(rng.integers(0, h - ch + 1))
-        crop = image[y0:y0 + ch, x0:x0 + cw]
-        if rng.random() < 0.5:
-            crop = crop[:, ::-1]
-        side = int(rng.integers(160, max_side + 1))
-        scale = side / max(ch, cw)
-        size = (max(MIN_SIDE, int(round(cw * scale))), max(MIN_SIDE, int(round(ch * scale))))
-        out.append(cv2.resize(np.ascontiguousarray(crop), size, interpolation=cv2.INTER_AREA))
-    return out
-
-
-def make_default_sets(root: str = "calibration", seed: int = 0,
-                      log: Callable[..., None] = print) -> Tuple[CalibrationSet, CalibrationSet]:
-    """Regenerate `root/default` (8 photos x 8 variants, <= 320 px) and the held-out `root/regression`.
-
-    The regression set (100 images, <= 256 px) holds other crops (another random stream) of the same
-    photos, 8 each, plus 9 each of four photographs that calibration never sees. Deterministic for a
-    given seed and OpenCV/libjpeg build.
-    """
-    cv2 = require("cv2")
-    sets = []
-    plans = (
-        ("default", [(p, 8) for p in CALIBRATION_PHOTOS], seed, 320),
-        ("regression", [(p, 8) for p in CALIBRATION_PHOTOS] + [(p, 9) for p in HELD_OUT_PHOTOS], seed + 1000, 256),
-    )
-    for folder, photos, stream, max_side in plans:
-        rng = np.random.default_rng(stream)
-        hashes: Dict[str, str] = {}
-        sizes: Dict[str, Tuple[int, int]] = {}
-        out_dir = os.path.join(root, folder)
-        with _atomic_dir(out_dir) as tmp:
-            for photo, count in photos:
-                for i, image in enumerate(_variants(_skimage_photo(photo), count, rng, max_side)):
-                    name = "{}-{:02d}.jpg".format(photo, i)
-                    ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 88])
-                    if not ok:
-                        raise EdgeError("could not encode " + name)
-                    data = encoded.tobytes()
-                    with open(os.path.join(tmp, name), "wb") as fh:
-                        fh.write(data)
-                    hashes[name] = _sha256_bytes(data)
-                    sizes[name] = (image.shape[1], image.shape[0])
-            # A fixed "created" keeps regenerated manifests byte-identical.
-            manifest = _write_manifest(tmp, hashes, sizes, "scikit-image sample photographs (see README.md)",
-                                       {"generator": "scripts/make_default_calibration.py", "seed": stream,
-                                        "created": "generated"})
-        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in hashes)
-        log("calibration: wrote {} ({} images, {:.2f} MB, set sha256 {})".format(
-            out_dir, len(hashes), total / 1e6, manifest["sha256"][:12]))
-        sets.append(CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest))
-    return sets[0], sets[1]
-
-
-# --- TensorRT's native calibration cache -----------------------------------------------------------------
-
-_CACHE_HEADER = re.compile(r"^TRT-(\d+)-(\w+)$")
-
-
-def read_trt_calibration_cache(data: bytes) -> Tuple[int, str, Dict[str, float]]:
-    """Parse a native cache -> (TensorRT version number, algorithm, {tensor: scale})."""
-    text = data.decode("ascii", errors="strict").splitlines()
-    if not text:
-        raise ValueError("empty calibration cache")
-    match = _CACHE_HEADER.match(text[0].strip())
-    if not match:
-        raise ValueError("not a TensorRT calibration cache (header {!r})".format(text[0][:40]))
-    scales = {}
-    for line in text[1:]:
-        if not line.strip():
-            continue
-        name, sep, value = line.rpartition(": ")
-        if not sep:
-            raise ValueError("bad calibration cache line {!r}".format(line[:60]))
-        scales[name] = struct.unpack(">f", int(value.strip(), 16).to_bytes(4, "big"))[0]
-    return int(match.group(1)), match.group(2), scales

@@ -13,15 +13,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
-from edge.board import engine_expectations
-from edge.build.artifacts import artifact_is_current, verify_onnx
+from edge.artifact import is_current, read_model_info, sha256_file
+from edge.board import engine_expectations, tensorrt_version
+from edge.build.artifacts import verify_onnx
 from edge.build.calibration import CalibrationSet, load_calibration_set
 from edge.build.gate import Infer, resolve_labels
-from edge.build.quantize import OPSET_MAX, OPSET_MIN
+from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, max_opset
 from edge.config import Config
-from edge.errors import EdgeError, require
+from edge.errors import EdgeError, first_line, require
 from edge.frame.preprocess import model_preprocess
-from edge.modelinfo import read_model_info, sha256_file
 
 Log = Callable[..., None]
 _PRECISION_SUFFIX = re.compile(r"\.(int8|fp16|fp32)$")
@@ -42,9 +42,10 @@ class _Inference:
 
 
 def onnx_runner(path: str) -> ContextManager[Infer]:
+    """ONNX Runtime; a Q/DQ model as TensorRT computes it (emulated), whatever this CPU's int8 kernels do."""
     from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
-    return _Inference(OnnxRuntimeBackend(path))
+    return _Inference(OnnxRuntimeBackend(path, emulate_int8=True))
 
 
 def _engine_runner(path: str) -> ContextManager[Infer]:
@@ -78,13 +79,15 @@ class Format:
     runner: Callable[[str], ContextManager[Infer]]  # how the gate and the latency check run it
     verify: Callable[[str], None]  # install's check of the staged file
     engine: bool  # made by the TensorRT builder step
+    evaluator: str  # what computes the candidate's outputs in the gate (its report says so)
 
 
 FORMATS = {
     "onnx-qdq": Format("onnx-qdq", ".onnx", "", ("int8",), False, False, lambda: None, onnx_runner, verify_onnx,
-                       False),
+                       False, "onnxruntime, Q/DQ emulated as float fake-quantisation (TensorRT's int8 arithmetic, "
+                              "the same on every CPU)"),
     "tensorrt-engine": Format("tensorrt-engine", ".engine", "--engine", ("int8", "fp16", "fp32"), True, True,
-                              _require_device, _engine_runner, _verify_engine, True),
+                              _require_device, _engine_runner, _verify_engine, True, "the TensorRT engine on this GPU"),
 }
 
 
@@ -116,6 +119,7 @@ class BuildPlan:
     calibration: Optional[CalibrationSet]  # None: not needed, or made by a step (edge rebuild's capture)
     regression: CalibrationSet
     command: str  # what rebuilds it
+    target_tensorrt: Optional[str] = None  # the TensorRT the artifact is for (limits the Q/DQ opset)
     show_progress: bool = True
 
     @property
@@ -141,7 +145,20 @@ def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, calibrator: 
     return " ".join(parts + [p for p in (fmt.flag, "--calibrator" if calibrator else "") if p])
 
 
-def check_source(source: str, crop: int, where: str) -> None:
+def target_tensorrt(cfg: Config) -> Optional[str]:
+    """The TensorRT version the build is for: build.target_tensorrt, else this machine's, else None (no limit
+    beyond what ONNX Runtime's quantizer makes)."""
+    target = cfg.build.target_tensorrt or tensorrt_version()
+    if target:
+        try:
+            max_opset(target)
+        except EdgeError:
+            raise EdgeError("build.target_tensorrt {!r} in {}: expected MAJOR.MINOR[.PATCH], e.g. 8.5 (JetPack 5), "
+                            "10.3 (JetPack 6)".format(target, cfg.path or "<defaults>")) from None
+    return target or None
+
+
+def check_source(source: str, crop: int, where: str, tensorrt: Optional[str] = None) -> None:
     onnx = require("onnx")
     if not os.path.isfile(source):
         raise EdgeError("{}: source model not found (model.path or --model in {}; create it with: edge export)".format(
@@ -152,14 +169,14 @@ def check_source(source: str, crop: int, where: str) -> None:
         model = onnx.load(source)
         onnx.checker.check_model(model)
     except Exception as exc:  # protobuf DecodeError, onnx ValidationError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EdgeError("{}: not a valid ONNX model: {}".format(source, first)) from None
+        raise EdgeError("{}: not a valid ONNX model: {}".format(source, first_line(exc))) from None
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
         raise EdgeError("{}: already quantized; point --model at the FP32 export".format(source))
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if not OPSET_MIN <= opset <= OPSET_MAX:
-        raise EdgeError("{}: opset {}, INT8 Q/DQ needs {}-{} (re-export with: edge export)".format(
-            source, opset, OPSET_MIN, OPSET_MAX))
+    opset, newest = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0), \
+        min(OPSET_MAX, max_opset(tensorrt))
+    if not OPSET_MIN <= opset <= newest:
+        raise EdgeError("{}: opset {}, INT8 Q/DQ {} needs {}-{} (re-export with: edge export)".format(
+            source, opset, "for TensorRT {}".format(tensorrt) if tensorrt else "", OPSET_MIN, newest))
     initializers = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in initializers]
     dims = [d.dim_value for d in inputs[0].type.tensor_type.shape.dim] if len(inputs) == 1 else []
@@ -187,7 +204,8 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
     if calibrator and not (fmt.calibrator and b.precision == "int8"):
         raise EdgeError("--calibrator: TensorRT calibration applies to INT8 engines only "
                         "(--engine, build.precision int8)")
-    check_source(source, cfg.preprocess.crop, where)
+    tensorrt = target_tensorrt(cfg)
+    check_source(source, cfg.preprocess.crop, where, tensorrt)
     calibration = None
     if b.precision == "int8" and load_calibration:
         calibration = load_calibration_set(b.calibration_dir, b.min_images,
@@ -207,7 +225,8 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
     return BuildPlan(cfg=cfg, fmt=fmt, source=source, artifact=artifact_path(source, b.engines_dir, b.precision, fmt),
                      calibrator=calibrator, source_info=source_info, labels=labels,
                      calibration=calibration, regression=regression,
-                     command=rebuild_command(cfg, model, fmt, calibrator), show_progress=show_progress)
+                     command=rebuild_command(cfg, model, fmt, calibrator), target_tensorrt=tensorrt,
+                     show_progress=show_progress)
 
 
 def expected_manifest(plan: BuildPlan, system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -228,4 +247,4 @@ def artifact_status(cfg: Config, model: Optional[str] = None, engine: bool = Fal
                     calibrator: bool = False) -> Tuple[bool, str]:
     """(current?, reason) for the artifact this config builds, from its inputs (for `edge doctor`)."""
     plan = check_inputs(cfg, model, engine, calibrator, show_progress=False)
-    return artifact_is_current(plan.artifact, expected_manifest(plan), plan.command)
+    return is_current(plan.artifact, expected_manifest(plan), plan.command)

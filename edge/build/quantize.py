@@ -2,9 +2,9 @@
 
 What TensorRT's ONNX parser accepts (tensorrt-int8.md): symmetric signed INT8 (all zero-points 0),
 per-tensor activations, per-channel weights on the output-channel axis, opset 13 up to what the target TensorRT
-parses (TENSORRT_MAX_OPSET), FP32 weights behind a QuantizeLinear -> DequantizeLinear pair (no INT8 initializers)
-and no DequantizeLinear on biases. `quantize_qdq` asks ONNX Runtime (or NVIDIA ModelOpt, `build.quantizer`) for
-exactly that and `validate_qdq` checks the result.
+parses, FP32 weights behind a QuantizeLinear -> DequantizeLinear pair (no INT8 initializers) and no
+DequantizeLinear on biases. `quantize_qdq` asks ONNX Runtime (or NVIDIA ModelOpt, `build.quantizer`) for exactly
+that and edge.build.qdq_rules.validate_qdq checks the result.
 
 Ranges are computed first with ONNX Runtime's calibrator (so entropy calibration gets 512 histogram
 bins: with quantize_static's defaults its scales equal MinMax's, cpu-baseline.md) and handed to
@@ -26,17 +26,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from edge.build.calibration import CalibrationSet
+from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, node_consumers, opset_of, validate_qdq
 from edge.config import PreprocessConfig
-from edge.errors import EXIT_FAIL, EdgeError, require
+from edge.errors import EXIT_FAIL, EdgeError, first_line, require
 from edge.frame.preprocess import CpuPreprocessor
+from edge.frame.select import tensorrt_unavailable
 
 METHODS = ("minmax", "entropy", "percentile")
 QUANTIZERS = ("onnxruntime", "modelopt")
-OPSET_MIN, OPSET_MAX = 13, 20  # per-axis QuantizeLinear needs 13; ORT static INT8 does not support >= 21
-# The newest opset TensorRT's ONNX parser reads, from (major, minor) on: onnx-tensorrt docs/operators.md of each
-# release ("TensorRT 8.5 supports operators up to Opset 17", "TensorRT 10.0 ... opset 9 to opset 20") and
-# NVIDIA's ONNX Opset Guide for 11.x (25). ModelOpt's opset-19 output therefore needs TensorRT >= 10.
-TENSORRT_MAX_OPSET = (((8, 5), 17), ((8, 6), 17), ((10, 0), 20), ((11, 0), 25))
 ENTROPY_BINS = 512
 PERCENTILE = 99.999
 CHUNK = 32  # images per calibrator pass: bounds the intermediate outputs held in memory
@@ -47,6 +44,12 @@ EXTRA_OPTIONS = {
     "DedicatedQDQPair": True,
     "QuantizeBias": False,  # a DequantizeLinear on an int32 bias is rejected by TRT
 }
+
+
+def progress_bar(total: int, desc: str, show: bool) -> Any:
+    """A tqdm bar on a terminal only: in a log or the journal, carriage-return frames are noise, and the step's
+    one summary line says what happened."""
+    return require("tqdm").tqdm(total=total, desc=desc, unit="img", leave=False, disable=None if show else True)
 
 
 def _calibration_method(method: str) -> Any:
@@ -99,14 +102,6 @@ class PreprocessedReader:
         return {self.input_name: tensor}
 
 
-def _node_consumers(model: Any) -> Dict[str, List[Any]]:
-    consumers: Dict[str, List[Any]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    return consumers
-
-
 def sensitive_nodes(model: Any) -> List[str]:
     """MobileNetV3's nodes that PTQ hurts most, to keep in float.
 
@@ -114,7 +109,7 @@ def sensitive_nodes(model: Any) -> List[str]:
     squeeze-excite Mul (features * HardSigmoid(gate)), the first Conv and the final classifier Gemm.
     """
     producers = {out: node for node in model.graph.node for out in node.output}
-    consumers = _node_consumers(model)
+    consumers = node_consumers(model)
     names = []
     for node in model.graph.node:
         if node.op_type in ("HardSigmoid", "HardSwish"):
@@ -127,23 +122,6 @@ def sensitive_nodes(model: Any) -> List[str]:
             if o.name in producers and producers[o.name].op_type in ("Gemm", "MatMul")]
     names.extend(n.name for n in first + last)
     return sorted(set(n for n in names if n))
-
-
-def _opset(model: Any) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
-def max_opset(tensorrt: Optional[str]) -> int:
-    """The newest opset a Q/DQ model may have for TensorRT `tensorrt` ('8.5.2', '10.3.0'); None: no target named,
-    the limit ONNX Runtime's quantizer and TensorRT 10 share. Releases before 8.5 get 8.5's (they are refused
-    when an engine is built)."""
-    if tensorrt is None:
-        return OPSET_MAX
-    try:
-        version = tuple(int(part) for part in (tensorrt.split(".") + ["0"])[:2])
-    except ValueError:
-        raise EdgeError("TensorRT version {!r}: expected MAJOR.MINOR[.PATCH]".format(tensorrt)) from None
-    return max([limit for since, limit in TENSORRT_MAX_OPSET if since <= version] or [TENSORRT_MAX_OPSET[0][1]])
 
 
 def _quantize_static_has_cache() -> bool:
@@ -169,14 +147,12 @@ def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: Preproces
     """Run the calibrator over `images` -> ONNX Runtime TensorsData (per-tensor ranges)."""
     q = require("onnxruntime.quantization")
     registry = require("onnxruntime.quantization.registry")
-    tqdm = require("tqdm").tqdm
     op_types = sorted(set(registry.QLinearOpsRegistry) | set(registry.QDQRegistry))
     calibrator = q.create_calibrator(fp32_path, op_types,
                                      augmented_model_path=os.path.join(work_dir, "augmented.onnx"),
                                      calibrate_method=_calibration_method(method),
                                      extra_options=_calibrator_options(method))
-    with tqdm(total=len(images), desc="calibrate ({})".format(method), unit="img", leave=False,
-              disable=not show_progress) as bar:
+    with progress_bar(len(images), "calibrate ({})".format(method), show_progress) as bar:
         reader = PreprocessedReader(images, preprocess, calibrator.infer_session.get_inputs()[0].name,
                                     progress=bar)
         try:
@@ -191,21 +167,22 @@ def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: Preproces
 
 def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preprocess: PreprocessConfig,
                  method: str = "minmax", exclude_sensitive: bool = True, show_progress: bool = True,
-                 log: Callable[..., None] = print, quantizer: str = "onnxruntime") -> Dict[str, Any]:
+                 log: Callable[..., None] = print, quantizer: str = "onnxruntime",
+                 tensorrt: Optional[str] = None) -> Dict[str, Any]:
     """Calibrate on `images` and write a validated Q/DQ model to `out_path` (atomically). Returns a summary.
 
     `quantizer` (config build.quantizer): ONNX Runtime's quantize_static, or NVIDIA ModelOpt's
-    (edge.build.modelopt_quantize)."""
+    (edge.build.modelopt_quantize). `tensorrt`: the version the model is for, which limits its opset."""
     if quantizer == "modelopt":
         return quantize_modelopt(fp32_path, out_path, images, preprocess, method, exclude_sensitive, show_progress,
-                                 log)
+                                 log, tensorrt)
     if quantizer != "onnxruntime":
         raise EdgeError("build.quantizer: expected one of {}, got {!r}".format("|".join(QUANTIZERS), quantizer))
     onnx = require("onnx")
     q = require("onnxruntime.quantization")
     started = time.monotonic()
     model = onnx.load(fp32_path, load_external_data=False)
-    opset = _opset(model)
+    opset = opset_of(model)
     if not OPSET_MIN <= opset <= OPSET_MAX:
         raise EdgeError("{}: opset {} - TensorRT Q/DQ needs {}-{} (re-export with edge export)".format(
             fp32_path, opset, OPSET_MIN, OPSET_MAX))
@@ -229,19 +206,18 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
                 q.quantize_static(fp32_path, staged, None, calibration_cache_path=cache, **kwargs)
         else:  # older ONNX Runtime: quantize_static calibrates itself, with the same MinMax/Percentile settings
             kwargs["extra_options"].update({"CalibTensorRangeSymmetric": True, "CalibPercentile": PERCENTILE})
-            with require("tqdm").tqdm(total=len(images), desc="calibrate ({})".format(method), unit="img",
-                                      leave=False, disable=not show_progress) as bar, _quiet():
+            with progress_bar(len(images), "calibrate ({})".format(method), show_progress) as bar, _quiet():
                 reader = PreprocessedReader(images, preprocess, chunk=len(images), progress=bar)
                 reader.next_chunk()
                 q.quantize_static(fp32_path, staged, reader, **kwargs)
-        install_validated(staged, out_path, fp32_path)
+        install_validated(staged, out_path, fp32_path, tensorrt)
     return summarise("onnxruntime", fp32_path, out_path, method, len(images), exclude_sensitive, excluded,
                      time.monotonic() - started, log)
 
 
-def install_validated(staged: str, out_path: str, fp32_path: str) -> None:
+def install_validated(staged: str, out_path: str, fp32_path: str, tensorrt: Optional[str] = None) -> None:
     """Move `staged` to `out_path` if validate_qdq finds nothing, else one line (exit 1) with the first problem."""
-    problems = validate_qdq(staged)
+    problems = validate_qdq(staged, tensorrt)
     if problems:
         raise EdgeError("{}: quantized model is not TensorRT-compatible: {}{}".format(
             fp32_path, problems[0], " (+{} more)".format(len(problems) - 1) if len(problems) > 1 else ""),
@@ -257,7 +233,7 @@ def summarise(quantizer: str, fp32_path: str, out_path: str, method: str, images
     log("quantize: {} -> {} ({} {}, {} images, {} nodes kept in float, {} Q/DQ nodes) in {:.1f} s".format(
         os.path.basename(fp32_path), out_path, quantizer, method, images, len(excluded), qdq, seconds))
     return {"quantizer": quantizer, "method": method, "images": images, "exclude_sensitive": exclude_sensitive,
-            "excluded_nodes": excluded, "seconds": round(seconds, 2), "opset": _opset(model), "qdq_nodes": qdq}
+            "excluded_nodes": excluded, "seconds": round(seconds, 2), "opset": opset_of(model), "qdq_nodes": qdq}
 
 
 # --- NVIDIA ModelOpt (build.quantizer: modelopt, extra `modelopt`) ----------------------------------------------
@@ -271,8 +247,8 @@ def _modelopt() -> Any:
         quantize = importlib.import_module("modelopt.onnx.quantization").quantize
     except ImportError as exc:
         raise EdgeError("build.quantizer modelopt: {} (pip install 'jetson-edge[modelopt]', or scripts/bootstrap.sh "
-                        "--dev)".format(str(exc).splitlines()[0])) from None
-    if trt_utils.TRT_PYTHON_AVAILABLE and not hasattr(trt_utils.trt, "Logger"):
+                        "--dev)".format(first_line(exc))) from None
+    if trt_utils.TRT_PYTHON_AVAILABLE and tensorrt_unavailable() is not None:
         trt_utils.TRT_PYTHON_AVAILABLE = False  # tensorrt-stubs alone: no TensorRT to probe for plugins
     return quantize
 
@@ -301,14 +277,17 @@ def _ort_quantizer_restored() -> Iterator[None]:
 def calibration_tensors(images: CalibrationSet, preprocess: PreprocessConfig, show_progress: bool = True) -> np.ndarray:
     """(N, 3, crop, crop) float32: every calibration image through the runtime's CpuPreprocessor."""
     prep = CpuPreprocessor(preprocess)
-    names = require("tqdm").tqdm(images.files, desc="calibrate (modelopt)", unit="img", leave=False,
-                                 disable=not show_progress)
-    return np.concatenate([prep(images.read(name)).copy() for name in names])
+    tensors = []
+    with progress_bar(len(images), "calibrate (modelopt)", show_progress) as bar:
+        for name in images.files:
+            tensors.append(prep(images.read(name)).copy())
+            bar.update(1)
+    return np.concatenate(tensors)
 
 
 def quantize_modelopt(fp32_path: str, out_path: str, images: CalibrationSet, preprocess: PreprocessConfig,
                       method: str = "minmax", exclude_sensitive: bool = True, show_progress: bool = True,
-                      log: Callable[..., None] = print) -> Dict[str, Any]:
+                      log: Callable[..., None] = print, tensorrt: Optional[str] = None) -> Dict[str, Any]:
     """quantize_qdq with `modelopt.onnx.quantization.quantize` (CPU). Its traps, measured with nvidia-modelopt 0.47:
     it rewrites its input file in place (onnx.shape_inference.infer_shapes_path) and writes intermediate files beside
     its output, so it gets a copy in a temporary folder and `fp32_path` is never written; its INT8 output has opset
@@ -329,91 +308,6 @@ def quantize_modelopt(fp32_path: str, out_path: str, images: CalibrationSet, pre
             quantize(source, quantize_mode="int8", calibration_data=data, calibration_method=MODELOPT_METHODS[method],
                      calibration_eps=["cpu"], nodes_to_exclude=[re.escape(n) + "$" for n in excluded],
                      output_path=staged, high_precision_dtype="fp32", log_level="ERROR")
-        install_validated(staged, out_path, fp32_path)
+        install_validated(staged, out_path, fp32_path, tensorrt)
     return summarise("modelopt", fp32_path, out_path, method, len(images), exclude_sensitive, excluded,
                      time.monotonic() - started, log)
-
-
-def _tensor_values(model: Any) -> Dict[str, np.ndarray]:
-    numpy_helper = require("onnx.numpy_helper")
-    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for node in model.graph.node:  # Constant nodes are initializers too, for this purpose
-        if node.op_type == "Constant" and node.attribute:
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
-
-
-def validate_qdq(model_path: str, tensorrt: Optional[str] = None) -> List[str]:
-    """Every reason TensorRT would refuse (or mis-build) this Q/DQ model; empty when it is fine.
-
-    `tensorrt`: the target TensorRT version, whose parser limits the opset (TENSORRT_MAX_OPSET)."""
-    onnx = require("onnx")
-    try:
-        model = onnx.load(model_path)
-    except Exception as exc:  # protobuf raises its own DecodeError
-        return ["not a readable ONNX model ({})".format(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)]
-    problems: List[str] = []
-    opset, newest = _opset(model), max_opset(tensorrt)
-    if not OPSET_MIN <= opset <= newest:
-        problems.append("opset {} outside {}-{}{}".format(opset, OPSET_MIN, newest, "" if tensorrt is None else
-                                                           " (what TensorRT {} parses)".format(tensorrt)))
-    values = _tensor_values(model)
-    initializers = {i.name: i for i in model.graph.initializer}
-    producers = {out: node for node in model.graph.node for out in node.output}
-    consumers = _node_consumers(model)
-    qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
-    if not any(n.op_type == "QuantizeLinear" for n in qdq):
-        problems.append("no QuantizeLinear nodes: not a Q/DQ model")
-    quantized_types = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT32}
-    for node in qdq:
-        where = "{} {}".format(node.op_type, node.name or node.output[0])
-        if len(node.input) < 3 or not node.input[2]:
-            problems.append("{}: no zero-point (defaults to uint8)".format(where))
-        else:
-            zp = values.get(node.input[2])
-            if zp is None:
-                problems.append("{}: zero-point is not a constant".format(where))
-            elif zp.dtype != np.int8:
-                problems.append("{}: zero-point is {}, TensorRT needs signed int8".format(where, zp.dtype))
-            elif np.any(zp != 0):
-                problems.append("{}: non-zero zero-point (asymmetric), TensorRT needs 0".format(where))
-        scale = values.get(node.input[1])
-        if scale is None:
-            problems.append("{}: scale is not a constant".format(where))
-            continue
-        source = node.input[0]
-        is_weight = node.op_type == "QuantizeLinear" and source in initializers
-        if node.op_type == "DequantizeLinear" and source in initializers:
-            init = initializers[source]
-            if init.data_type in quantized_types:
-                targets = [(c, list(c.input).index(node.output[0])) for c in consumers.get(node.output[0], [])]
-                if any(c.op_type in ("Conv", "ConvTranspose", "Gemm") and idx == 2 for c, idx in targets):
-                    problems.append("{}: DequantizeLinear on a quantized bias".format(where))
-                else:
-                    problems.append("{}: INT8 weight initializer '{}' (keep FP32 weights with Q->DQ)".format(
-                        where, source))
-            continue
-        if node.op_type == "DequantizeLinear" and source in producers and producers[source].op_type == "QuantizeLinear":
-            is_weight = producers[source].input[0] in initializers
-        if not is_weight:
-            if scale.size != 1:
-                problems.append("{}: activation scale is per-channel ({} values), TensorRT needs per-tensor".format(
-                    where, scale.size))
-            continue
-        if node.op_type != "DequantizeLinear":
-            continue
-        for consumer in consumers.get(node.output[0], []):
-            if consumer.op_type == "Conv" and list(consumer.input).index(node.output[0]) == 1:
-                weight = values.get(producers[source].input[0])
-                axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-                channels = weight.shape[0] if weight is not None else -1
-                if scale.size != channels or axis != 0:
-                    problems.append("{}: Conv weight scale must be per-channel on axis 0 ({} channels), got {} "
-                                    "values on axis {}".format(where, channels, scale.size, axis))
-    for node in model.graph.node:  # biases fed by a DequantizeLinear, whatever its input
-        if node.op_type in ("Conv", "ConvTranspose", "Gemm") and len(node.input) > 2 and node.input[2]:
-            producer = producers.get(node.input[2])
-            if producer is not None and producer.op_type == "DequantizeLinear" and \
-                    producer.input[0] not in initializers:
-                problems.append("{} {}: bias comes from a DequantizeLinear".format(node.op_type, node.name))
-    return problems

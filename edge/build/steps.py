@@ -1,7 +1,8 @@
 """The build chain: small named steps over one explicit state, run by one wrapper.
 
-    edge build:    calibrate -> [engine] -> gate -> install
-    edge rebuild:  capture -> calibrate -> build -> gate -> latency -> install -> reload  (edge.commands.rebuild)
+    edge build:    calibrate -> fallback -> [engine] -> gate -> install
+    edge rebuild:  capture -> calibrate -> fallback -> build -> gate -> latency -> install -> reload
+                   (edge.build.rebuild)
 
 A step is `Step(name, run)`, `run(plan, state, log)` reading and filling the `BuildState`. `run_steps` times
 each one and logs one line when it is done; a failure of any kind becomes one `StepFailed` line naming the
@@ -21,14 +22,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from edge.artifact import UNTRAINED_WARNING, install, make_manifest, remove_quietly, sha256_file, staging_path
 from edge.board import current_system
-from edge.build.artifacts import install, make_manifest, remove_quietly, staging_path
 from edge.build.calibration import CalibrationSet, warn_if_few
+from edge.build.fallback import expected_cost, search
 from edge.build.gate import GateResult, enforce, evaluate, write_report
 from edge.build.plan import BuildPlan, Log, onnx_runner
 from edge.build.quantize import quantize_qdq
 from edge.errors import EXIT_FAIL, EdgeError
-from edge.modelinfo import UNTRAINED_WARNING, sha256_file
 
 EXIT_INTERRUPTED = 130
 
@@ -43,6 +44,7 @@ class BuildState:
     calibration_dir: Optional[str] = None  # where the set lives once installed, when a step moves it
     info: Dict[str, Any] = field(default_factory=dict)  # quantize / engine / latency summaries for the manifest
     gate: Optional[GateResult] = None
+    judged: Optional[Tuple[str, GateResult]] = None  # (candidate path, its emulated gate result)
     manifest: Dict[str, Any] = field(default_factory=dict)  # the installed artifact's, once installed
     undo: List[Tuple[str, Callable[[], None]]] = field(default_factory=list)  # (what it restores, how)
     started: float = field(default_factory=time.monotonic)
@@ -89,7 +91,10 @@ def _undo(state: BuildState, artifact: str) -> str:
 
 
 class _HeldInterrupts:
-    """SIGINT noted instead of raised while held (main thread only: signals are delivered there)."""
+    """SIGINT, SIGTERM and SIGHUP noted instead of raised while held (main thread only: signals are delivered
+    there)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.pending = False
@@ -97,14 +102,15 @@ class _HeldInterrupts:
 
     def hold(self) -> None:
         if self._previous is None and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._note)
+            self._previous = [signal.signal(sig, self._note) for sig in self.SIGNALS]
 
     def _note(self, *_: Any) -> None:
         self.pending = True
 
     def release(self) -> None:
         if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+            for sig, previous in zip(self.SIGNALS, self._previous):
+                signal.signal(sig, previous)
             self._previous = None
 
 
@@ -135,7 +141,7 @@ def run_steps(steps: Sequence[Step], plan: BuildPlan, state: BuildState, log: Lo
         finally:
             held.release()
     if held.pending:
-        log("{}: Ctrl-C came after the install had begun; it was completed".format(chain))
+        log("{}: Ctrl-C (or SIGTERM/SIGHUP) came after the install had begun; it was completed".format(chain))
 
 
 # --- the steps both chains share -----------------------------------------------------------------------------
@@ -148,7 +154,8 @@ def step_calibrate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     b = plan.cfg.build
     staged = state.stage(os.path.splitext(plan.artifact)[0] + ".qdq.onnx")
     state.info["quantize"] = quantize_qdq(plan.source, staged, state.calibration, plan.cfg.preprocess, b.method,
-                                          b.exclude_sensitive, plan.show_progress, log, quantizer=b.quantizer)
+                                          b.exclude_sensitive, plan.show_progress, log, quantizer=b.quantizer,
+                                          tensorrt=plan.target_tensorrt)
     state.candidate = staged
 
 
@@ -168,13 +175,50 @@ def step_engine(plan: BuildPlan, state: BuildState, log: Log) -> None:
     state.candidate = staged
 
 
+def judge(plan: BuildPlan, candidate: str, runner: Callable[[str], Any]) -> GateResult:
+    """FP32 ONNX Runtime vs `candidate` (run by `runner`) on the regression set."""
+    with onnx_runner(plan.source) as reference, runner(candidate) as infer:
+        return evaluate(reference, infer, plan.regression, plan.cfg.preprocess, plan.cfg.build.gate, plan.labels)
+
+
+def step_fallback(plan: BuildPlan, state: BuildState, log: Log) -> None:
+    """The Q/DQ model judged as TensorRT computes it; when an enforced gate fails, the layers whose quantisation
+    hurts most stay in float (edge.build.fallback) until it passes or build.max_float_layers are float."""
+    if not plan.quantizes:
+        return
+    result = judge(plan, state.candidate, onnx_runner)
+    state.judged = (state.candidate, result)
+    limit = plan.cfg.build.max_float_layers
+    if result.passed or not plan.gate_enforced or limit == 0:
+        return
+    assert state.calibration is not None
+    log("fallback: gate failed with every quantised layer in INT8 ({}); looking for the layers that break it".format(
+        result.summary()))
+    path, last, chosen = search(plan.source, state.candidate, state.calibration, plan.cfg.preprocess,
+                                limit, lambda p: judge(plan, p, onnx_runner), state.stage, log)
+    if path is None:
+        log("fallback: the gate still fails with {} layers in float ({}); reporting the INT8 model".format(
+            len(chosen), last.summary()))
+        state.info["quantize"]["float_layers_tried"] = {"layers": chosen, "gate": last.summary()}
+        return
+    names = [r["node"] for r in chosen]
+    state.info["quantize"]["float_layers"] = [dict(r, why="gate failed in INT8; leaving this layer in float "
+                                                          "recovers this much of 1 - logit cosine") for r in chosen]
+    state.info["quantize"]["float_layers_cost"] = expected_cost(plan.source, names)
+    state.info["quantize"]["excluded_nodes"] = sorted(set(state.info["quantize"]["excluded_nodes"]) | set(names))
+    state.candidate, state.judged = path, (path, last)
+
+
 def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     """FP32 ONNX Runtime vs the candidate on the regression set; the report is written pass or fail."""
-    with onnx_runner(plan.source) as reference, plan.fmt.runner(state.candidate) as infer:
-        result = evaluate(reference, infer, plan.regression, plan.cfg.preprocess, plan.cfg.build.gate, plan.labels)
+    if state.judged is not None and state.judged[0] == state.candidate and not plan.fmt.engine:
+        result = state.judged[1]  # the fallback step judged this very file with the same runner
+    else:
+        result = judge(plan, state.candidate, plan.fmt.runner)
+    extra = {k: v for k, v in (state.info.get("quantize") or {}).items() if k.startswith("float_layers")}
     write_report(plan.report_path, result, {"artifact": plan.artifact, "source": plan.source,
-                                            "enforced": plan.gate_enforced})
-    log("gate: {} - {} (report {})".format("passed" if result.passed else "FAILED", result.summary(),
+                                            "enforced": plan.gate_enforced, "evaluator": plan.fmt.evaluator, **extra})
+    log("gate: {} - {} (report {})".format(result.verdict, result.summary(),
                                            plan.report_path))
     state.gate = result
     if plan.gate_enforced:
@@ -189,13 +233,14 @@ def assemble_manifest(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
     assert result is not None
     calibration = None
     if state.calibration is not None:
-        calibration = {"set": os.path.abspath(state.calibration_dir or state.calibration.root),
+        here = os.path.dirname(os.path.abspath(plan.artifact))  # recorded paths: relative to the artifact's folder
+        calibration = {"set": os.path.relpath(os.path.abspath(state.calibration_dir or state.calibration.root), here),
                        "sha256": state.calibration.sha256, "images": len(state.calibration),
                        "method": plan.calibration_method,
                        "exclude_sensitive": None if plan.calibrator else b.exclude_sensitive}
-    gate = {k: result.report.get(k) for k in ("passed", "agreement", "mean_cosine", "min_cosine", "samples",
+    gate = {k: result.report.get(k) for k in ("passed", "verdict", "agreement", "mean_cosine", "min_cosine", "samples",
                                               "labelled", "top1_drop_pp", "regression_sha256")}
-    gate.update({"enforced": plan.gate_enforced, "report": os.path.abspath(plan.report_path),
+    gate.update({"enforced": plan.gate_enforced, "report": os.path.basename(plan.report_path),
                  "flips": len(result.report["flips"]) + result.report["flips_not_listed"]})
     build = {"command": plan.command, "quantize": state.info.get("quantize"), "engine": state.info.get("engine"),
              "seconds": round(time.monotonic() - state.started, 1)}
@@ -209,8 +254,7 @@ def assemble_manifest(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
 
 def step_install(plan: BuildPlan, state: BuildState, log: Log) -> None:
     """Atomic install (the current artifact kept in previous/); registers its undo for the steps after it."""
-    from edge.build.artifacts import rollback
-    from edge.modelinfo import info_path
+    from edge.artifact import info_path, rollback
 
     labels_src = os.path.splitext(plan.source)[0] + ".labels.txt"
     staged_labels = None
@@ -228,6 +272,7 @@ def step_install(plan: BuildPlan, state: BuildState, log: Log) -> None:
 
 
 CALIBRATE = Step("calibrate", step_calibrate)
+FALLBACK = Step("fallback", step_fallback)
 ENGINE = Step("engine", step_engine)
 GATE = Step("gate", step_gate)
 INSTALL = Step("install", step_install, commit=True)
@@ -237,7 +282,8 @@ def run_build(plan: BuildPlan, log: Log = print) -> Dict[str, Any]:
     """calibrate + quantize -> [engine] -> gate -> install; returns the installed artifact's manifest."""
     if plan.calibration is not None:
         warn_if_few(len(plan.calibration), log)
-    steps = ([CALIBRATE] if plan.quantizes else []) + ([ENGINE] if plan.fmt.engine else []) + [GATE, INSTALL]
+    steps = [CALIBRATE, FALLBACK] if plan.quantizes else []
+    steps += ([ENGINE] if plan.fmt.engine else []) + [GATE, INSTALL]
     state = BuildState(candidate=plan.source, calibration=plan.calibration)
     run_steps(steps, plan, state, log)
     return state.manifest

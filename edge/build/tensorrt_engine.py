@@ -19,14 +19,14 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from edge.build.calibration import CalibrationSet, read_trt_calibration_cache
+from edge.build.calibration import CalibrationSet
+from edge.build.trt_cache import read_trt_calibration_cache
 from edge.config import PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError
-from edge.fileio import atomic_write
-from edge.frame.cuda_preprocess import CudaSession
+from edge.fileio import atomic_write, write_json_atomic
+from edge.frame.cuda_session import CudaSession
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.tensorrt_runner import require_tensorrt
-from edge.modelinfo import write_json_atomic
 
 if TYPE_CHECKING:
     import tensorrt as trt

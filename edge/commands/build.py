@@ -6,54 +6,37 @@ so Ctrl-C at any point reaches the command's one error path.
 
 import argparse
 import time
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from edge.commands.common import add_command, standalone_main
-from edge.config import Config, load_config
+from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.errors import EXIT_OK
 
 
-def _config(args: argparse.Namespace, overrides: Dict[str, Any]) -> Config:
-    return load_config(getattr(args, "config", None), {k: v for k, v in overrides.items() if v is not None})
-
-
 def cmd_build(args: argparse.Namespace) -> int:
+    from edge.artifact import served_note
     from edge.build.plan import check_inputs
     from edge.build.steps import run_build
 
-    cfg = _config(args, {"build.method": args.method, "build.precision": args.precision,
-                         "build.calibration_dir": args.calibration, "build.regression_dir": args.regression})
+    cfg = config_from_args(args)
     started = time.monotonic()
-    plan = check_inputs(cfg, args.model, args.engine, args.calibrator, not args.no_progress)
+    plan = check_inputs(cfg, None, args.engine, args.calibrator, not args.no_progress)
     print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
+    note = served_note(cfg.model.path, plan.artifact) if cfg.model.path != plan.source else None
+    if note:
+        print("build: " + note)
     run_build(plan)
     return EXIT_OK
 
 
-def frames_of(capture: Any, limit: int) -> Iterator[Any]:
-    """Up to `limit` frames (0: all) of an unopened capture; it is closed at the end."""
-    capture.open()
-    try:
-        count = 0
-        while limit <= 0 or count < limit:
-            image = capture.read()
-            if image is None:
-                return
-            count += 1
-            yield image
-    finally:
-        capture.close()
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, import_calibration_set
+    from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, frames_of, import_calibration_set
 
     if args.calibrate_command == "import":
         import_calibration_set(args.src, args.out, args.min_images)
         return EXIT_OK
     from edge.frame.sources import open_capture
 
-    cfg = _config(args, {"source.uri": args.source, "source.loop": False})
+    cfg = config_from_args(args, {"source.loop": False})
     out = args.out or cfg.build.calibration_dir
     capture_calibration_set(frames_of(open_capture(cfg.source), args.frames), out, args.every, args.max_images,
                             args.min_images or cfg.build.min_images,
@@ -62,26 +45,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from edge.build.artifacts import rollback
+    from edge.artifact import rollback
     from edge.build.plan import artifact_path, format_for, source_model
 
-    cfg = _config(args, {})
-    target = args.artifact or artifact_path(args.model or source_model(cfg.model.path), cfg.build.engines_dir,
-                                            cfg.build.precision, format_for(args.engine))
-    rollback(target)
+    cfg = config_from_args(args)
+    fmt = format_for(args.engine or bool(args.artifact and args.artifact.endswith(".engine")))
+    target = args.artifact or artifact_path(source_model(cfg.model.path), cfg.build.engines_dir,
+                                            cfg.build.precision, fmt)
+    rollback(target, fmt.verify)  # what is put back is verified as a build verifies what it installs
     return EXIT_OK
 
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config (build.* keys; see configs/example.yaml)")
-    p.add_argument("--model", help="FP32 source .onnx (default: model.path without its .int8/.fp16 suffix, as .onnx)")
+    add_config_flags(p, "model.path", "build.method", "build.precision", "build.calibration_dir",
+                     "build.regression_dir")
     p.add_argument("--engine", action="store_true", help="build a TensorRT engine for this GPU")
     p.add_argument("--calibrator", action="store_true",
                    help="with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT 8.5/10 only)")
-    p.add_argument("--method", choices=("minmax", "entropy", "percentile"), help="build.method")
-    p.add_argument("--precision", choices=("int8", "fp16", "fp32"), help="build.precision")
-    p.add_argument("--calibration", help="build.calibration_dir")
-    p.add_argument("--regression", help="build.regression_dir")
     p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
 
 
@@ -95,8 +75,7 @@ def _add_calibrate_parser(subparsers: Any) -> None:
     imp.add_argument("--min-images", type=int, default=32, help="fewer usable images is an error (default 32)")
     cap = sub.add_parser("capture", help="keep every k-th frame of a source, skipping near-duplicates")
     cap.add_argument("out", nargs="?", help="set folder (default build.calibration_dir)")
-    cap.add_argument("--config", help="YAML config (source.*, build.*)")
-    cap.add_argument("--source", help="source.uri (camera, file, folder, rtsp://...)")
+    add_config_flags(cap, "source.uri")
     cap.add_argument("--every", type=int, default=30, help="keep every k-th frame (default 30)")
     cap.add_argument("--max-images", type=int, default=500, help="stop after this many (default 500)")
     cap.add_argument("--frames", type=int, default=0, help="stop after reading this many frames (0: source end)")
@@ -108,8 +87,7 @@ def _add_calibrate_parser(subparsers: Any) -> None:
 
 def _add_rollback_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("rollback", help="swap the installed artifact with the one in <engines>/previous/")
-    p.add_argument("--config", help="YAML config (model.path, build.engines_dir, build.precision)")
-    p.add_argument("--model", help="FP32 source .onnx the artifact was built from")
+    add_config_flags(p, "model.path")  # the artifact built from it (build.engines_dir, build.precision)
     p.add_argument("--engine", action="store_true", help="the TensorRT engine rather than the Q/DQ ONNX")
     p.add_argument("--artifact", help="the installed artifact to roll back (overrides the above)")
     p.set_defaults(func=cmd_rollback)

@@ -1,41 +1,109 @@
-"""What `edge check` gathers besides the latency table: the per-frame series, the telemetry trace during the
-timed frames, jtop's view of the clocks, and the comparison with a previous report."""
+"""The `edge check` report, top to bottom: its shape (`build_report`) and text (`format_report`), then what the run
+gathers beside the latency table (the per-frame series and the telemetry trace, both sinks; jtop's view of the
+clocks) and the comparison with a previous report. The figure is edge/commands/check_figure.py."""
 
 import math
+import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from edge import __version__
+from edge.config import Config
 from edge.errors import EdgeError
 from edge.fileio import load_json
-from edge.frame.latency import STAGES
+from edge.frame.latency import STAGES, format_table
 from edge.frame.pipeline import Result, Sink
+from edge.uri import redact
 
 SCHEMA_VERSION = 1
-
-
-REGRESSION_PCT = 10.0  # a stage's p50/p99 is flagged when it got worse by more than this many percent ...
-
-
-REGRESSION_MS = 0.2  # ... and by more than this many milliseconds
 
 
 TELEMETRY_METRICS = (("temperature_c", "temperature (°C)"), ("gpu_clock_mhz", "GPU clock (MHz)"),
                      ("power_w", "power (W)"))
 
 
-class SeriesSink(Sink):
-    """Keeps every timed frame's stage times (bounded by `capacity`) for the figure."""
+def build_report(cfg: Config, facts: Dict[str, Any], warning: Optional[str], summary: Dict[str, Any], frames: int,
+                 duration_s: float, warnings: List[str], telemetry: Dict[str, Any],
+                 system: Dict[str, Any]) -> Dict[str, Any]:
+    """The report (SCHEMA_VERSION, docs/latency-check.md) of a run's `summary` (edge.service.loop.run) and what the
+    check gathered beside it; `facts` are what the run's start line said about the model and backend."""
+    stages = summary["stages_ms"]
+    p99 = stages["end_to_end"]["p99"]
+    budget = cfg.runtime.budget_ms
+    passed = p99 <= budget
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "edge check " + __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "verdict": "pass" if passed else "fail",
+        "verdict_reason": "p99 end_to_end {:.3f} ms {} budget {:g} ms".format(p99, "<=" if passed else ">", budget),
+        "budget_ms": budget,
+        "frames": summary["frames"],
+        "frames_requested": frames,
+        "warmup": cfg.runtime.warmup,
+        "ended_by": summary["ended_by"],
+        "duration_s": round(duration_s, 3),
+        "fps": round(summary["frames"] / duration_s, 2) if duration_s > 0 else 0.0,
+        "source": redact(str(facts.get("source", cfg.source.uri))),
+        "backend": str(facts.get("backend", "?")),
+        "precision": str(facts.get("precision", "?")),
+        "preprocess": str(facts.get("preprocess", "?")),
+        "chosen_because": str(facts.get("chosen_because", "")),
+        "model": {"path": cfg.model.path, "sha256": None if facts.get("sha256") == "unknown" else facts.get("sha256"),
+                  "weights": None if facts.get("weights") is None else str(facts["weights"]),
+                  "trained": bool(facts.get("trained")), "warning": warning},
+        "stages_ms": stages,
+        "misses": summary["misses"],
+        "miss_rate": summary["miss_rate"],
+        "errors": summary.get("errors", 0),
+        "skipped_frames": summary.get("skipped", 0),
+        "warnings": warnings,
+        "telemetry": telemetry,
+        "system": system,
+        "comparison": None,
+        "figure": None,
+    }
 
-    def __init__(self, capacity: int, on_frame: Optional[Callable[[], None]] = None):
+
+def format_report(report: Dict[str, Any]) -> str:
+    """The trtexec-like table (edge.frame.latency.format_table) with a header, the verdict and any comparison."""
+    header = ["edge check: {} {} {} on {} - {} frames after {} warm-up, {:.1f} fps".format(
+        report["backend"], report["precision"], os.path.basename(report["model"]["path"]), report["source"],
+        report["frames"], report["warmup"], report["fps"])]
+    if report["model"].get("warning"):
+        header.append(report["model"]["warning"])
+    text = format_table(report, header)
+    tele = report["telemetry"]
+    if tele["status"] == "ok":
+        parts = ["{} {:.1f}/{:.1f}/{:.1f}".format(m, tele[m]["min"], tele[m]["mean"], tele[m]["max"])
+                 for m, _ in TELEMETRY_METRICS if tele[m]]
+        text += "\ntelemetry min/mean/max: " + ", ".join(parts)
+    else:
+        text += "\ntelemetry: unavailable ({})".format(tele["reason"])
+    if report["comparison"]:
+        text += "\n" + format_comparison(report["comparison"])
+    text += "\ncapture->result {}: {}".format(report["verdict"].upper(), report["verdict_reason"])
+    return text
+
+
+class SeriesSink(Sink):
+    """Keeps every timed frame's stage times (bounded by `capacity`) for the figure, and the run's duration: from
+    the first timed frame's capture to the last result."""
+
+    def __init__(self, capacity: int):
         self.capacity = capacity
-        self.on_frame = on_frame  # e.g. TelemetryTrace.poll: an attribute read per frame
         self.stage_ms = {name: np.full(capacity, np.nan) for name in STAGES}
         self.missed = np.zeros(capacity, bool)
         self.count = 0
+        self.t0: Optional[float] = None  # time.monotonic() of the first timed frame's capture
+        self.t1: Optional[float] = None
 
     def on_result(self, result: Result) -> None:
+        self.t1 = time.monotonic()
+        if self.t0 is None:
+            self.t0 = self.t1 - result.stage_ms.get("end_to_end", 0.0) / 1e3
         if self.count >= self.capacity:
             return
         i = self.count
@@ -44,11 +112,12 @@ class SeriesSink(Sink):
                 self.stage_ms[name][i] = ms
         self.missed[i] = result.status == "miss"
         self.count += 1
-        if self.on_frame is not None:
-            self.on_frame()
 
     def series(self, name: str) -> np.ndarray:
         return self.stage_ms[name][:self.count]
+
+    def duration_s(self) -> float:
+        return (self.t1 or 0.0) - (self.t0 or 0.0)
 
 
 def with_jtop_clocks(clocks: Dict[str, Any], warnings: List[str], snap: Any) -> Tuple[Dict[str, Any], List[str]]:
@@ -68,61 +137,28 @@ def with_jtop_clocks(clocks: Dict[str, Any], warnings: List[str], snap: Any) -> 
     return clocks, warnings
 
 
-class TelemetryTrace:
-    """Telemetry samples (temperature, GPU clock, power) during the timed frames; unavailable with a reason.
+class TelemetryTrace(Sink):
+    """Telemetry samples (temperature, GPU clock, power) during the timed frames, from the snapshot each Result
+    carries (jtop on a Jetson, /sys elsewhere: edge.service.telemetry's thread); unavailable with a reason."""
 
-    Reads edge.service.telemetry's side thread (jtop on a Jetson, /sys elsewhere): `poll()` is an attribute read,
-    called once per timed frame, keeping each new snapshot. It never raises.
-    """
-
-    def __init__(self, interval_s: float = 0.5, enabled: bool = True):
-        self.interval_s = interval_s
+    def __init__(self, enabled: bool = True):
         self.samples: List[Tuple[float, Dict[str, Optional[float]]]] = []
         self.reason: Optional[str] = None if enabled else "disabled (service.telemetry.enabled: false)"
         self.source = ""
         self.first: Any = None  # the first snapshot (nvpmodel / jetson_clocks as jtop reports them)
-        self._telemetry: Any = None
-        self._own: Any = None  # a Telemetry this trace started (and stops)
         self._last_time: Optional[float] = None
 
-    def start(self, runtime: Any = None) -> "TelemetryTrace":
-        """Follow the runtime's own Telemetry thread when it runs one, else start one."""
-        if self.reason is not None:
-            return self
-        try:
-            telemetry = getattr(runtime, "telemetry", None)
-            if telemetry is None:
-                from edge.service.telemetry import Telemetry
-
-                telemetry = self._own = Telemetry(self.interval_s).start()
-            self._telemetry = telemetry
-            self.first = telemetry.latest()
-        except Exception as exc:  # no module, no sysfs, jtop broken: the check runs without telemetry
-            self.reason = "{}: {}".format(type(exc).__name__, exc)
-            self._telemetry = None
-        return self
-
-    def poll(self) -> None:
-        if self._telemetry is None:
+    def on_result(self, result: Result) -> None:
+        snap = result.telemetry
+        if snap is None or snap.time == self._last_time:
             return
-        snap = self._telemetry.latest()
-        if snap.time == self._last_time:
-            return
+        self.first = self.first or snap
         self._last_time = snap.time
         self.source = snap.source + (" (degraded: {})".format(snap.degraded) if snap.degraded else "")
         temps = [t for t in (snap.temperatures or {}).values() if t is not None]
         values = {"temperature_c": max(temps) if temps else None, "gpu_clock_mhz": _as_float(snap.gpu_freq_mhz),
                   "power_w": _as_float(snap.power_w)}
         self.samples.append((time.monotonic(), values))
-
-    def stop(self) -> None:
-        self._telemetry = None
-        if self._own is not None:
-            try:
-                self._own.stop()
-            except Exception as exc:  # a reader that fails to stop must not lose the report
-                self.reason = self.reason or "stop failed: {}".format(exc)
-            self._own = None
 
     def summary(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"status": "unavailable", "reason": self.reason, "samples": len(self.samples),
@@ -174,8 +210,8 @@ def _ms(value: Any) -> Optional[float]:
     return ms if math.isfinite(ms) and 0 <= ms < 1e9 else None
 
 
-def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: str,
-            pct: float = REGRESSION_PCT, ms: float = REGRESSION_MS) -> Dict[str, Any]:
+def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: str, pct: float,
+            ms: float) -> Dict[str, Any]:
     """Per-stage p50/p99 deltas; a regression is worse by more than `pct` percent AND more than `ms` ms."""
     stages: Dict[str, Any] = {}
     regressions = []

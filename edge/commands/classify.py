@@ -16,18 +16,14 @@ import sys
 import time
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from edge.commands.common import add_command, config_from_args, standalone_main
+from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.errors import EXIT_OK, EdgeError
 from edge.fileio import read_image
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="IMAGE|FOLDER", help="image files, or folders of them")
-    p.add_argument("--config", help="YAML config (see configs/example.yaml)")
-    p.add_argument("--model", help="model.path: .onnx (ONNX Runtime) or .engine (TensorRT)")
-    p.add_argument("--backend", choices=("auto", "onnxruntime", "tensorrt"), help="backend.kind")
-    p.add_argument("--preprocess", choices=("auto", "cpu", "cuda"), help="preprocess.device")
-    p.add_argument("--top-k", type=int, help="runtime.top_k (default 5)")
+    add_config_flags(p, "model.path", "backend.kind", "preprocess.device", "runtime.top_k")
     p.add_argument("--json", action="store_true", help="one JSON line per image instead of the table")
 
 
@@ -57,9 +53,7 @@ def _table_rows(path: str, top: List[Any]) -> List[str]:
 def cmd_classify(args: argparse.Namespace) -> int:
     from edge.frame.stages import build_stages
 
-    if args.top_k is not None and args.top_k < 1:
-        raise EdgeError("--top-k must be >= 1, got {}".format(args.top_k))
-    stages = build_stages(config_from_args(args, {"runtime.top_k": args.top_k}))
+    stages = build_stages(config_from_args(args))
     classified, skipped = 0, 0
     try:
         if stages.warning:
@@ -71,7 +65,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
                 skipped += 1
                 continue
             started = time.monotonic()
-            prediction = stages.postprocess(stages.backend.infer(stages.preprocess(image)))
+            prediction = stages.classify(image)
             top = prediction.as_dict()["top"]
             if args.json:
                 print(json.dumps({"file": path, "top": top, "ms": round((time.monotonic() - started) * 1e3, 2)}))
@@ -94,7 +88,3 @@ def register(subparsers: Any) -> None:
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "edge classify") -> int:
     return standalone_main(prog, __doc__, add_arguments, cmd_classify, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

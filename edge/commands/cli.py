@@ -8,7 +8,8 @@ from typing import List, Optional
 from edge import __version__
 from edge.commands.common import execute
 
-COMMANDS = ("run", "export", "build", "check", "rebuild", "demo", "classify", "doctor")  # modules in edge/commands/
+# modules in edge/commands/
+COMMANDS = ("run", "export", "build", "check", "rebuild", "demo", "classify", "doctor", "cache", "init")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +30,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     args = parser.parse_args(argv)
     return execute("edge " + args.command, args.func, args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

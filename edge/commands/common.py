@@ -1,58 +1,118 @@
 """What every command shares: config flags, registration, and the one error path (one line, an exit code)."""
 
 import argparse
+import errno
 import os
+import signal
 import sys
-from typing import Any, Callable, Dict, Optional, Sequence
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from edge.config import Config, load_config
-from edge.errors import EdgeError
+from edge.errors import EXIT_BAD_INPUT, EXIT_FAIL, EdgeError, first_line, one_line
+from edge.fields import add_flags, flag_values
+from edge.uri import redact
 
 Handler = Callable[[argparse.Namespace], int]
+_NOT_THE_PATH = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # the disk, not the path the user gave: exit 1
 
 
-def add_config_flags(p: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that runs the pipeline; each overrides one config key."""
+PIPELINE_KEYS = ("source.uri", "model.path", "runtime.budget_ms", "backend.kind", "preprocess.device")
+
+
+def add_config_flags(p: argparse.ArgumentParser, *keys: str) -> None:
+    """--config and the flags of config `keys` (default: those of every command that runs the pipeline); each
+    flag overrides its key, with the type, choices and help declared in edge/config.py."""
     p.add_argument("--config", help="YAML config (see configs/example.yaml)")
-    p.add_argument("--source", help="source.uri: synthetic | FILE | FOLDER | /dev/videoN | csi://N | rtsp://...")
-    p.add_argument("--model", help="model.path: .onnx (ONNX Runtime) or .engine (TensorRT)")
-    p.add_argument("--budget-ms", type=float, help="runtime.budget_ms (default 30)")
-    p.add_argument("--backend", choices=("auto", "onnxruntime", "tensorrt"), help="backend.kind")
-    p.add_argument("--preprocess", choices=("auto", "cpu", "cuda"), help="preprocess.device")
+    add_flags(p, Config, *(keys or PIPELINE_KEYS))
 
 
 def config_from_args(args: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> Config:
-    """The config file named by --config with the flags (and `extra` keys) applied; None values are unset."""
-    flags = {"source.uri": getattr(args, "source", None), "model.path": getattr(args, "model", None),
-             "runtime.budget_ms": getattr(args, "budget_ms", None), "backend.kind": getattr(args, "backend", None),
-             "preprocess.device": getattr(args, "preprocess", None)}
-    flags.update(extra or {})
-    return load_config(getattr(args, "config", None), {k: v for k, v in flags.items() if v is not None})
+    """The config file named by --config with the config flags given (and `extra` keys) applied."""
+    flags = flag_values(args, Config)
+    flags.update({k: v for k, v in (extra or {}).items() if v is not None})
+    return load_config(getattr(args, "config", None), flags)
 
 
 def add_command(subparsers: Any, name: str, summary: str, description: Optional[str],
-                add_arguments: Callable[[argparse.ArgumentParser], None], func: Handler) -> argparse.ArgumentParser:
-    """Register a subcommand whose flags come from `add_arguments` (shared with its scripts/ caller)."""
+                add_arguments: Callable[[argparse.ArgumentParser], None], func: Handler,
+                hangup_reloads: bool = False) -> argparse.ArgumentParser:
+    """Register a subcommand whose flags come from `add_arguments` (shared with its scripts/ caller).
+    `hangup_reloads`: the command serves SIGHUP as a reload (its own handler, installed first thing)."""
     p = subparsers.add_parser(name, help=summary, description=description,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    p.set_defaults(func=func)
+    p.set_defaults(func=func, hangup_reloads=hangup_reloads)
     return p
 
 
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP raised where the command is, like Ctrl-C: every `finally` and temporary-file cleanup
+    runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_received: List[int] = []  # signals _terminate raised during this command
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    _received.append(signum)
+    raise Terminated(signum)
+
+
+def _run(func: Handler, args: argparse.Namespace) -> int:
+    try:
+        return int(func(args))
+    except Exception:
+        if _received:  # the signal became another error on its way out (an interrupted import: ImportError)
+            raise Terminated(_received[0]) from None
+        raise
+
+
 def execute(prog: str, func: Handler, args: argparse.Namespace) -> int:
-    """Run a command: EdgeError becomes one line on stderr and its exit code, Ctrl-C exit 130."""
+    """Run a command: EdgeError becomes one line on stderr and its exit code, Ctrl-C exit 130, SIGTERM 143."""
     # FFmpeg and OpenCV would print their own lines for a bad file; our error line says what matters.
     os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
     os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints escaped, never a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    main_thread = threading.current_thread() is threading.main_thread()
+    # a reloading command's SIGHUP is never fatal: ignored until the command's own handler is in place
+    handlers = [signal.SIG_IGN if sig == signal.SIGHUP and getattr(args, "hangup_reloads", False) else _terminate
+                for sig in _TERMINATING]
+    previous = [signal.signal(sig, handler) for sig, handler in zip(_TERMINATING, handlers)] if main_thread else []
+    _received.clear()
     try:
-        return int(func(args))
+        return _run(func, args)
     except EdgeError as exc:
-        print("{}: error: {}".format(prog, exc), file=sys.stderr)
-        return exc.exit_code
+        return _error(prog, str(exc), exc.exit_code)
+    except OSError as exc:  # a file the command reads or writes: named, one line (a full disk, a read-only folder)
+        where = exc.filename if exc.filename is not None else type(exc).__name__
+        bad_path = exc.filename is not None and exc.errno not in _NOT_THE_PATH
+        return _error(prog, "{}: {}".format(where, exc.strerror or first_line(exc)),
+                      EXIT_BAD_INPUT if bad_path else EXIT_FAIL)
+    except Terminated as exc:
+        print("{}: terminated by {}".format(prog, signal.Signals(exc.signum).name), file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("{}: interrupted".format(prog), file=sys.stderr)
         return 130
+    finally:
+        for sig, handler in zip(_TERMINATING, previous):
+            signal.signal(sig, handler)
+
+
+def _error(prog: str, message: str, code: int) -> int:
+    """The one error line: credentials masked, control characters escaped, length bounded."""
+    print("{}: error: {}".format(prog, one_line(redact(message))), file=sys.stderr)
+    return code
 
 
 def standalone_main(prog: str, description: Optional[str], add_arguments: Callable[[argparse.ArgumentParser], None],

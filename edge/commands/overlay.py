@@ -10,9 +10,9 @@ from typing import Any, Deque, Dict, List, Optional
 
 import numpy as np
 
+from edge.artifact import UNTRAINED_WARNING
 from edge.errors import require
 from edge.frame.pipeline import Result
-from edge.modelinfo import UNTRAINED_WARNING
 
 GREEN = (0, 200, 0)  # BGR: frame within budget
 RED = (0, 0, 230)  # BGR: frame over budget (or failed)
@@ -93,7 +93,7 @@ def draw_overlay(image: np.ndarray, result: Result, budget_ms: float, fps: float
     return out
 
 
-def stats_of(result: Result, budget_ms: float, fps: float, summary: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def stats_of(result: Result, budget_ms: float, fps: float) -> Dict[str, Any]:
     """The JSON-ready numbers the overlay shows (served at /stats.json)."""
     stats: Dict[str, Any] = {
         "frame": result.frame_id,
@@ -106,7 +106,8 @@ def stats_of(result: Result, budget_ms: float, fps: float, summary: Optional[Dic
                                                      zip(result.prediction.labels, result.prediction.scores)],
         "size": [int(result.image.shape[1]), int(result.image.shape[0])],
         "error": result.error,
+        "frames": result.frames,
+        "misses": result.misses,
+        "miss_rate": round(result.misses / result.frames, 5) if result.frames else 0.0,
     }
-    if summary is not None:
-        stats.update(frames=summary["frames"], misses=summary["misses"], miss_rate=summary["miss_rate"])
     return stats

@@ -16,6 +16,7 @@ OUTPUT_NAME = "logits"  # 1x1000 float32, before softmax
 
 class Backend:
     name = "base"
+    sha256 = "unknown"  # of the model bytes load() read: what the service reports it serves
 
     def load(self) -> None:
         raise NotImplementedError
@@ -29,7 +30,18 @@ class Backend:
 
     @property
     def input_shape(self) -> Tuple[int, ...]:
+        """(1, 3, H, W) as the model declares it (a dynamic dimension reads 1)."""
         raise NotImplementedError
+
+    @property
+    def output_shape(self) -> Tuple[int, ...]:
+        """(1, num_classes) as the model declares it (a dynamic dimension reads 1)."""
+        raise NotImplementedError
+
+    def device_ms(self) -> Dict[str, float]:
+        """The last infer()'s device work by stage (`preprocess_gpu`, `infer_gpu`: CUDA-event times), recorded
+        beside the wall-clock stages; {} for a backend without a device."""
+        return {}
 
     def close(self) -> None:
         """Free what load() allocated; safe to call twice."""

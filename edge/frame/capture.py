@@ -2,7 +2,6 @@
 frame record and the two ways a source stops giving frames. Cameras and streams build on OpenCVCapture in
 edge/frame/gstreamer.py; edge/frame/sources.py maps a URI to a capture and runs it in the grabber thread."""
 
-import glob
 import os
 import time
 from dataclasses import dataclass
@@ -111,8 +110,13 @@ class ImageFolderCapture(Capture):
         self.index = 0
 
     def open(self) -> None:
-        self.files = sorted(f for f in glob.glob(os.path.join(self.folder, "*"))
-                            if f.lower().endswith(IMAGE_EXTENSIONS))
+        # listed, not globbed: a folder named `cam[1]` is a path, never a pattern. A subfolder (`sub.jpg/`) is not
+        # an image; other odd entries (a FIFO, a dangling link) are skipped by read() and named if none is left.
+        try:
+            self.files = sorted(entry.path for entry in os.scandir(self.folder)
+                                if entry.name.lower().endswith(IMAGE_EXTENSIONS) and not entry.is_dir())
+        except OSError as exc:
+            raise EdgeError("{}: cannot list the image folder: {}".format(self.folder, exc.strerror or exc)) from None
         if not self.files:
             raise EdgeError("{}: image folder has no images ({})".format(self.folder, " ".join(IMAGE_EXTENSIONS)))
 

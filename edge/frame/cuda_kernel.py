@@ -6,9 +6,10 @@
   2. edge/cuda/preprocess.fatbin, shipped in the package: SASS for sm_87 (Orin) and sm_110 (Thor) plus
      compute_110 PTX, built by `scripts/build_kernel.py --fatbin`; preprocess.fatbin.json records the hash of
      the sources it came from (tests/test_kernel_aot.py checks it is current).
-Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels (the unit's /var/lib/jetson-edge), else
-~/.cache/jetson-edge/kernels. nvcc's temporary files go to a private folder inside the output folder, so an
-unwritable /tmp does not matter; nvcc's own message is kept in the error.
+Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels (inside the unit), else /var/lib/jetson-edge/kernels
+(the installed service's state directory): the CLI, `edge doctor` and the service find the same kernel. nvcc's
+temporary files go to a private folder inside the output folder, so an unwritable /tmp does not matter; nvcc's own
+message is kept in the error.
 """
 
 import glob
@@ -21,8 +22,8 @@ import subprocess
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
-from edge.errors import EXIT_FAIL, EdgeError, require
-from edge.modelinfo import write_json_atomic
+from edge.errors import EXIT_FAIL, EdgeError, first_line, require
+from edge.fileio import write_json_atomic
 
 CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda")
 SOURCES = ("preprocess.cu", "preprocess.cuh")
@@ -31,15 +32,11 @@ FATBIN = os.path.join(CUDA_DIR, "preprocess.fatbin")
 FATBIN_INFO = FATBIN + ".json"
 FATBIN_TARGETS = ("arch=compute_87,code=sm_87", "arch=compute_110,code=[sm_110,compute_110]")
 _FLAGS = ("-std=c++14",)
+SERVICE_KERNEL_DIR = "/var/lib/jetson-edge/kernels"  # the unit's StateDirectory=jetson-edge, + kernels
 
 
 class KernelUnavailable(EdgeError):
     """No kernel binary loads on this GPU (exit 2 when preprocess.device is cuda; `auto` uses the CPU)."""
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def source_sha256() -> str:
@@ -69,11 +66,18 @@ def nvcc_version(nvcc: str) -> str:
     return match.group(1)
 
 
-def kernel_dir() -> str:
+def kernel_dir_and_why() -> Tuple[str, str]:
+    """(the kernel dir, which setting chose it)."""
+    if os.environ.get("EDGE_KERNEL_DIR"):
+        return os.environ["EDGE_KERNEL_DIR"], "$EDGE_KERNEL_DIR"
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    default = os.path.join(state, "kernels") if state else \
-        os.path.join(os.path.expanduser("~"), ".cache", "jetson-edge", "kernels")
-    return os.environ.get("EDGE_KERNEL_DIR") or default
+    if state:
+        return os.path.join(state, "kernels"), "the unit's $STATE_DIRECTORY"
+    return SERVICE_KERNEL_DIR, "the service's state directory"
+
+
+def kernel_dir() -> str:
+    return kernel_dir_and_why()[0]
 
 
 def cubin_name(arch: str, cuda: str) -> str:
@@ -123,7 +127,7 @@ def device_arch() -> str:
         major, minor = drv.Device(0).compute_capability()
     except Exception as exc:  # pycuda._driver.Error: no driver or device
         raise EdgeError("no CUDA device to build the kernel for ({}); name one with --arch sm_87".format(
-            _first_line(exc))) from None
+            first_line(exc))) from None
     return "sm_{}{}".format(major, minor)
 
 
@@ -166,5 +170,5 @@ def load_kernel(drv: Any, arch: str) -> Tuple[Any, str]:
                 module.get_function(name)
             return module, where
         except Exception as exc:  # OSError, pycuda's LogicError/RuntimeError (no image for this GPU, driver too old)
-            problems.append("{}: {}".format(where, _first_line(exc)))
+            problems.append("{}: {}".format(where, first_line(exc)))
     raise KernelUnavailable("no loadable preprocessing kernel for {}: {}".format(arch, "; ".join(problems)))

@@ -9,7 +9,6 @@ Every pipeline ends in a BGR appsink that keeps only the newest frame. Without a
 """
 
 import socket
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
@@ -17,6 +16,7 @@ from edge.board import is_jetson
 from edge.config import SourceConfig
 from edge.errors import EdgeError, require
 from edge.frame.capture import Capture, OpenCVCapture
+from edge.uri import SourceURI, parse_source
 
 APPSINK = "video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false"
 # RTP payload -> elementary stream; `auto` lets parsebin plug the depayloader and parser the stream needs.
@@ -83,8 +83,9 @@ def usb_pipelines(device: str, width: int, height: int, fps: float, elements: El
 
 
 def rtsp_pipeline(uri: str, codec: str, tcp: bool, elements: Elements) -> str:
-    """`latency=0`: frames leave the jitterbuffer at once; `tcp`: RTP interleaved in the RTSP connection."""
-    return "rtspsrc location={} latency=0 drop-on-latency=true{} ! {} ! {} ! {} ! {}".format(
+    """`latency=0`: frames leave the jitterbuffer at once; `tcp`: RTP interleaved in the RTSP connection. `uri` is
+    quoted, and edge.uri.parse_source has refused the quotes, backslashes and spaces that could end the quote."""
+    return "rtspsrc location=\"{}\" latency=0 drop-on-latency=true{} ! {} ! {} ! {} ! {}".format(
         uri, " protocols=tcp" if tcp else "", _DEPAY[codec], elements.decoders[codec], elements.to_bgr, APPSINK)
 
 
@@ -92,14 +93,14 @@ class GStreamerCapture(OpenCVCapture):
     """GStreamer pipelines through OpenCV, tried in order (USB: MJPG, then YUYV): the first that delivers a frame is
     kept (`target`), and `negotiated` and `description` name its format, frame size and frame rate."""
 
-    def __init__(self, uri: str, candidates: List[Tuple[str, str]], elements: Elements, fps: float = 0.0):
-        super().__init__(None, 0, uri)
+    def __init__(self, uri: SourceURI, candidates: List[Tuple[str, str]], elements: Elements, fps: float = 0.0):
+        super().__init__(None, 0, uri.shown)
         self.uri, self.candidates, self.elements, self.fps = uri, candidates, elements.name, fps
         self.negotiated = ""
 
     def open(self) -> None:
         cv2 = require("cv2")
-        if self.uri.startswith("rtsp://"):
+        if self.uri.kind == "rtsp":
             _check_reachable(self.uri)
         for label, pipeline in self.candidates:
             cap = cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
@@ -108,22 +109,21 @@ class GStreamerCapture(OpenCVCapture):
                 self.cap, self.target = cap, pipeline
                 self.negotiated = "{} {}x{}{}".format(label, image.shape[1], image.shape[0],
                                                       "@{:g}".format(self.fps) if self.fps else "")
-                self.description = "{} [{}, {}]".format(self.uri, self.negotiated, self.elements)
+                self.description = "{} [{}, {}]".format(self.uri.shown, self.negotiated, self.elements)
                 return
             cap.release()
         raise EdgeError("{}: cannot open source ({} pipeline, {})".format(
-            self.uri, self.elements, " or ".join(label for label, _ in self.candidates)))
+            self.uri.shown, self.elements, " or ".join(label for label, _ in self.candidates)))
 
 
-def _check_reachable(uri: str, timeout_s: float = 1.0) -> None:
+def _check_reachable(uri: SourceURI, timeout_s: float = 1.0) -> None:
     """Refuse before GStreamer when the RTSP server does not accept connections: OpenCV (4.6) waits without a
     timeout for rtspsrc to start, and a refused connection racing that wait has been seen to hang it for good."""
-    parts = urllib.parse.urlsplit(uri)
-    address = (parts.hostname or "", parts.port or 554)
     try:
-        socket.create_connection(address, timeout_s).close()
+        socket.create_connection((uri.host, uri.port), timeout_s).close()
     except OSError as exc:
-        raise EdgeError("{}: cannot reach {}:{} ({})".format(uri, *address, exc.strerror or exc)) from None
+        raise EdgeError("{}: cannot reach {}:{} ({})".format(uri.shown, uri.host, uri.port,
+                                                             exc.strerror or exc)) from None
 
 
 class V4L2Capture(OpenCVCapture):
@@ -131,7 +131,7 @@ class V4L2Capture(OpenCVCapture):
     size and fps; a camera without MJPG stays on its raw format, which `negotiated` names."""
 
     def __init__(self, index: int, uri: str, api: int, width: int, height: int, fps: float):
-        super().__init__(index, api, uri)
+        super().__init__(index, api, uri)  # a device URI: nothing secret in it
         self.uri, self.width, self.height, self.fps = uri, width, height, fps
         self.negotiated = ""
 
@@ -154,33 +154,26 @@ def _has_gstreamer(cv2: Any) -> bool:
     return any("GStreamer" in line and "YES" in line for line in info.splitlines())
 
 
-def _device_index(uri: str, prefix: str) -> int:
-    tail = uri[len(prefix):]
-    if not tail.isdigit():
-        raise EdgeError("source.uri: expected {}N with N a number, got {!r}".format(prefix, uri))
-    return int(tail)
-
-
 def camera_capture(cfg: SourceConfig) -> Capture:
     """csi://N, rtsp://, /dev/videoN, v4l2://N -> a Capture (not yet opened): GStreamer with the board's element
     set when OpenCV has GStreamer, else OpenCV's own V4L2 and FFmpeg backends."""
     cv2 = require("cv2")
-    uri, gst = cfg.uri, _has_gstreamer(cv2)
+    uri, gst = parse_source(cfg.uri), _has_gstreamer(cv2)
     elements = JETSON if is_jetson() else SOFTWARE
-    if uri.startswith("csi://"):
-        sensor_id = _device_index(uri, "csi://")
+    if uri.kind == "csi":
         if not gst:
             raise EdgeError("source.uri {}: this OpenCV has no GStreamer (PyPI's opencv-python does not); "
-                            "on a Jetson use JetPack's python3-opencv".format(uri))
-        pipeline = csi_pipeline(sensor_id, cfg.width, cfg.height, cfg.fps, elements)
+                            "on a Jetson use JetPack's python3-opencv".format(uri.text))
+        pipeline = csi_pipeline(uri.device, cfg.width, cfg.height, cfg.fps, elements)
         return GStreamerCapture(uri, [("NV12", pipeline)], elements, cfg.fps)
-    if uri.startswith("rtsp://"):
+    if uri.kind == "rtsp":
         if not gst:  # OpenCV's FFmpeg backend: any codec, software decode, RTSP over TCP
-            return OpenCVCapture(uri, cv2.CAP_FFMPEG, uri)
-        pipeline = rtsp_pipeline(uri, cfg.rtsp_codec, cfg.rtsp_tcp, elements)
+            return OpenCVCapture(uri.text, cv2.CAP_FFMPEG, uri.shown)
+        pipeline = rtsp_pipeline(uri.text, cfg.rtsp_codec, cfg.rtsp_tcp, elements)
         return GStreamerCapture(uri, [(cfg.rtsp_codec, pipeline)], elements)
-    index = _device_index(uri, "v4l2://" if uri.startswith("v4l2://") else "/dev/video")
+    if uri.kind != "v4l2":
+        raise EdgeError("source.uri: {!r} is not a camera or stream".format(uri.shown))
     if not gst:
-        return V4L2Capture(index, uri, cv2.CAP_V4L2, cfg.width, cfg.height, cfg.fps)
-    pipelines = usb_pipelines("/dev/video{}".format(index), cfg.width, cfg.height, cfg.fps, elements)
+        return V4L2Capture(uri.device, uri.text, cv2.CAP_V4L2, cfg.width, cfg.height, cfg.fps)
+    pipelines = usb_pipelines("/dev/video{}".format(uri.device), cfg.width, cfg.height, cfg.fps, elements)
     return GStreamerCapture(uri, pipelines, elements, cfg.fps)

@@ -1,66 +1,119 @@
-"""ONNX Runtime on the CPU: the backend that runs everywhere."""
+"""ONNX Runtime on the CPU: the backend that runs everywhere.
 
+An INT8 Q/DQ model runs on ONNX Runtime's fused int8 kernels only where they compute what TensorRT computes;
+on a CPU whose kernels saturate (x86 without VNNI: edge.frame.qdq_emulation) it runs emulated, as exact
+fake-quantised float operators — the FP32 model's cost plus the rounding — and the start line says so.
+"""
+
+import hashlib
 import os
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from edge.errors import EdgeError, require
+from edge.errors import EdgeError, first_line, require
 from edge.frame.backend import Backend
+from edge.frame.qdq_emulation import emulated_model, int8_kernels_saturate, is_qdq
+
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+_EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
 
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, model_path: str, intra_op_threads: int = 0, spinning: bool = True):
+    def __init__(self, model_path: str, intra_op_threads: int = 0, spinning: bool = True,
+                 emulate_int8: Optional[bool] = None):
         self.model_path = model_path
         self.intra_op_threads = intra_op_threads  # 0: ORT's default (all cores), measured fastest on 2 cores
         self.spinning = spinning  # idle intra-op threads busy-wait for the next run (ORT's default)
+        # Q/DQ models: True emulates TensorRT's arithmetic (the accuracy gate), None does so where this CPU's
+        # fused int8 kernels saturate.
+        self.emulate_int8 = emulate_int8
         self.session: Optional[Any] = None
+        self.sha256 = "unknown"  # of the bytes read from model_path, the ones the session was made from
+        self._int8 = "none"
 
     def load(self) -> None:
-        ort = require("onnxruntime")
+        ort, onnx = require("onnxruntime"), require("onnx")
         if not os.path.isfile(self.model_path):
             raise EdgeError("{}: model file not found (create it with: edge export)".format(self.model_path))
+        with open(self.model_path, "rb") as fh:
+            model_bytes = fh.read()  # one read: the session, the checks and the sha256 see the same bytes
+        try:
+            model = onnx.load_model_from_string(model_bytes)
+        except Exception as exc:  # protobuf's DecodeError
+            raise EdgeError("{}: not a loadable ONNX model: {}".format(self.model_path, first_line(exc))) from None
+        self._check_model(model)
+        self.sha256 = hashlib.sha256(model_bytes).hexdigest()
+        if is_qdq(model):
+            emulate = int8_kernels_saturate() if self.emulate_int8 is None else self.emulate_int8
+            self._int8 = "emulated" if emulate else "onnxruntime-kernels"
+            if emulate:
+                model_bytes = emulated_model(model).SerializeToString()
+        try:
+            self.session = ort.InferenceSession(model_bytes, self._options(ort), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own exception types for bad files
+            raise EdgeError("{}: not a loadable ONNX model: {}".format(self.model_path, first_line(exc))) from None
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        self._input_name = inputs[0].name
+        self._output_names = [outputs[0].name]
+        self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
+        self._output_shape = tuple(d if isinstance(d, int) else 1 for d in outputs[0].shape)
+
+    def _options(self, ort: Any) -> Any:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.intra_op_num_threads = self.intra_op_threads
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
         options.log_severity_level = 3
-        with open(self.model_path, "rb") as fh:
-            model_bytes = fh.read()  # one read: the session and what describe() says come from the same bytes
-        try:
-            self.session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # ORT raises its own exception types for bad files
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise EdgeError("{}: not a loadable ONNX model: {}".format(self.model_path, first)) from None
-        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if len(inputs) != 1 or len(outputs) < 1:
+        return options
+
+    def _check_model(self, model: Any) -> None:
+        """Refused at load, naming the file: what would otherwise fail every frame or read other bytes."""
+        graph = model.graph
+        if any(i.data_location == _EXTERNAL for i in graph.initializer):
+            raise EdgeError("{}: weights in external data files are not supported (they would be read relative to "
+                            "the working folder); re-export as one file".format(self.model_path))
+        initializers = {i.name for i in graph.initializer}
+        inputs = [i for i in graph.input if i.name not in initializers]
+        if len(inputs) != 1 or not graph.output:
             raise EdgeError("{}: expected one input and at least one output".format(self.model_path))
-        self._input_name = inputs[0].name
-        self._output_names = [outputs[0].name]
-        self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
-        graph = require("onnx").load_model_from_string(model_bytes).graph
-        self._precision = "int8-qdq" if any(n.op_type == "QuantizeLinear" for n in graph.node) else "fp32"
+        tensor = inputs[0].type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        batch_ok = not dims or dims[0] in (None, 1)
+        if tensor.elem_type != _FLOAT or len(dims) != 4 or not batch_ok or dims[1] not in (None, 3):
+            elem = require("onnx").TensorProto.DataType.Name(tensor.elem_type).lower()
+            raise EdgeError("{}: input '{}' is {} {}; the pipeline gives float32 [1, 3, H, W]".format(
+                self.model_path, inputs[0].name, elem, [d if d is not None else "?" for d in dims]))
 
     @property
     def input_shape(self) -> Tuple[int, ...]:
         return self._input_shape
+
+    @property
+    def output_shape(self) -> Tuple[int, ...]:
+        return self._output_shape
 
     def infer(self, tensor: Any) -> np.ndarray:
         assert self.session is not None, "load() first"
         return self.session.run(self._output_names, {self._input_name: tensor})[0]
 
     def describe(self) -> Dict[str, Any]:
-        return {
+        described: Dict[str, Any] = {
             "backend": self.name,
             "model": self.model_path,
-            "precision": self._precision,
+            "precision": "fp32" if self._int8 == "none" else "int8-qdq",
             "threads": self.intra_op_threads or "auto",
             "spinning": self.spinning,
         }
+        if self._int8 == "emulated" and self.emulate_int8 is None:
+            described["int8"] = ("emulated as float fake-quantisation: this CPU's ONNX Runtime int8 kernels "
+                                 "saturate (no VNNI); costs more than the FP32 model, which is the faster choice here")
+        elif self._int8 != "none":
+            described["int8"] = self._int8
+        return described
 
     def close(self) -> None:
         self.session = None
-

@@ -1,12 +1,11 @@
-"""The batch-1 loop: frame -> preprocess -> infer -> postprocess -> sinks, every stage timed.
-
-Data flows one way. Sinks (log, metrics, notify, demo overlay) see each Result after it is complete
-and never feed back into the frame path.
+"""One frame through the stages (Stages.classify: preprocess -> infer -> postprocess), every stage timed, into a
+Result that carries what sinks report. Data flows one way: the Runtime (edge/service/runtime.py) hands each
+Result to the sinks (log, metrics, notify, demo overlay, check series), which never feed back.
 """
 
 import time
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -18,6 +17,8 @@ from edge.frame.stages import Stages
 
 @dataclass
 class Result:
+    """One frame, complete: its timing and prediction, and the counters sinks report (no sink asks the runtime)."""
+
     frame_id: int  # frames processed by this pipeline, from 1
     seq: int  # the source's sequence number
     stage_ms: Dict[str, float]
@@ -25,9 +26,18 @@ class Result:
     status: str  # ok | miss | error
     error: Optional[str]
     image: np.ndarray
+    frames: int = 0  # timed frames so far (warm-up frames are not)
+    misses: int = 0
+    errors: int = 0  # failed frames so far
+    consecutive_errors: int = 0
+    source: Dict[str, int] = field(default_factory=dict)  # the source's counters (LatestFrameGrabber.stats)
+    telemetry: Any = None  # the latest TelemetrySnapshot, when telemetry runs
+    reloads: Dict[str, int] = field(default_factory=dict)  # SIGHUP reloads: ok, failed
 
 
 class Sink:
+    """Sees each delivered Result (timed frames and failed ones) after it is complete; never feeds back."""
+
     def on_result(self, result: Result) -> None:
         raise NotImplementedError
 
@@ -35,72 +45,43 @@ class Sink:
         pass
 
 
-_DEVICE_TIMINGS = (("preprocess_gpu", "last_preprocess_ms"), ("infer_gpu", "last_infer_ms"))
-
-
 class TooManyErrors(Exception):
     """More consecutive frame failures than `runtime.max_consecutive_errors`."""
 
 
 class Pipeline:
-    """Times one frame through the stages and hands the Result to the sinks. `stages` is one object, so a reload
-    swaps the whole model (preprocess, backend, labels) between two frames."""
+    """Times one frame through the stages. `stages` is one object, so a reload swaps the whole model
+    (preprocess, backend, labels) between two frames."""
 
-    def __init__(self, stages: Stages, recorder: LatencyRecorder, sinks: Optional[List[Sink]] = None,
-                 max_consecutive_errors: int = 50):
+    def __init__(self, stages: Stages, recorder: LatencyRecorder, max_consecutive_errors: int = 50):
         self.stages = stages
         self.recorder = recorder
-        self.sinks = list(sinks or [])
         self.max_consecutive_errors = max_consecutive_errors
         self.frame_id = 0
         self.errors = 0
         self.consecutive_errors = 0
 
     def process(self, frame: Frame, record: bool = True) -> Result:
-        stages = self.stages
+        """The frame's Result; `record=False` (warm-up) times the frame without recording it."""
+        self.frame_id += 1
         t0 = time.monotonic()
+        stage_ms = {"capture": frame.capture_ms, "frame_age": (t0 - frame.captured) * 1e3}
         try:
-            tensor = stages.preprocess(frame.image)
-            t1 = time.monotonic()
-            logits = stages.backend.infer(tensor)
-            t2 = time.monotonic()
-            prediction = stages.postprocess(logits)
-            t3 = time.monotonic()
+            prediction = self.stages.classify(frame.image, stage_ms)
         except Exception as exc:  # one bad frame must not stop the service
             self.errors += 1
             self.consecutive_errors += 1
-            self.frame_id += 1
-            result = Result(self.frame_id, frame.seq, {}, None, "error", "{}: {}".format(type(exc).__name__, exc),
-                            frame.image)
+            error = "{}: {}".format(type(exc).__name__, exc)
             if self.consecutive_errors > self.max_consecutive_errors:
                 raise TooManyErrors("{} consecutive frames failed, last: {}".format(
-                    self.consecutive_errors, result.error)) from exc
-            self._deliver(result)
-            return result
+                    self.consecutive_errors, error)) from exc
+            return self._result(frame, {}, None, "error", error)
         self.consecutive_errors = 0
-        stage_ms = {
-            "capture": frame.capture_ms,
-            "frame_age": (t0 - frame.captured) * 1e3,
-            "preprocess": (t1 - t0) * 1e3,
-            "infer": (t2 - t1) * 1e3,
-            "postprocess": (t3 - t2) * 1e3,
-            "end_to_end": (t3 - frame.captured) * 1e3,
-        }
-        for stage, attribute in _DEVICE_TIMINGS:  # CUDA-event times of the GPU path's device work
-            device_ms = getattr(stages.backend, attribute, None)
-            if device_ms is not None:
-                stage_ms[stage] = device_ms
-        self.frame_id += 1
+        stage_ms["end_to_end"] = (time.monotonic() - frame.captured) * 1e3
         missed = self.recorder.record(stage_ms) if record else False
-        result = Result(self.frame_id, frame.seq, stage_ms, prediction, "miss" if missed else "ok", None, frame.image)
-        if record:
-            self._deliver(result)
-        return result
+        return self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None)
 
-    def _deliver(self, result: Result) -> None:
-        for sink in self.sinks:
-            sink.on_result(result)
-
-    def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+    def _result(self, frame: Frame, stage_ms: Dict[str, float], prediction: Optional[Prediction], status: str,
+                error: Optional[str]) -> Result:
+        return Result(self.frame_id, frame.seq, stage_ms, prediction, status, error, frame.image,
+                      self.recorder.frames, self.recorder.misses, self.errors, self.consecutive_errors)

@@ -23,10 +23,20 @@ class Prediction:
 
 
 def load_labels(path: str) -> List[str]:
-    text = read_text(path, "labels file", MAX_LABELS_BYTES).replace("\r\n", "\n").replace("\r", "\n")
+    """One label per line (UTF-8, a leading BOM dropped, any line ending). Labels reach logs, terminals and web
+    pages: a blank line or a control character (an ANSI escape, NUL, a line separator) is refused with its line."""
+    text = read_text(path, "labels file", MAX_LABELS_BYTES)
+    text = text[1:] if text.startswith("\ufeff") else text
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     labels = text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else []
-    if not labels or not all(labels):
+    if not labels:
         raise EdgeError("{}: labels file must have one non-empty label per line".format(path))
+    for number, label in enumerate(labels, 1):
+        if not label.strip():
+            raise EdgeError("{}: line {}: labels file must have one non-empty label per line".format(path, number))
+        if not label.isprintable():
+            raise EdgeError("{}: line {}: control or invisible characters in a label ({})".format(
+                path, number, ascii(label)[:60]))
     return labels
 
 

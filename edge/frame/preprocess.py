@@ -18,15 +18,20 @@ The constants (resize, crop, mean, std) travel with the model: `model_preprocess
 """
 
 import dataclasses
-import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from edge.config import PreprocessConfig
+from edge.artifact import info_path
+from edge.config import PreprocessConfig, check_preprocess
 from edge.errors import EdgeError
+from edge.fields import build
 
+# Frame sizes whose plans (weights and scratch buffers, up to ~100 MB for a 12 MP photo) are kept: a camera
+# has one size, a folder of photographs many.
+MAX_PLANS = 2
 _ROW_BLOCK = 4  # output rows (and columns) per matrix product: measured fastest (skips most zero taps)
 
 
@@ -61,15 +66,12 @@ def model_preprocess(cfg: PreprocessConfig, info: Dict[str, Any], model_path: st
     declared = info.get("preprocess")
     if declared is None:
         return cfg
-    sidecar = os.path.splitext(model_path)[0] + ".json"
-    try:
-        model = dataclasses.replace(PreprocessConfig(), **{k: declared[k] for k in MODEL_KEYS})
-    except (KeyError, TypeError):
-        raise EdgeError("{}: 'preprocess' must give {}".format(sidecar, ", ".join(MODEL_KEYS))) from None
-    numbers = [v for key in ("mean", "std") if isinstance(getattr(model, key), list) for v in getattr(model, key)]
-    if not (isinstance(model.resize, int) and isinstance(model.crop, int) and 0 < model.crop <= model.resize
-            and len(numbers) == 6 and all(isinstance(v, (int, float)) for v in numbers) and min(numbers[3:]) > 0):
-        raise EdgeError("{}: impossible 'preprocess' {}".format(sidecar, declared))
+    sidecar = info_path(model_path)
+    if not isinstance(declared, dict) or any(key not in declared for key in MODEL_KEYS):
+        raise EdgeError("{}: 'preprocess' must give {}".format(sidecar, ", ".join(MODEL_KEYS)))
+    # the config's declared types and ranges (edge/config.py), naming the model info and its key
+    model = build(PreprocessConfig, {k: declared[k] for k in MODEL_KEYS}, sidecar, "preprocess")
+    check_preprocess(model, sidecar)
     default, chosen = PreprocessConfig(), {}
     for key in MODEL_KEYS:
         mine, theirs = getattr(cfg, key), getattr(model, key)
@@ -151,7 +153,7 @@ class CpuPreprocessor:
         self.mul = (1.0 / (255.0 * std)).astype(np.float32)
         self.add = (-mean / std).astype(np.float32)
         self.output = np.empty((1, 3, cfg.crop, cfg.crop), np.float32)
-        self._plans: Dict[Tuple[int, int], _Plan] = {}
+        self._plans: "OrderedDict[Tuple[int, int], _Plan]" = OrderedDict()  # most recently used last
 
     def geometry(self, frame_shape: Tuple[int, ...]) -> Geometry:
         return crop_geometry(frame_shape[1], frame_shape[0], self.cfg.resize, self.cfg.crop)
@@ -160,7 +162,11 @@ class CpuPreprocessor:
         key = (shape[0], shape[1])
         plan = self._plans.get(key)
         if plan is None:
+            while len(self._plans) >= MAX_PLANS:  # a folder of photos of many sizes: memory stays bounded
+                self._plans.popitem(last=False)
             plan = self._plans[key] = _Plan(self.geometry(shape))
+        else:
+            self._plans.move_to_end(key)
         return plan
 
     def __call__(self, frame: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ import importlib.util
 from typing import Optional, Tuple
 
 from edge.config import Config
-from edge.errors import EdgeError
+from edge.errors import EdgeError, first_line
 
 
 def _importable(module: str) -> Optional[str]:
@@ -19,8 +19,7 @@ def _importable(module: str) -> Optional[str]:
             return "{} not importable: not installed".format(module)
         imported = importlib.import_module(module)
     except Exception as exc:  # a broken install raises anything from ImportError to OSError
-        return "{} not importable: {}".format(module, str(exc).strip().splitlines()[0] if str(exc).strip()
-                                                else type(exc).__name__)
+        return "{} not importable: {}".format(module, first_line(exc))
     if getattr(imported, "__file__", None) is None:  # e.g. tensorrt-stubs' .pyi files alone
         return "{} not importable: only a namespace package (type stubs?) is installed".format(module)
     return None
@@ -40,9 +39,23 @@ def cuda_unavailable() -> Optional[str]:
     return None if count > 0 else "no CUDA device"
 
 
+MIN_TENSORRT = (8, 5)  # JetPack 5.1: the named-tensor API and execute_async_v3
+
+
 def tensorrt_unavailable() -> Optional[str]:
-    """None if the real TensorRT bindings import, else why not."""
-    return _importable("tensorrt")
+    """None if TensorRT >= 8.5 imports as a runtime, else why not: the one TensorRT probe (backend selection, the
+    runner, the engine build and `edge doctor`). tensorrt-stubs alone import as a namespace package with no
+    Runtime."""
+    try:
+        module = importlib.import_module("tensorrt")
+    except Exception as exc:  # a broken install raises anything from ImportError to OSError
+        return "tensorrt not importable: {}".format(first_line(exc))
+    if not hasattr(module, "Runtime"):
+        return "tensorrt not importable: only type stubs are installed, no TensorRT runtime"
+    version = str(getattr(module, "__version__", "0"))
+    if tuple(int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2]) < MIN_TENSORRT:
+        return "tensorrt {}: jetson-edge needs TensorRT >= {}.{} (JetPack >= 5.1)".format(version, *MIN_TENSORRT)
+    return None
 
 
 def gpu_unavailable() -> Optional[str]:

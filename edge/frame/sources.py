@@ -9,20 +9,22 @@ URIs (config `source.uri`, flag `--source`):
 Cameras and streams are GStreamer pipelines (edge/frame/gstreamer.py) with the Jetson's hardware elements
 on a Jetson and software ones elsewhere; an OpenCV without GStreamer falls back to its V4L2 and FFmpeg backends.
 
-The grabber reads in its own thread and overwrites a single slot, so no queue builds up: the pipeline
-always gets the newest frame, frames it never saw are counted as skipped.
-
-Live sources (cameras, RTSP, synthetic) recover on their own when the grabber is given a reconnect
-policy: a read that raises, returns nothing, or keeps returning broken images closes the capture and
-reopens it with exponential backoff (`service.reconnect_initial_s` doubling up to `service.reconnect_max_s`);
-a read or reopening that hangs is abandoned by `recover_stall()` and a fresh capture is opened beside it. Files and
-image folders are not live: their end is the end of the run.
+A Capture is a plain reader (open, read, close). LatestFrameGrabber is the one supervisor around it (the split of
+Frigate's CameraCapture and CameraWatchdog): it reads in its own thread into a single slot, so no queue builds up
+(the pipeline always gets the newest frame; frames it never saw are counted as skipped), and it owns every
+recovery policy. Live sources (cameras, RTSP, synthetic), given a reconnect policy: a read that raises, returns
+nothing, or keeps returning broken images closes the capture and reopens it with exponential backoff
+(`service.reconnect_initial_s` doubling up to `service.reconnect_max_s`). `next_frame()`, the loop's only call,
+adds the quiet-source policy: a `source_timeout` every `source.timeout_s` without a frame, a read or reopening
+hung that long abandoned for a fresh capture beside it, and a dead source at start an error. Files and image
+folders are not live: their end is the end of the run.
 """
 
+import math
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -40,21 +42,22 @@ from edge.frame.capture import (
     broken_image,
 )
 from edge.frame.gstreamer import camera_capture
+from edge.uri import parse_source
+
+FIRST_FRAME_TIMEOUT_S = 10.0  # a source silent this long after start (or source.timeout_s if longer) is dead
 
 
 def open_capture(cfg: SourceConfig) -> Capture:
     """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError."""
-    uri = cfg.uri
-    if uri == "synthetic":
+    parsed = parse_source(cfg.uri)
+    uri = parsed.text
+    if parsed.kind == "synthetic":
         return SyntheticCapture(cfg.width, cfg.height, cfg.fps)
+    if parsed.kind != "path":
+        return camera_capture(cfg)
     if os.path.isdir(uri):
         return ImageFolderCapture(uri, cfg.fps, cfg.loop)
-    if uri.startswith(("csi://", "rtsp://", "v4l2://", "/dev/video")):
-        return camera_capture(cfg)
     cv2 = require("cv2")
-    if "://" in uri:
-        raise EdgeError("source.uri: unsupported scheme in {!r} (synthetic, file, folder, /dev/videoN, v4l2://N, "
-                        "csi://N, rtsp://)".format(uri))
     if not os.path.isfile(uri):
         raise EdgeError("{}: video file or image folder not found".format(uri))
     if uri.lower().endswith(IMAGE_EXTENSIONS):
@@ -67,7 +70,8 @@ class LatestFrameGrabber:
 
     With `reconnect_initial_s` set and a live capture, read errors, a lost stream (read() -> None) and
     `max_broken` broken images in a row are faults: the capture is closed and reopened with exponential
-    backoff, `faults` and `reconnects` count them and `on_event(name, fields)` reports them. Without it
+    backoff, `faults` and `reconnects` count them and `on_event(name, fields)` reports them (and the quiet-source
+    events of `next_frame()`). Without it
     (files, tests) an error is raised to the consumer and None ends the source, as before.
     """
 
@@ -95,7 +99,13 @@ class LatestFrameGrabber:
         self.broken = 0  # images rejected as broken (never handed to the pipeline)
         self.faults = 0  # live-source failures: read errors, lost stream, broken streaks, hung reads
         self.reconnects = 0  # successful reopenings after a fault
-        self.reconnecting = False
+        self.timeouts = 0  # source_timeout events: `timeout_s` without a frame
+        self.last_fault: Optional[str] = None  # the latest fault's error, named when no first frame comes
+        self._started_at = time.monotonic()
+        self._last_frame_at = self._started_at  # moved on by each timeout reported
+        self._down_since: Optional[float] = None
+        self._seen_frame = False
+        self._last_timeout_log = -math.inf
 
     @property
     def recovers(self) -> bool:
@@ -131,10 +141,11 @@ class LatestFrameGrabber:
                 pass
 
     def _fault(self, kind: str, detail: Any) -> None:
+        error = detail if isinstance(detail, str) else str(detail) if isinstance(detail, EdgeError) else \
+            "{}: {}".format(type(detail).__name__, detail)
         with self._cond:
             self.faults += 1
-            self.reconnecting = True
-        error = detail if isinstance(detail, str) else "{}: {}".format(type(detail).__name__, detail)
+            self.last_fault = error
         self._emit("source_fault", source=self.capture.description, fault=kind, error=error, faults=self.faults)
 
     def _current(self, generation: int) -> bool:
@@ -151,12 +162,8 @@ class LatestFrameGrabber:
                 if needs_open:
                     if self._stop.wait(delay) or not self._current(generation):
                         break
-                    try:
-                        self._timed(generation, lambda: (capture.close(), capture.open()))
-                    except Exception as exc:
-                        delay = min(delay * 2, self.reconnect_max_s)
-                        self._emit("source_reconnect_failed", source=capture.description,
-                                   error="{}: {}".format(type(exc).__name__, exc), retry_in_s=delay)
+                    reopened, delay = self._reopen(generation, capture, delay)
+                    if not reopened:
                         continue
                     if not self._current(generation):
                         break
@@ -205,6 +212,17 @@ class LatestFrameGrabber:
             if generation != self._generation:
                 capture.close()  # an abandoned reader releases its own capture once its read returns
 
+    def _reopen(self, generation: int, capture: Capture, delay: float) -> Tuple[bool, float]:
+        """Close and open `capture` again: (whether it opened, the wait before the next try)."""
+        try:
+            self._timed(generation, lambda: (capture.close(), capture.open()))
+        except Exception as exc:
+            delay = min(delay * 2, self.reconnect_max_s)
+            self._emit("source_reconnect_failed", source=capture.description,
+                       error="{}: {}".format(type(exc).__name__, exc), retry_in_s=delay)
+            return False, delay
+        return True, delay
+
     def _timed(self, generation: int, call: Callable[[], Any]) -> Any:
         """`call()` with its start time kept, so that `recover_stall()` sees a read or reopening that hangs."""
         if generation == self._generation:
@@ -218,7 +236,6 @@ class LatestFrameGrabber:
     def _reconnected(self, capture: Capture) -> None:
         with self._cond:
             self.reconnects += 1
-            self.reconnecting = False
         self._emit("source_reconnected", source=capture.description, reconnects=self.reconnects)
 
     def _publish(self, image: np.ndarray, captured: float, capture_ms: float) -> None:
@@ -267,10 +284,49 @@ class LatestFrameGrabber:
                     raise SourceTimeout("{}: no frame for {:.1f} s".format(self.capture.description, wait_s))
                 self._cond.wait(remaining)
 
+    def next_frame(self, wait_s: float) -> Optional[Frame]:
+        """The newest unseen frame within `wait_s`, else None: the caller serves its signals, then asks again.
+
+        The quiet-source policy lives here: each `timeout_s` without a frame is a `source_timeout` event (and a
+        read hung that long is abandoned for a fresh capture), no first frame within FIRST_FRAME_TIMEOUT_S (or
+        `timeout_s` if longer) is an EdgeError naming the last fault, and the frame that ends an outage logs
+        `source_recovered`. Raises SourceEnded at the end of a file or folder."""
+        try:
+            frame = self.get(wait_s)
+        except SourceTimeout:
+            self._quiet(time.monotonic())
+            return None
+        now = time.monotonic()
+        if self._down_since is not None:
+            self._emit("source_recovered", source=self.capture.description,
+                       down_s=round(now - self._down_since, 2), **self.stats())
+            self._down_since = None
+        self._seen_frame, self._last_frame_at = True, now
+        return frame
+
+    def _quiet(self, now: float) -> None:
+        quiet_s = now - self._last_frame_at
+        first_deadline = max(FIRST_FRAME_TIMEOUT_S, self.timeout_s)
+        if not self._seen_frame and now - self._started_at >= first_deadline:
+            raise EdgeError("{}: no frame within {:.0f} s of start{}".format(
+                self.capture.description, first_deadline,
+                " (last fault: {})".format(self.last_fault) if self.last_fault else ""))
+        if quiet_s < self.timeout_s:
+            return
+        if self._down_since is None:
+            self._down_since = self._last_frame_at
+        self._last_frame_at = now  # the next timeout is `timeout_s` from this one
+        self.timeouts += 1
+        restarted = self.recover_stall()
+        if self.timeouts <= 3 or restarted or now - self._last_timeout_log >= 30.0:  # then every 30 s
+            self._last_timeout_log = now
+            self._emit("source_timeout", source=self.capture.description, down_s=round(now - self._down_since, 1),
+                       hung_read_restarted=restarted, **self.stats())
+
     def stats(self) -> Dict[str, int]:
         with self._cond:
             return {"produced": self.produced, "skipped": self.skipped, "broken": self.broken,
-                    "faults": self.faults, "reconnects": self.reconnects}
+                    "faults": self.faults, "reconnects": self.reconnects, "source_timeouts": self.timeouts}
 
     def stop(self) -> None:
         self._stop.set()

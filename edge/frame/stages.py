@@ -7,20 +7,22 @@ never changes what a running service says about the model it serves.
 """
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from edge.config import Config, labels_path
+from edge.artifact import UNTRAINED_WARNING, labels_path, read_model_info
+from edge.config import Config
 from edge.errors import EdgeError
-from edge.frame.postprocess import TopK, load_labels
+from edge.frame.backend import Backend
+from edge.frame.postprocess import Prediction, TopK, load_labels
 from edge.frame.preprocess import model_preprocess
-from edge.modelinfo import UNTRAINED_WARNING, read_model_info, sha256_file
 
 
 @dataclass
 class Stages:
     preprocess: Callable[[Any], Any]
-    backend: Any  # edge.frame.backend.Backend, loaded
+    backend: Backend  # loaded
     postprocess: TopK
     reason: str  # why this backend and preprocessor were chosen
     model_path: str
@@ -52,8 +54,33 @@ class Stages:
         return dict(self.description, preprocess=self.preprocess_name, chosen_because=self.reason,
                     weights=self.model_info.get("weights"), trained=self.trained, sha256=self.sha256)
 
+    def classify(self, image: Any, stage_ms: Optional[Dict[str, float]] = None) -> Prediction:
+        """An HxWx3 BGR image -> its top-k: the one preprocess -> infer -> postprocess chain. With `stage_ms`, each
+        stage's wall time (ms) and the backend's device times are written into it."""
+        t0 = time.monotonic()
+        tensor = self.preprocess(image)
+        t1 = time.monotonic()
+        logits = self.backend.infer(tensor)
+        t2 = time.monotonic()
+        prediction = self.postprocess(logits)
+        if stage_ms is not None:
+            stage_ms.update(preprocess=(t1 - t0) * 1e3, infer=(t2 - t1) * 1e3,
+                            postprocess=(time.monotonic() - t2) * 1e3, **self.backend.device_ms())
+        return prediction
+
     def close(self) -> None:
-        self.backend.close()
+        close_stages(self.preprocess, self.backend)
+
+
+def close_stages(preprocessor: Any, backend: Backend) -> None:
+    """The preprocessor first (a GPU one borrows the backend's CUDA session), then the backend, which releases the
+    session last."""
+    try:
+        close = getattr(preprocessor, "close", None)  # CPU preprocessing holds nothing to free
+        if close is not None:
+            close()
+    finally:
+        backend.close()
 
 
 def choose_devices(cfg: Config) -> Tuple[str, str, str]:
@@ -80,11 +107,15 @@ def create_stages(cfg: Config) -> Tuple[Callable[[Any], Any], Any, str]:
         from edge.frame.cuda_preprocess import CudaPreprocessor
 
         try:  # loads the kernel now: no kernel is decided at start, never frame by frame
-            preprocessor = CudaPreprocessor(cfg.preprocess, backend)
+            preprocessor = CudaPreprocessor(cfg.preprocess, backend.session)  # borrows the backend's session
         except KernelUnavailable as exc:
             if cfg.preprocess.device == "cuda":
+                backend.close()
                 raise KernelUnavailable("preprocess.device cuda: {}".format(exc)) from None
             reason += "; preprocessing on the CPU (preprocess.device auto): {}".format(exc)
+        except BaseException:
+            backend.close()
+            raise
     if preprocessor is None:
         from edge.frame.preprocess import CpuPreprocessor
 
@@ -92,18 +123,7 @@ def create_stages(cfg: Config) -> Tuple[Callable[[Any], Any], Any, str]:
     return preprocessor, backend, reason
 
 
-def _output_classes(backend: Any) -> Optional[int]:
-    """The model's class count from its output shape (1, N), as ONNX Runtime or the TensorRT runner see it."""
-    session = getattr(backend, "session", None)
-    if session is not None and hasattr(session, "get_outputs"):
-        shape = session.get_outputs()[0].shape
-    else:
-        shape = getattr(getattr(getattr(backend, "runner", None), "output", None), "shape", None)
-    last = shape[-1] if shape else None
-    return last if isinstance(last, int) and last > 0 else None
-
-
-def check_fit(cfg: Config, backend: Any, labels_file: str, labels: int) -> None:
+def check_fit(cfg: Config, backend: Backend, labels_file: str, labels: int) -> None:
     """A model that does not fit the config is refused at load (exit 2, naming the file), not frame by frame."""
     shape = tuple(backend.input_shape)
     crop = cfg.preprocess.crop
@@ -113,31 +133,31 @@ def check_fit(cfg: Config, backend: Any, labels_file: str, labels: int) -> None:
         raise EdgeError("{}: the model takes input {}, the pipeline gives 1x3x{}x{} (preprocess.crop: {}); "
                         "use a model for that size or set preprocess.crop/resize".format(
                             cfg.model.path, "x".join(str(d) for d in shape), crop, crop, crop))
-    classes = _output_classes(backend)
-    if classes is not None and classes != labels:
+    classes = backend.output_shape[-1] if backend.output_shape else 1
+    if classes > 1 and classes != labels:  # 1: a dynamic class dimension, known only when it runs
         raise EdgeError("{}: {} labels, but the model {} has {} classes".format(
             labels_file, labels, cfg.model.path, classes))
 
 
 def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) -> Stages:
-    """Choose, create and load the stages for `cfg`; the backend is closed again if anything after it fails.
+    """Choose, create and load the stages for `cfg`; they are closed again if loading or anything after fails.
     `factory` lets tests put a hanging or failing backend behind the same path."""
     info = read_model_info(cfg.model.path)
     # The model's own preprocessing constants (its model info) win over config defaults; a conflict is refused.
     cfg = dataclasses.replace(cfg, preprocess=model_preprocess(cfg.preprocess, info, cfg.model.path,
                                                                cfg.path or "<defaults>"))
     preprocessor, backend, reason = factory(cfg)
-    backend.load()
     try:
+        backend.load()
+        write_as = getattr(preprocessor, "write_as", None)  # a GPU preprocessor writes the engine's input dtype
+        if write_as is not None:
+            write_as(backend.input_dtype)
         labels_file = labels_path(cfg.model.path, cfg.model.labels)
         labels = load_labels(labels_file)
         check_fit(cfg, backend, labels_file, len(labels))
         postprocess = TopK(labels, cfg.runtime.top_k)
-        try:
-            sha = sha256_file(cfg.model.path)
-        except OSError:
-            sha = "unknown"
-        return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, info, sha, dict(backend.describe()))
+        return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, info, backend.sha256,
+                      dict(backend.describe()))
     except BaseException:
-        backend.close()
+        close_stages(preprocessor, backend)
         raise

@@ -1,16 +1,18 @@
 """TensorRT on the GPU: the runtime backend over edge.frame.tensorrt_runner.EngineRunner.
 
-    with TensorRTBackend("engines/model.engine") as backend:
-        pre = CudaPreprocessor(cfg.preprocess, backend)   # writes straight into the input binding
-        logits = backend.infer(pre(frame))                # or backend.infer(numpy_tensor)
+    backend = TensorRTBackend("engines/model.engine")      # makes the CUDA session; close() releases it
+    pre = CudaPreprocessor(cfg.preprocess, backend.session)  # borrows it (edge.frame.stages closes pre first)
+    with backend:
+        logits = backend.infer(pre(frame))                   # binds the device tensor as its input, in place
+        logits = backend.infer(numpy_tensor)                 # or copies an array into its own input buffer
 
 Load refuses an engine whose manifest says it was built for another board model, SM count, compute capability,
 TensorRT or CUDA (edge.board); a changed L4T alone is kept, with `engine_warning` in describe().
 Per frame: (input copy,) enqueue, output copied asynchronously into pinned host memory, one stream
-synchronisation. CUDA events time the device work (`last_preprocess_ms`, `last_infer_ms`); the pipeline
-keeps its monotonic clock for the whole frame. With `cuda_graph`, inference + output copy (the runner's
-enqueue, whose buffers never move) are captured into one CUDA graph after the first frame, kept only if
-replaying it is measurably faster. The preprocessor is not part of the graph.
+synchronisation. CUDA events time the device work (`device_ms()`: `infer_gpu`, and `preprocess_gpu` for a device
+tensor); the pipeline keeps its monotonic clock for the whole frame. With `cuda_graph`, inference + output copy
+(the runner's enqueue) are captured into one CUDA graph after the first frame, kept only if replaying it is
+measurably faster; a new input binding drops it and tries again. The preprocessor is not part of the graph.
 """
 
 import ctypes
@@ -18,10 +20,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edge.board import check_engine_manifest
-from edge.errors import EdgeError
+from edge.artifact import check_engine
+from edge.errors import EdgeError, first_line
 from edge.frame.backend import Backend
-from edge.frame.cuda_preprocess import CudaPreprocessor, CudaSession, DeviceTensor
+from edge.frame.cuda_preprocess import DeviceTensor
+from edge.frame.cuda_session import CudaSession
 from edge.frame.tensorrt_runner import EngineRunner, require_tensorrt
 
 _GRAPH_TRIALS = 20  # launches timed each way before deciding on a CUDA graph
@@ -77,10 +80,9 @@ class TensorRTBackend(Backend):
     def __init__(self, engine_path: str, cuda_graph: bool = False) -> None:
         self.engine_path = engine_path
         self.cuda_graph = cuda_graph
+        self._session: Optional[CudaSession] = None
         self.runner = EngineRunner(engine_path)
-        self.preprocessor: Optional[CudaPreprocessor] = None
-        self.last_preprocess_ms: Optional[float] = None  # device time of the paired kernel
-        self.last_infer_ms: Optional[float] = None  # device time of enqueue + output copy (the graph if on)
+        self._device_ms: Dict[str, float] = {}
         self.graph_status = "off (backend.cuda_graph: false)" if not cuda_graph else "not tried yet"
         self._manifest: Dict[str, Any] = {}
         self._warnings: List[str] = []
@@ -89,55 +91,75 @@ class TensorRTBackend(Backend):
         self._graph = 0
 
     @property
-    def session(self) -> Optional[CudaSession]:
-        return self.runner.session
-
-    def attach_preprocessor(self, pre: CudaPreprocessor) -> None:
-        """Pair with the CudaPreprocessor that feeds this backend: same context and stream, and it writes
-        into the engine's input binding. Closing the backend closes it too."""
-        self.preprocessor = pre
-        if self.runner.input is not None:
-            pre.bind_output(self.runner.input_ptr(), self.runner.input.dtype)
+    def session(self) -> CudaSession:
+        """The backend's CUDA session, made on first use; a GPU preprocessor borrows it; close() releases it."""
+        if self._session is None:
+            self._session = CudaSession()
+        return self._session
 
     def load(self) -> None:
-        require_tensorrt()
-        self._warnings = []
-        self._manifest = check_engine_manifest(self.engine_path, warn=self._warnings.append)
-        pre = self.preprocessor
-        self.runner.session = pre.session if pre is not None else None
+        """Any refusal (no TensorRT, a manifest for another board, an engine that does not deserialise) frees what
+        was loaded; close() then releases the session (edge.frame.stages does on every failure path, so a refused
+        SIGHUP reload leaves no CUDA context behind)."""
         try:
+            require_tensorrt()
+            self._warnings = []
+            self._manifest = check_engine(self.engine_path, warn=self._warnings.append)
+            self.runner.session = self.session
             self.runner.load()
-            session = self.runner.session
-            assert session is not None
-            with session:
-                self._events = (session.drv.Event(), session.drv.Event())
+            self.sha256 = self.runner.sha256
+            assert self.runner.input is not None
+            if self.runner.input.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+                raise EdgeError("{}: input '{}' is {} {}; jetson-edge feeds float32 or float16 1x3xHxW".format(
+                    self.engine_path, self.runner.input.name, self.runner.input.dtype,
+                    "x".join(str(d) for d in self.runner.input.shape)))
+            with self.session:
+                self._events = (self.session.drv.Event(), self.session.drv.Event())
         except BaseException:
             self.runner.close()
-            if pre is not None:
-                pre.close()
             raise
-        if pre is not None:
-            self.attach_preprocessor(pre)
 
     @property
     def input_shape(self) -> Tuple[int, ...]:
         assert self.runner.input is not None, "load() first"
         return self.runner.input.shape
 
+    @property
+    def input_dtype(self) -> np.dtype:
+        assert self.runner.input is not None, "load() first"
+        return self.runner.input.dtype
+
+    @property
+    def output_shape(self) -> Tuple[int, ...]:
+        assert self.runner.output is not None, "load() first"
+        return self.runner.output.shape
+
+    def device_ms(self) -> Dict[str, float]:
+        return dict(self._device_ms)
+
+    def _bind(self, tensor: Any) -> None:
+        """A device tensor is bound as the input in place; an array is copied into the runner's own buffer."""
+        runner, inp = self.runner, self.runner.input
+        assert inp is not None
+        if isinstance(tensor, DeviceTensor):
+            if tensor.shape != inp.shape or tensor.dtype != inp.dtype:
+                raise ValueError("device tensor {} {} does not match the engine input {} {}".format(
+                    tensor.shape, tensor.dtype, inp.shape, inp.dtype))
+            rebound = runner.bind_input(tensor.ptr)
+        else:
+            rebound = runner.bind_input(0)
+            runner.copy_in(tensor)
+        if rebound and self._graph:  # the graph reads the old buffer: capture again
+            self._drop_graph()
+            self.graph_status = "not tried yet"
+
     def infer(self, tensor: Any) -> np.ndarray:
-        runner, session, inp = self.runner, self.runner.session, self.runner.input
-        assert session is not None and inp is not None, "load() first"
-        paired = isinstance(tensor, DeviceTensor) and tensor.ptr == runner.input_ptr()
+        runner, session = self.runner, self.session
+        assert runner.input is not None, "load() first"
         start, end = self._events
         with session:
             stream = session.stream
-            if isinstance(tensor, DeviceTensor) and not paired:
-                if tensor.shape != inp.shape or tensor.dtype != inp.dtype:
-                    raise ValueError("device tensor {} {} does not match the engine input {} {}".format(
-                        tensor.shape, tensor.dtype, inp.shape, inp.dtype))
-                session.drv.memcpy_dtod_async(runner.input_ptr(), tensor.ptr, tensor.nbytes, stream)
-            elif not paired:
-                runner.copy_in(tensor)
+            self._bind(tensor)
             start.record(stream)
             if self._graph and self._graph_api is not None:
                 self._graph_api.launch(self._graph, stream.handle)
@@ -145,8 +167,10 @@ class TensorRTBackend(Backend):
                 runner.enqueue()
             end.record(stream)
             stream.synchronize()
-            self.last_infer_ms = float(start.time_till(end))
-            self.last_preprocess_ms = tensor.source.device_ms() if paired else None
+            self._device_ms = {"infer_gpu": float(start.time_till(end))}
+            preprocess_ms = tensor.source.device_ms() if isinstance(tensor, DeviceTensor) else None
+            if preprocess_ms is not None:
+                self._device_ms["preprocess_gpu"] = preprocess_ms
             logits = runner.result()
             if self.cuda_graph and self.graph_status == "not tried yet":
                 self._try_graph()
@@ -154,7 +178,6 @@ class TensorRTBackend(Backend):
 
     def _time_launches(self, launch: Any) -> float:
         start, end = self._events
-        assert self.session is not None
         start.record(self.session.stream)
         for _ in range(_GRAPH_TRIALS):
             launch()
@@ -164,7 +187,6 @@ class TensorRTBackend(Backend):
 
     def _try_graph(self) -> None:
         """Capture the runner's enqueue (after one direct run, as TensorRT requires); keep it only if faster."""
-        assert self.session is not None
         handle, enqueue = self.session.stream.handle, self.runner.enqueue
         try:
             api = self._graph_api = _GraphApi()
@@ -173,8 +195,7 @@ class TensorRTBackend(Backend):
             graph_ms = self._time_launches(lambda: api.launch(self._graph, handle))
         except Exception as exc:  # no libcuda or symbol, capture refused by TensorRT or the driver: run direct
             self._drop_graph()
-            self.graph_status = "off (capture failed: {})".format(str(exc).strip().splitlines()[0] if str(exc).strip()
-                                                                 else type(exc).__name__)
+            self.graph_status = "off (capture failed: {})".format(first_line(exc))
             return
         if graph_ms < direct_ms * (1.0 - _GRAPH_MIN_GAIN):
             self.graph_status = "on ({:.3f} ms vs {:.3f} ms direct)".format(graph_ms, direct_ms)
@@ -195,18 +216,19 @@ class TensorRTBackend(Backend):
             "model": self.engine_path,
             "precision": self._manifest.get("precision", "unknown"),
             "tensorrt": trt.__version__,
-            "gpu": self.session.gpu_name() if self.session is not None else "unknown",
+            "gpu": self.session.gpu_name(),
             "cuda_graph": self.graph_status,
             **({"engine_warning": "; ".join(self._warnings)} if self._warnings else {}),
         }
 
     def close(self) -> None:
-        session = self.runner.session
-        if session is None:
+        """Free the engine, then release the session; safe to call twice. A preprocessor that borrowed the
+        session must be closed first (edge.frame.stages does)."""
+        session = self._session
+        if session is None or session.released:
             return
         with session:
             self._drop_graph()
             self._events = (None, None)
         self.runner.close()
-        if self.preprocessor is not None:
-            self.preprocessor.close()
+        session.release()

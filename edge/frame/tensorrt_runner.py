@@ -8,17 +8,18 @@ Used by the runtime backend (edge.frame.tensorrt_backend), the build's verificat
 the session's context pushed (`with runner.session:`). tensorrt and pycuda load lazily.
 """
 
+import hashlib
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from edge.errors import EXIT_FAIL, EdgeError, require
-from edge.frame.cuda_preprocess import CudaSession
+from edge.frame.cuda_session import CudaSession
+from edge.frame.select import tensorrt_unavailable
 
 if TYPE_CHECKING:
     import tensorrt as trt
 
-MIN_TENSORRT = (8, 5)  # JetPack 5.1: the named-tensor API and execute_async_v3
 
 
 class TensorSpec(NamedTuple):
@@ -30,16 +31,10 @@ class TensorSpec(NamedTuple):
 
 def require_tensorrt() -> str:
     """TensorRT's version; a one-line EdgeError for type stubs alone, nothing, or a TensorRT before 8.5."""
-    module = require("tensorrt")
-    if not hasattr(module, "Runtime"):  # tensorrt-stubs alone import as an empty namespace package
-        raise EdgeError("tensorrt: this Python sees no TensorRT runtime (only type stubs?); "
-                        "on a Jetson: apt install python3-libnvinfer")
-    version = str(getattr(module, "__version__", "0"))
-    parts = tuple(int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2])
-    if parts < MIN_TENSORRT:
-        raise EdgeError("tensorrt {}: jetson-edge needs TensorRT >= {}.{} (JetPack >= 5.1)".format(
-            version, *MIN_TENSORRT))
-    return version
+    problem = tensorrt_unavailable()
+    if problem is not None:
+        raise EdgeError(problem + "; on a Jetson: apt install python3-libnvinfer (JetPack's TensorRT)")
+    return str(require("tensorrt").__version__)
 
 
 def np_dtype(dtype: "trt.DataType") -> "np.dtype[Any]":
@@ -68,14 +63,18 @@ def io_tensors(engine: "trt.ICudaEngine") -> List[TensorSpec]:
 class EngineRunner:
     """A deserialised engine with one input, its first output, device buffers bound by name, pinned host copies.
 
-    `session`: share a CudaSession (the backend's, paired with its preprocessor); by default one of its own.
+    `session`: run on a CudaSession its owner releases (the stages'); by default on one of its own, released by
+    close(). `bind_input` makes the engine read another device buffer (a preprocessor's output) in place.
     """
 
     def __init__(self, engine_path: str, session: Optional[CudaSession] = None) -> None:
         self.engine_path = engine_path
         self.session: Optional[CudaSession] = session
+        self._own_session = False  # decided at load: a session made by the runner is released by it
+        self._input_ptr = 0  # the device buffer the input tensor is bound to
         self.input: Optional[TensorSpec] = None
         self.output: Optional[TensorSpec] = None
+        self.sha256 = "unknown"  # of the engine bytes deserialised
         self.context: Optional["trt.IExecutionContext"] = None
         self._device: Dict[str, Any] = {}  # tensor name -> pycuda DeviceAllocation
         self._host: List[np.ndarray] = []  # pinned input and output staging
@@ -83,7 +82,9 @@ class EngineRunner:
 
     def load(self) -> None:
         require_tensorrt()
-        self.session = self.session.acquire() if self.session is not None else CudaSession()
+        if self.session is None:
+            self.session, self._own_session = CudaSession(), True
+        assert self.session is not None
         try:
             with self.session:
                 self._load(self.session)
@@ -98,7 +99,9 @@ class EngineRunner:
         runtime = trt.Runtime(logger)
         self._objects = [logger, runtime]
         with open(self.engine_path, "rb") as fh:
-            engine: Optional[trt.ICudaEngine] = runtime.deserialize_cuda_engine(fh.read())
+            data = fh.read()
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        engine: Optional[trt.ICudaEngine] = runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise EdgeError("{}: TensorRT {} cannot deserialise it (built for another TensorRT version or GPU? "
                             "rebuild it on this device)".format(self.engine_path, trt.__version__))
@@ -118,20 +121,33 @@ class EngineRunner:
         for t in tensors:
             self._device[t.name] = drv.mem_alloc(max(1, int(np.prod(t.shape))) * t.dtype.itemsize)
             self.context.set_tensor_address(t.name, int(self._device[t.name]))
+        self._input_ptr = int(self._device[self.input.name])
         self._host = [drv.pagelocked_empty(t.shape, t.dtype) for t in (self.input, self.output)]
 
     def input_ptr(self) -> int:
-        assert self.input is not None, "load() first"
-        return int(self._device[self.input.name])
+        """The device buffer the input tensor is bound to now."""
+        return self._input_ptr
+
+    def bind_input(self, ptr: int) -> bool:
+        """Bind the input tensor to device memory at `ptr` (the runner's own buffer: 0); True if it changed."""
+        assert self.input is not None and self.context is not None, "load() first"
+        ptr = ptr or int(self._device[self.input.name])
+        if ptr == self._input_ptr:
+            return False
+        if not self.context.set_tensor_address(self.input.name, ptr):
+            raise EdgeError("{}: TensorRT refused the input buffer".format(self.engine_path), exit_code=EXIT_FAIL)
+        self._input_ptr = ptr
+        return True
 
     def copy_in(self, tensor: Any) -> None:
-        """Queue a host->device copy of a NumPy tensor into the input binding."""
+        """Queue a host->device copy of a NumPy tensor into the runner's own input buffer, and bind that."""
         assert self.session is not None and self.input is not None, "load() first"
         array = np.asarray(tensor)
         if array.shape != self.input.shape:
             raise ValueError("expected input {} {}, got {}".format(self.input.shape, self.input.dtype, array.shape))
+        self.bind_input(0)
         np.copyto(self._host[0], array, casting="same_kind")
-        self.session.drv.memcpy_htod_async(self.input_ptr(), self._host[0], self.session.stream)
+        self.session.drv.memcpy_htod_async(self._input_ptr, self._host[0], self.session.stream)
 
     def enqueue(self) -> None:
         """Queue inference and the output copy into pinned host memory on the session's stream."""
@@ -153,9 +169,10 @@ class EngineRunner:
             return self.result()
 
     def close(self) -> None:
-        """Free buffers and TensorRT objects and release the session; safe to call twice."""
-        session, self.session = self.session, None
-        if session is None:
+        """Free buffers and TensorRT objects, and release the session if it is the runner's own; safe to call
+        twice."""
+        session = self.session
+        if session is None or not (self._device or self._objects or self._own_session):
             return
         with session:
             session.stream.synchronize()
@@ -171,7 +188,10 @@ class EngineRunner:
                 self._objects.pop()
             self.context = None
         self.input = self.output = None
-        session.release()
+        self._input_ptr = 0
+        if self._own_session:
+            self.session = None
+            session.release()
 
     def __enter__(self) -> "EngineRunner":
         self.load()

@@ -44,20 +44,23 @@ class RateLimit:
         return n
 
 
-class FrameLogSink(Sink):
-    """Logs through `event(name, level, **fields)`; `telemetry()` gives the latest snapshot (or None),
-    `summary()` the periodic summary's fields, `consecutive_errors()` the current error streak."""
+def report_fields(recorder: LatencyRecorder, source: Dict[str, int], errors: int, reloads: Dict[str, int],
+                  telemetry: Any) -> Dict[str, Any]:
+    """What the periodic summary line and the final report say: latency statistics and every counter."""
+    out: Dict[str, Any] = recorder.summary()
+    out.update(source, errors=errors, reloads=dict(reloads),
+               telemetry=telemetry.brief() if telemetry is not None else None)
+    return out
 
-    def __init__(self, event: Callable[..., None], recorder: LatencyRecorder, budget_ms: float, report_every: int,
-                 telemetry: Callable[[], Any], summary: Callable[[], Dict[str, Any]],
-                 consecutive_errors: Callable[[], int]):
+
+class FrameLogSink(Sink):
+    """Logs through `event(name, level, **fields)`, with the counters each Result carries."""
+
+    def __init__(self, event: Callable[..., None], recorder: LatencyRecorder, budget_ms: float, report_every: int):
         self.event = event
         self.recorder = recorder
         self.budget_ms = budget_ms
         self.report_every = report_every
-        self.telemetry = telemetry
-        self.summary = summary
-        self.consecutive_errors = consecutive_errors
         self.lines = RateLimit(MAX_FRAME_LINES_PER_S)
         self._p50: Dict[str, float] = {}
         self._p50_at = -P50_REFRESH_FRAMES
@@ -85,7 +88,7 @@ class FrameLogSink(Sink):
         now = time.monotonic()
         if result.status == "miss" and self.lines.allow(now):
             stage, over, p50 = self.culprit(result.stage_ms)
-            snap = self.telemetry()
+            snap = result.telemetry
             self.event("frame_miss", level="warning", frame=result.frame_id, seq=result.seq, status="miss",
                        end_to_end_ms=round(result.stage_ms["end_to_end"], 3), budget_ms=self.budget_ms,
                        stage_ms={k: round(v, 3) for k, v in result.stage_ms.items()}, worst_stage=stage,
@@ -94,8 +97,8 @@ class FrameLogSink(Sink):
         elif result.status == "error" and self.lines.allow(now):
             error = result.error or ""
             self.event("frame_error", level="warning", frame=result.frame_id, seq=result.seq, status="error",
-                       error_type=error.split(":", 1)[0], error=error, consecutive=self.consecutive_errors(),
+                       error_type=error.split(":", 1)[0], error=error, consecutive=result.consecutive_errors,
                        suppressed=self.lines.take_suppressed())
-        frames = self.recorder.frames
-        if frames and frames % self.report_every == 0 and result.status != "error":
-            self.event("summary", **self.summary())
+        if result.frames and result.frames % self.report_every == 0 and result.status != "error":
+            self.event("summary", frame_lines_suppressed=self.lines.suppressed_total,
+                       **report_fields(self.recorder, result.source, result.errors, result.reloads, result.telemetry))

@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any, Dict, Optional, TextIO
 
+from edge.uri import redact
+
 _PRIORITY = {"error": 3, "warning": 4, "info": 6, "debug": 7}
 
 
@@ -20,7 +22,7 @@ class JsonLog:
         record = {"ts": round(time.time(), 3), "level": level, "event": event}
         record.update(fields)
         record.update(self.extra)
-        line = json.dumps(record, separators=(",", ":"), default=str)
+        line = redact(json.dumps(record, separators=(",", ":"), default=str))  # no password in any log line
         if self.prefix:
             line = "<{}>{}".format(_PRIORITY[level], line)
         self.stream.write(line + "\n")

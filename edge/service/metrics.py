@@ -24,31 +24,44 @@ base units (seconds, hertz, watts, ratios 0-1), `_total` on counters, the stage 
   edge_telemetry_source_info{source}    gauges read from the latest telemetry snapshot at scrape time
   edge_cpu_frequency_max_hertz, edge_gpu_frequency_max_hertz   clock ceilings (throttling lowers them)
   edge_power_rail_overcurrent{rail}      1 when a rail's current is at its warning limit (jtop only)
-  edge_build_info{version,python}, edge_engine_info{backend,precision,model,sha256}
+  edge_build_info{version,python,release,board,l4t,tensorrt}, edge_engine_info{backend,precision,model,sha256}
   process_resident_memory_bytes, process_cpu_seconds_total, ...   prometheus_client's process collector
 
 Histogram buckets are derived from the budget and dense around it, with one bucket exactly at the budget
 so `edge_frame_latency_seconds_bucket{le="<budget>"}` answers "what fraction met the deadline".
 """
 
+import os
 import platform
 import socket
 import threading
 import time
-from socketserver import ThreadingMixIn
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from edge import __version__
+from edge.board import board_model, read_l4t, tensorrt_version
 from edge.errors import EdgeError, require
 from edge.frame.pipeline import Result, Sink
+from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler
 
 STAGES = ("capture", "frame_age", "preprocess", "infer", "postprocess")
 STATUSES = ("ok", "miss", "error")
+MAX_SCRAPERS = 8  # connections served at once (Prometheus, a probe, a person); more are answered 503
+SCRAPE_TIMEOUT_S = 10.0
 HEALTHZ_STALE_S = 10.0  # no completed frame for longer: /healthz fails (the unit's WatchdogSec; covers a reload)
 # Multiples of the budget: fine below and around it, a few coarse ones for the tail.
 BUDGET_FACTORS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25,
                   1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+# Stages far below the budget (postprocess, capture: tenths of a millisecond) need their own fine buckets.
+STAGE_FINE_S = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002)
+
+
+def stage_buckets(budget_ms: float) -> List[float]:
+    """The budget's buckets plus fine ones down to 20 us, for the per-stage histogram."""
+    return sorted(set(budget_buckets(budget_ms)) | set(STAGE_FINE_S))
 
 
 def budget_buckets(budget_ms: float) -> List[float]:
@@ -129,18 +142,29 @@ def _safe_call(fn: Optional[Callable[[], Any]]) -> Any:
         return None
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
-        pass  # no access log lines in the journal
+class _QuietHandler(DeadlineRequestHandler, WSGIRequestHandler):
+    timeout = SCRAPE_TIMEOUT_S  # a scraper that stops reading the answer
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _ThreadingServer(BoundedThreadingMixIn, WSGIServer):
+    """A flood of (half-open) connections costs at most MAX_SCRAPERS threads; the frame loop keeps its CPU."""
+
+    max_clients = MAX_SCRAPERS
+    name = "edge metrics"
     allow_reuse_address = True
+    request_queue_size = 64
 
 
 class _ThreadingServer6(_ThreadingServer):
     address_family = socket.AF_INET6
+
+
+def build_labels() -> Dict[str, str]:
+    """edge_build_info's labels: the package, the release deploy/ansible or the chart set (EDGE_RELEASE) and what
+    the engine is tied to, so dashboards and alerts can group devices by them ("" when unknown)."""
+    return {"version": __version__, "python": platform.python_version(),
+            "release": os.environ.get("EDGE_RELEASE", ""), "board": board_model() or "",
+            "l4t": read_l4t() or "", "tensorrt": tensorrt_version() or ""}
 
 
 class MetricsSink(Sink):
@@ -150,12 +174,14 @@ class MetricsSink(Sink):
                  source_stats: Optional[Callable[[], Dict[str, int]]] = None,
                  telemetry: Optional[Callable[[], Any]] = None, stale_after_s: float = HEALTHZ_STALE_S):
         prom = require("prometheus_client")
+        if hasattr(prom, "disable_created_metrics"):  # prometheus-client >= 0.17
+            prom.disable_created_metrics()  # no `_created` series: 22 per device that nothing reads
         self.registry = registry if registry is not None else prom.CollectorRegistry()
         self.stale_after_s = stale_after_s
         self.last_frame: Optional[float] = None  # time.monotonic() of the latest completed frame
         buckets = budget_buckets(budget_ms)
         self.stage_hist = prom.Histogram("edge_stage_duration_seconds", "Time per pipeline stage", ["stage"],
-                                         buckets=buckets, registry=self.registry)
+                                         buckets=stage_buckets(budget_ms), registry=self.registry)
         self.latency_hist = prom.Histogram("edge_frame_latency_seconds",
                                            "Capture to result (end to end), the budgeted latency",
                                            buckets=buckets, registry=self.registry)
@@ -164,8 +190,9 @@ class MetricsSink(Sink):
         self.reloads = prom.Counter("edge_reloads", "SIGHUP reloads, by result", ["result"], registry=self.registry)
         budget = prom.Gauge("edge_budget_seconds", "The end-to-end latency budget", registry=self.registry)
         budget.set(budget_ms / 1000.0)
-        self.build = prom.Info("edge_build", "jetson-edge build", registry=self.registry)
-        self.build.info({"version": __version__, "python": platform.python_version()})
+        self.build = prom.Info("edge_build", "jetson-edge build, the deployed release and the board",
+                               registry=self.registry)
+        self.build.info(build_labels())
         self.engine = prom.Info("edge_engine", "The backend serving now", registry=self.registry)
         self._stages = {name: self.stage_hist.labels(name) for name in STAGES}  # present (at 0) from the start
         self._status = {name: self.frames.labels(name) for name in STATUSES}
@@ -180,8 +207,9 @@ class MetricsSink(Sink):
         self._thread: Optional[threading.Thread] = None
 
     def set_engine(self, backend: str, precision: str, model: str, sha256: str) -> None:
-        self.engine.info({"backend": str(backend), "precision": str(precision), "model": str(model),
-                          "sha256": str(sha256)})
+        # the file's name only: a label carries no path of this machine (the sha256 identifies the bytes)
+        self.engine.info({"backend": str(backend), "precision": str(precision),
+                          "model": os.path.basename(str(model)), "sha256": str(sha256)})
 
     def on_result(self, result: Result) -> None:
         self._status[result.status].inc()

@@ -102,25 +102,21 @@ def _one_line(text: str) -> str:
 class NotifySink(Sink):
     """READY=1 with the first delivered (timed) frame, WATCHDOG=1 after completed frames, STATUS every few s."""
 
-    def __init__(self, notifier: Notifier, recorder: LatencyRecorder, status_every_s: float = 5.0,
-                 errors: Optional[Callable[[], int]] = None):
+    def __init__(self, notifier: Notifier, recorder: LatencyRecorder, status_every_s: float = 5.0):
         self.notifier = notifier
-        self.recorder = recorder
+        self.recorder = recorder  # for the p99 (the counters come with each Result)
         self.status_every_s = status_every_s
-        self.errors = errors or (lambda: 0)
         self._last_status = time.monotonic()
         self._frames_at_status = 0
 
-    def status_text(self, now: Optional[float] = None) -> str:
-        now = time.monotonic() if now is None else now
-        rec = self.recorder
+    def status_text(self, result: Result, now: float) -> str:
         elapsed = now - self._last_status
-        fps = (rec.frames - self._frames_at_status) / elapsed if elapsed > 0 else 0.0
-        e2e = rec.stages.get("end_to_end")
+        fps = (result.frames - self._frames_at_status) / elapsed if elapsed > 0 else 0.0
+        e2e = self.recorder.stages.get("end_to_end")
         p99 = e2e.summary().get("p99", 0.0) if e2e is not None and e2e.count else 0.0
-        rate = rec.misses / rec.frames if rec.frames else 0.0
+        rate = result.misses / result.frames if result.frames else 0.0
         return "fps {:.1f}, p99 {:.1f} ms, misses {} ({:.2%}) of {} frames, errors {}".format(
-            fps, p99, rec.misses, rate, rec.frames, self.errors())
+            fps, p99, result.misses, rate, result.frames, result.errors)
 
     def on_result(self, result: Result) -> None:
         if result.status == "error":
@@ -130,10 +126,10 @@ class NotifySink(Sink):
             return
         now = time.monotonic()
         if not notifier.ready_sent:
-            notifier.ready(self.status_text(now))
-            self._last_status, self._frames_at_status = now, self.recorder.frames
+            notifier.ready(self.status_text(result, now))
+            self._last_status, self._frames_at_status = now, result.frames
             return
         notifier.watchdog(now)
         if now - self._last_status >= self.status_every_s:
-            notifier.status(self.status_text(now))
-            self._last_status, self._frames_at_status = now, self.recorder.frames
+            notifier.status(self.status_text(result, now))
+            self._last_status, self._frames_at_status = now, result.frames

@@ -4,7 +4,7 @@ The frame loop never waits for telemetry: a `Telemetry` thread samples every `se
 and swaps in a new immutable `TelemetrySnapshot`; `latest()` is an attribute read. Budget-miss log lines,
 summaries and the Prometheus gauges all read that snapshot.
 
-Sources, in `auto` mode:
+Sources:
   jtop   when the jtop package imports and /run/jtop.sock exists (or /etc/nv_tegra_release says Jetson).
          Its failures (service not running, socket permission, client/service version mismatch, lost
          connection; all `JtopException`) never stop the service: the snapshot is marked `degraded` with
@@ -26,7 +26,7 @@ import glob
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
 from edge.board import is_jetson
@@ -54,29 +54,20 @@ class TelemetrySnapshot:
     jetson_clocks: Optional[bool] = None
     overcurrent: Dict[str, bool] = field(default_factory=dict)  # power rail -> current at its warning limit
 
-    def as_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
     def brief(self) -> Dict[str, Any]:
         """The compact form log lines carry: only what is known, rounded."""
         out: Dict[str, Any] = {"source": self.source, "age_s": round(max(0.0, time.time() - self.time), 1)}
         if self.degraded:
             out["degraded"] = self.degraded
-        for name in ("gpu_load", "cpu_load", "ram_fraction"):
+        for name, digits in (("gpu_load", 3), ("cpu_load", 3), ("ram_fraction", 3), ("cpu_freq_mhz", 1),
+                             ("gpu_freq_mhz", 1), ("emc_freq_mhz", 1), ("power_w", 1)):
             value = getattr(self, name)
             if value is not None:
-                out[name] = round(value, 3)
-        for name in ("cpu_freq_mhz", "gpu_freq_mhz", "emc_freq_mhz", "power_w"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = round(value, 1)
+                out[name] = round(value, digits)
         if self.temperatures:
             out["temp_max_c"] = round(max(self.temperatures.values()), 1)
             out["temp_c"] = {k: round(v, 1) for k, v in self.temperatures.items()}
-        if self.nvpmodel is not None:
-            out["nvpmodel"] = self.nvpmodel
-        if self.jetson_clocks is not None:
-            out["jetson_clocks"] = self.jetson_clocks
+        out.update({k: getattr(self, k) for k in ("nvpmodel", "jetson_clocks") if getattr(self, k) is not None})
         return out
 
 
@@ -257,16 +248,12 @@ def jtop_reason(exc: BaseException) -> str:
 
 
 class Telemetry:
-    """Samples in its own thread; `latest()` never blocks. `mode`: auto | jtop | linux."""
+    """Samples in its own thread; `latest()` never blocks. jtop where it should be (`wants_jtop`), else Linux."""
 
-    def __init__(self, interval_s: float = 1.0, mode: str = "auto",
-                 log: Optional[Callable[..., None]] = None, retry_initial_s: Optional[float] = None,
-                 retry_max_s: float = 60.0, socket_path: str = JTOP_SOCKET,
+    def __init__(self, interval_s: float = 1.0, log: Optional[Callable[..., None]] = None,
+                 retry_initial_s: Optional[float] = None, retry_max_s: float = 60.0, socket_path: str = JTOP_SOCKET,
                  linux: Optional[LinuxReader] = None):
-        if mode not in ("auto", "jtop", "linux"):
-            raise ValueError("telemetry mode must be auto, jtop or linux, got {!r}".format(mode))
         self.interval_s = interval_s
-        self.mode = mode
         self.log = log
         self.retry_initial_s = retry_initial_s if retry_initial_s is not None else max(1.0, interval_s)
         self.retry_max_s = max(retry_max_s, self.retry_initial_s)
@@ -285,10 +272,7 @@ class Telemetry:
         self._use_jtop: Optional[bool] = None
 
     def wants_jtop(self) -> bool:
-        if self.mode == "linux":
-            return False
-        if self.mode == "jtop":
-            return True
+        """jetson-stats installed, and its service's socket there or this a Jetson (where it should be)."""
         from importlib.util import find_spec
 
         return find_spec("jtop") is not None and (os.path.exists(self.socket_path)

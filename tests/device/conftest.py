@@ -62,7 +62,7 @@ def onnx_model(gpu: None, request: Any) -> str:
 @pytest.fixture(scope="session")
 def trained(onnx_model: str) -> bool:
     """Random weights give ~1e-10 logits (edge/build.py): FP16/INT8 numerics are meaningless on them."""
-    from edge.modelinfo import read_model_info
+    from edge.artifact import read_model_info
 
     return bool(read_model_info(onnx_model).get("trained"))
 
@@ -79,9 +79,9 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
     written with the manifest TensorRTBackend checks."""
     import tensorrt as trt
 
+    from edge.artifact import info_path, make_manifest
     from edge.board import current_system
-    from edge.build.artifacts import make_manifest
-    from edge.modelinfo import info_path, write_json_atomic
+    from edge.fileio import write_json_atomic
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)

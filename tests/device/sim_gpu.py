@@ -104,7 +104,7 @@ class Sim:
             def __init__(self, index: int) -> None:
                 self.index = index
 
-            def make_context(self, flags: int) -> Context:
+            def make_context(self, flags: int = 0) -> Context:
                 ctx = Context()
                 ctx.push()
                 sim.context = ctx
@@ -206,9 +206,9 @@ def fake_tensorrt(input_dtype: Any = np.float32, crop: int = 224) -> types.Modul
     trt.Builder = object  # edge.build.artifacts.tensorrt_version: a real (not stub-only) package
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", INT8="INT8", INT32="INT32", BOOL="BOOL")
-    trt_dtype = "HALF" if np.dtype(input_dtype) == np.float16 else "FLOAT"
+    dtypes = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8}
+    trt_dtype = next(name for name, dt in dtypes.items() if np.dtype(dt) == np.dtype(input_dtype))
     tensors = [("input", "INPUT", (1, 3, crop, crop), trt_dtype), ("logits", "OUTPUT", (1, NUM_CLASSES), "FLOAT")]
-    dtypes = {"FLOAT": np.float32, "HALF": np.float16}
 
     def run(addresses: Dict[str, int]) -> bool:
         x = view(addresses["input"], tensors[0][2], dtypes[trt_dtype])

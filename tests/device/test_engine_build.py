@@ -10,14 +10,11 @@ import shutil
 import pytest
 import yaml
 
-from edge.board import check_engine_manifest
-from edge.build.calibration import read_trt_calibration_cache
+from edge.artifact import check_engine, read_model_info
 from edge.build.plan import check_inputs
 from edge.build.steps import run_build
+from edge.build.trt_cache import read_trt_calibration_cache
 from edge.config import load_config
-from edge.modelinfo import read_model_info
-
-from trained_model import digits  # noqa: F401  (session fixture)
 
 pytestmark = pytest.mark.jetson
 
@@ -28,7 +25,7 @@ def tensorrt_major():
     return int(trt.__version__.split(".")[0])
 
 
-def build(digits, tmp_path, engine=True, calibrator=False, **build_keys):  # noqa: F811
+def build(digits, tmp_path, engine=True, calibrator=False, **build_keys):
     calibration = tmp_path / "calibration" / "set"
     if not calibration.exists():
         shutil.copytree(digits.calibration, str(calibration))
@@ -43,7 +40,7 @@ def build(digits, tmp_path, engine=True, calibrator=False, **build_keys):  # noq
     return plan.artifact, manifest, lines
 
 
-def test_int8_engine_from_qdq_passes_the_gate_and_is_tied_to_this_device(gpu, digits, tmp_path):  # noqa: F811
+def test_int8_engine_from_qdq_passes_the_gate_and_is_tied_to_this_device(gpu, digits, tmp_path):
     import tensorrt as trt
 
     artifact, manifest, _ = build(digits, tmp_path)
@@ -51,14 +48,14 @@ def test_int8_engine_from_qdq_passes_the_gate_and_is_tied_to_this_device(gpu, di
     assert manifest["format"] == "tensorrt-engine" and manifest["build"]["engine"]["mode"] == "int8-explicit-qdq"
     assert manifest["system"]["tensorrt"] == trt.__version__ and manifest["system"]["gpu"]
     assert manifest["gate"]["enforced"] is True and manifest["gate"]["passed"] is True
-    assert check_engine_manifest(artifact)["sha256"] == manifest["sha256"]
+    assert check_engine(artifact)["sha256"] == manifest["sha256"]
     timing = manifest["build"]["engine"]["timing_cache"]
     assert os.path.getsize(timing) > 0
     build(digits, tmp_path)  # a second build reads the timing cache and keeps the first in previous/
     assert os.path.isfile(os.path.join(str(tmp_path / "engines"), "previous", "digits.int8.engine"))
 
 
-def test_fp16_engine(gpu, digits, tmp_path):  # noqa: F811
+def test_fp16_engine(gpu, digits, tmp_path):
     if tensorrt_major() >= 11:
         pytest.skip("TensorRT 11 has no FP16 builder flag (strongly typed networks only)")
     artifact, manifest, _ = build(digits, tmp_path, precision="fp16")
@@ -66,7 +63,7 @@ def test_fp16_engine(gpu, digits, tmp_path):  # noqa: F811
     assert manifest["gate"]["passed"] is True and manifest["gate"]["agreement"] >= 0.99
 
 
-def test_implicit_calibrator_writes_its_cache_and_a_rebuild_skips_calibration(gpu, digits, tmp_path):  # noqa: F811
+def test_implicit_calibrator_writes_its_cache_and_a_rebuild_skips_calibration(gpu, digits, tmp_path):
     if tensorrt_major() >= 11:
         pytest.skip("TensorRT 11 removed implicit INT8 calibration")
     _, manifest, lines = build(digits, tmp_path, calibrator=True)

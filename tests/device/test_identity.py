@@ -13,7 +13,8 @@ pytestmark = pytest.mark.jetson
 def test_engine_identity_on_this_board(engine: Callable[[str], str]) -> None:
     import pycuda.driver as cuda
 
-    from edge.board import ENGINE_SYSTEM_KEYS, check_engine_manifest, current_system, is_jetson
+    from edge.artifact import check_engine
+    from edge.board import ENGINE_SYSTEM_KEYS, current_system, is_jetson
 
     system = current_system()
     print({key: system[key] for key in ENGINE_SYSTEM_KEYS + ("gpu", "l4t")})
@@ -22,9 +23,9 @@ def test_engine_identity_on_this_board(engine: Callable[[str], str]) -> None:
     assert system["sm_count"] > 0 and system["tensorrt"] and system["cuda"]
     assert system["board"] or not is_jetson()
     path = engine("fp32")
-    check_engine_manifest(path)
+    check_engine(path)
     with pytest.raises(EdgeError, match="system.sm_count"):
-        check_engine_manifest(path, dict(system, sm_count=system["sm_count"] + 1))
+        check_engine(path, dict(system, sm_count=system["sm_count"] + 1))
     warnings: list = []
-    check_engine_manifest(path, dict(system, l4t="R0.0.0"), warnings.append)
+    check_engine(path, dict(system, l4t="R0.0.0"), warnings.append)
     assert len(warnings) == 1 and "R0.0.0" in warnings[0]

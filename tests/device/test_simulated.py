@@ -60,26 +60,32 @@ def frame(h: int, w: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
+def session() -> Any:
+    from edge.frame.cuda_session import CudaSession
+
+    return CudaSession()
+
+
 def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim) -> None:
     from edge.frame.cuda_preprocess import CudaPreprocessor
 
     cpu = CpuPreprocessor(PreprocessConfig())
     padded = frame(720, 1344, 3)
-    for transfer in ("copy", "mapped"):
-        pre = CudaPreprocessor(PreprocessConfig(), transfer=transfer)
-        assert len(sim.loads) == 1 and sim.loads[0][:4] == sim_gpu.FATBIN_MAGIC  # loaded at once: the shipped fatbin
-        for f in (frame(720, 1280), frame(1280, 720, 1), frame(5, 7, 2), padded[:, 16:1296], frame(720, 1280, 4)):
-            tensor = pre(f)
-            assert tensor.shape == (1, 3, 224, 224)
-            assert float(np.abs(tensor.download() - cpu(f)).max()) <= 1e-4
-        assert (pre._staging.device is None) == (transfer == "mapped")  # mapped: the kernel reads the pinned buffer
-        assert pre.device_ms() == 0.25
-        name, args = sim.launches[-1]
-        assert name == "edge_preprocess_f32" and args[1:4] == (1280, 720, 1280 * 3)  # width, height, row stride
-        pre.close()
-        pre.close()
-        assert not sim_gpu.Allocation.live and sim.context.detached
-        sim.loads.clear()
+    owner = session()
+    pre = CudaPreprocessor(PreprocessConfig(), owner)
+    assert len(sim.loads) == 1 and sim.loads[0][:4] == sim_gpu.FATBIN_MAGIC  # loaded at once: the shipped fatbin
+    for f in (frame(720, 1280), frame(1280, 720, 1), frame(5, 7, 2), padded[:, 16:1296], frame(720, 1280, 4)):
+        tensor = pre(f)
+        assert tensor.shape == (1, 3, 224, 224)
+        assert float(np.abs(tensor.download() - cpu(f)).max()) <= 1e-4
+    assert pre.device_ms() == 0.25
+    name, args = sim.launches[-1]
+    assert name == "edge_preprocess_f32" and args[1:4] == (1280, 720, 1280 * 3)  # width, height, row stride
+    pre.close()
+    pre.close()
+    assert not sim_gpu.Allocation.live and not sim.context.detached  # the session is its owner's
+    owner.release()
+    assert sim.context.detached
 
 
 def test_kernel_built_on_the_device_is_loaded_first(sim: sim_gpu.Sim) -> None:
@@ -90,9 +96,11 @@ def test_kernel_built_on_the_device_is_loaded_first(sim: sim_gpu.Sim) -> None:
         pytest.skip("needs nvcc")
     path = build_cubin("sm_87", nvcc=NVCC)
     assert os.path.dirname(path) == kernel_dir() and os.path.basename(path).startswith("preprocess-sm_87-cuda")
-    pre = CudaPreprocessor(PreprocessConfig())
+    owner = session()
+    pre = CudaPreprocessor(PreprocessConfig(), owner)
     assert pre.kernel_source == path and sim.loads == [open(path, "rb").read()]
     pre.close()
+    owner.release()
 
 
 def test_kernel_load_failure_is_one_line_at_start(sim: sim_gpu.Sim) -> None:
@@ -100,37 +108,44 @@ def test_kernel_load_failure_is_one_line_at_start(sim: sim_gpu.Sim) -> None:
     from edge.frame.cuda_preprocess import CudaPreprocessor
 
     sim.load_error = "cuModuleLoadData failed: device kernel image is invalid"
+    owner = session()
     with pytest.raises(KernelUnavailable) as info:
-        CudaPreprocessor(PreprocessConfig())
+        CudaPreprocessor(PreprocessConfig(), owner)
     message = str(info.value)
     assert "\n" not in message and message.startswith("no loadable preprocessing kernel for sm_87: ")
     assert "no sm_87 kernel in" in message and "device kernel image is invalid" in message
-    assert not sim_gpu.Allocation.live and sim.context.detached and not sim.launches
+    assert not sim_gpu.Allocation.live and not sim.launches
+    owner.release()
 
 
 def test_float16_output(sim: sim_gpu.Sim) -> None:
     from edge.frame.cuda_preprocess import CudaPreprocessor
 
-    pre = CudaPreprocessor(PreprocessConfig(), dtype=np.float16)
+    owner = session()
+    pre = CudaPreprocessor(PreprocessConfig(), owner, dtype=np.float16)
     f = frame(480, 640)
     got = pre(f).download()
     assert got.dtype == np.float16 and sim.launches[-1][0] == "edge_preprocess_f16"
     assert float(np.abs(got.astype(np.float32) - CpuPreprocessor(PreprocessConfig())(f)).max()) <= 4e-3
+    pre.write_as(np.float32)  # the consumer takes float32 after all
+    assert pre(f).download().dtype == np.float32 and sim.launches[-1][0] == "edge_preprocess_f32"
     pre.close()
+    owner.release()
+    assert not sim_gpu.Allocation.live
 
 
 def write_engine(path: str, info: Optional[dict] = None) -> str:
+    from edge.artifact import info_path, make_manifest
     from edge.board import current_system
-    from edge.build.artifacts import make_manifest
-    from edge.modelinfo import info_path, write_json_atomic
+    from edge.fileio import write_json_atomic
 
     with open(path, "wb") as fh:
         fh.write(sim_gpu.ENGINE_MAGIC)
     onnx = path + ".onnx"
     with open(onnx, "wb") as fh:
         fh.write(b"onnx")
-    write_json_atomic(info_path(path), make_manifest(path, info or {}, onnx, "tensorrt-engine", "fp16", None, None,
-                                                     current_system(), {}))
+    write_json_atomic(info_path(path), make_manifest(path, info or {"trained": False}, onnx, "tensorrt-engine", "fp16",
+                                                     None, None, current_system(), {}))
     return path
 
 
@@ -147,24 +162,28 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt(input_dtype))
     engine = write_engine(str(tmp_path / "model.engine"))
     backend = TensorRTBackend(engine, cuda_graph=True)
-    pre = CudaPreprocessor(PreprocessConfig(), backend)  # before load(), as edge.frame.stages does
+    pre = CudaPreprocessor(PreprocessConfig(), backend.session)  # before load(), as edge.frame.stages does
     cpu = CpuPreprocessor(PreprocessConfig())
     with backend:
-        assert backend.input_shape == (1, 3, 224, 224)
+        assert backend.input_shape == (1, 3, 224, 224) and backend.output_shape == (1, sim_gpu.NUM_CLASSES)
+        pre.write_as(backend.input_dtype)
         info = backend.describe()
         assert (info["backend"], info["precision"], info["gpu"]) == ("tensorrt", "fp16", "Simulated Orin")
         for seed in range(3):
             f = frame(720, 1280, seed)
             tensor = pre(f)
-            assert tensor.ptr == backend.runner.input_ptr() and tensor.dtype == np.dtype(input_dtype)
+            assert tensor.dtype == np.dtype(input_dtype)
             expected = sim_gpu.reference_logits(cpu(f))
             tol = 1e-4 if input_dtype == np.float32 else 1e-2
             np.testing.assert_allclose(backend.infer(tensor), expected, atol=tol, rtol=tol)
-            assert (backend.last_preprocess_ms, backend.last_infer_ms) == (0.25, 0.25)
+            assert backend.runner.input_ptr() == tensor.ptr  # bound in place, no copy
+            assert backend.device_ms() == {"infer_gpu": 0.25, "preprocess_gpu": 0.25}
             np.testing.assert_allclose(backend.infer(cpu(f)), expected, atol=tol, rtol=tol)  # NumPy: copied in
-            assert backend.last_preprocess_ms is None
+            assert backend.runner.input_ptr() != tensor.ptr and backend.device_ms() == {"infer_gpu": 0.25}
         assert backend.graph_status == "off (capture failed: libcuda.so.1: cannot open shared object file)"
-    assert not sim_gpu.Allocation.live and sim.context.detached  # closing the backend closed its preprocessor
+        pre.close()  # the borrower first
+        assert not sim.context.detached
+    assert not sim_gpu.Allocation.live and sim.context.detached  # the backend released its session last
 
 
 def test_manifest_mismatch_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -177,6 +196,31 @@ def test_manifest_mismatch_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.Monk
         TensorRTBackend(engine).load()
 
 
+@pytest.mark.parametrize("refusal", ["manifest for another TensorRT", "type stubs only", "int8 input"])
+def test_refused_stages_leave_no_cuda_context(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                              refusal: str) -> None:
+    """Stages built as `edge run` builds them at start and on SIGHUP (a preprocessor on the backend's session,
+    then the backend's load): whatever refuses them, no CUDA context or buffer is left (issue 20 item 5)."""
+    from edge.config import Config, ModelConfig
+    from edge.frame.stages import build_stages
+
+    monkeypatch.setattr("edge.frame.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
+    trt = sim_gpu.fake_tensorrt(np.int8 if refusal == "int8 input" else np.float32)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    engine = engine_with_labels(tmp_path)
+    if refusal == "manifest for another TensorRT":
+        monkeypatch.setattr(trt, "__version__", "10.4.0")
+    elif refusal == "type stubs only":
+        monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))
+    with pytest.raises(EdgeError) as info:
+        build_stages(Config(model=ModelConfig(path=engine)))
+    assert "\n" not in str(info.value)
+    if refusal == "int8 input":
+        assert str(info.value) == "{}: input 'input' is int8 1x3x224x224; jetson-edge feeds float32 or float16 " \
+            "1x3xHxW".format(engine)
+    assert sim.loads and not sim_gpu.Allocation.live and sim.context.detached
+
+
 def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from edge.frame.tensorrt_backend import TensorRTBackend
 
@@ -184,12 +228,14 @@ def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pyte
     engine = write_engine(str(tmp_path / "model.engine"))
     with open(engine, "wb") as fh:
         fh.write(b"garbage")
-    monkeypatch.setattr("edge.frame.tensorrt_backend.check_engine_manifest", lambda path, **kw: {})
+    monkeypatch.setattr("edge.frame.tensorrt_backend.check_engine", lambda path, **kw: {})
     backend = TensorRTBackend(engine)
     with pytest.raises(EdgeError, match="cannot deserialise") as info:
         backend.load()
     assert "\n" not in str(info.value)
-    assert not sim_gpu.Allocation.live and sim.context.detached
+    assert not sim_gpu.Allocation.live  # what load() allocated is freed at once; the session goes with close()
+    backend.close()
+    assert sim.context.detached
 
 
 def test_stub_only_tensorrt_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -197,7 +243,7 @@ def test_stub_only_tensorrt_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path
 
     stub = types.ModuleType("tensorrt")  # what tensorrt-stubs alone imports as: no __file__
     monkeypatch.setitem(sys.modules, "tensorrt", stub)
-    with pytest.raises(EdgeError, match="only type stubs"):
+    with pytest.raises(EdgeError, match="only type stubs are installed, no TensorRT runtime"):
         TensorRTBackend(str(tmp_path / "x.engine")).load()
 
 
@@ -247,17 +293,18 @@ def test_cuda_graph_kept_only_when_faster(sim: sim_gpu.Sim, monkeypatch: pytest.
     monkeypatch.setattr(tensorrt_backend.TensorRTBackend, "_time_launches", lambda self, launch: next(timings))
     monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
     backend = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), cuda_graph=True)
-    pre = CudaPreprocessor(PreprocessConfig(), backend)
+    pre = CudaPreprocessor(PreprocessConfig(), backend.session)
     cpu = CpuPreprocessor(PreprocessConfig())
     with backend:
         for i, (h, w) in enumerate([(720, 1280)] * 4 + [(480, 640)] * 3):
             f = frame(h, w, i)
             tensor = pre(f)
             np.testing.assert_allclose(backend.infer(tensor), sim_gpu.reference_logits(cpu(f)), atol=1e-4)
-            assert backend.last_preprocess_ms == 0.25
+            assert backend.device_ms()["preprocess_gpu"] == 0.25
         assert backend.graph_status.startswith("on" if kept else "off (no gain")
         assert graphs.launches == (6 if kept else 0)
         assert len(graphs.graphs) == (1 if kept else 0)
+        pre.close()
     assert not graphs.graphs and not sim_gpu.Allocation.live
 
 
@@ -298,7 +345,7 @@ def test_no_kernel_auto_runs_on_cpu_and_says_why_explicit_cuda_exits_2(
 
 def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """Keyed on board model, SM count, compute capability, TensorRT and CUDA; an L4T change alone is a warning."""
-    from edge import board
+    from edge import artifact, board
 
     root = tmp_path / "root"
     (root / "proc" / "device-tree").mkdir(parents=True)
@@ -315,18 +362,18 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     engine = str(tmp_path / "m.engine")
     with open(engine, "wb") as fh:
         fh.write(b"engine")
-    from edge.build.artifacts import make_manifest
-    from edge.modelinfo import info_path, write_json_atomic
+    from edge.artifact import info_path, make_manifest
+    from edge.fileio import write_json_atomic
 
     with open(engine + ".onnx", "wb") as fh:
         fh.write(b"onnx")
-    write_json_atomic(info_path(engine), make_manifest(engine, {}, engine + ".onnx", "tensorrt-engine", "fp16", None,
-                                                       None, built, {}))
+    write_json_atomic(info_path(engine), make_manifest(engine, {"trained": False}, engine + ".onnx", "tensorrt-engine",
+                                                       "fp16", None, None, built, {}))
     warnings: list = []
     patched = dict(built, l4t="R36.4.4")  # an L4T patch with the same TensorRT and CUDA: kept, with a warning
-    assert board.check_engine_manifest(engine, patched, warnings.append)["precision"] == "fp16"
+    assert artifact.check_engine(engine, patched, warnings.append)["precision"] == "fp16"
     assert len(warnings) == 1 and "'R36.4.3', this board runs 'R36.4.4'" in warnings[0]
     for key, other in (("sm_count", 8), ("board", "NVIDIA Jetson Orin Nano Developer Kit"), ("cuda", "12.8"),
                        ("compute_capability", "11.0"), ("tensorrt", "10.7.0")):
         with pytest.raises(EdgeError, match="built for system.{} .*; rebuild with: edge build --engine".format(key)):
-            board.check_engine_manifest(engine, dict(built, **{key: other}))
+            artifact.check_engine(engine, dict(built, **{key: other}))

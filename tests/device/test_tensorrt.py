@@ -1,9 +1,10 @@
 """TensorRT on the device: outputs against ONNX Runtime (Polygraphy-style atol/rtol), the paired CUDA
 preprocessor, manifest checks, CUDA graphs, and the 30 ms budget (INT8 vs FP16: NVIDIA/TensorRT#2197)."""
 
+import contextlib
 import json
 import time
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import numpy as np
 import pytest
@@ -38,6 +39,24 @@ def compare(precision: str, reference_model: str, engine_path: str, inputs: np.n
                 assert float((np.abs(got - expected) - (atol + rtol * np.abs(expected))).max()) <= 0.0
 
 
+@contextlib.contextmanager
+def gpu_path(engine_path: str, cuda_graph: bool = False) -> Iterator[Tuple[Any, Any]]:
+    """(CUDA preprocessor, TensorRT backend) made, loaded and closed as edge.frame.stages makes them: the
+    preprocessor on the backend's session, writing the engine's input dtype; closed first."""
+    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.frame.stages import close_stages
+    from edge.frame.tensorrt_backend import TensorRTBackend
+
+    backend = TensorRTBackend(engine_path, cuda_graph=cuda_graph)
+    pre = CudaPreprocessor(PreprocessConfig(), backend.session)
+    try:
+        backend.load()
+        pre.write_as(backend.input_dtype)
+        yield pre, backend
+    finally:
+        close_stages(pre, backend)
+
+
 def needs_trained(precision: str, trained: bool) -> None:
     if precision != "fp32" and not trained:
         pytest.skip("untrained weights: {} logits of ~1e-10 cannot be compared (set EDGE_TEST_ONNX to a trained "
@@ -58,20 +77,16 @@ def test_int8_qdq_matches_onnxruntime(engine: Callable[[str], str], qdq_model: s
 
 
 def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Callable[[str], np.ndarray]) -> None:
-    from edge.frame.cuda_preprocess import CudaPreprocessor
     from edge.frame.preprocess import CpuPreprocessor
-    from edge.frame.tensorrt_backend import TensorRTBackend
 
-    backend = TensorRTBackend(engine("fp32"))
-    pre = CudaPreprocessor(PreprocessConfig(), backend)  # before load(), as edge.frame.stages does
-    with backend:
+    with gpu_path(engine("fp32")) as (pre, backend):
         info = backend.describe()
         assert info["backend"] == "tensorrt" and info["precision"] == "fp32" and info["tensorrt"] and info["gpu"]
         frame = photo("astronaut")
         tensor = pre(frame)
-        assert tensor.ptr == backend.runner.input_ptr()  # written into the input binding
         from_gpu = backend.infer(tensor)
-        assert backend.last_preprocess_ms is not None and backend.last_infer_ms is not None
+        assert backend.runner.input_ptr() == tensor.ptr  # the preprocessor's buffer, bound in place
+        assert set(backend.device_ms()) == {"infer_gpu", "preprocess_gpu"}
         from_cpu = backend.infer(CpuPreprocessor(PreprocessConfig())(frame))
         np.testing.assert_allclose(from_gpu, from_cpu, atol=1e-2, rtol=1e-2)
 
@@ -79,8 +94,8 @@ def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Ca
 def test_manifest_mismatch_is_refused(engine: Callable[[str], str], tmp_path) -> None:
     import shutil
 
+    from edge.artifact import info_path
     from edge.frame.tensorrt_backend import TensorRTBackend
-    from edge.modelinfo import info_path
 
     path = str(tmp_path / "stale.engine")
     shutil.copy(engine("fp32"), path)
@@ -95,20 +110,15 @@ def test_manifest_mismatch_is_refused(engine: Callable[[str], str], tmp_path) ->
 
 def run_frames(precision_engine: str, cuda_graph: bool, frames: int = TIMED_FRAMES) -> Dict[str, float]:
     """Camera-sized frames through CudaPreprocessor + TensorRTBackend: wall-clock and device percentiles."""
-    from edge.frame.cuda_preprocess import CudaPreprocessor
-    from edge.frame.tensorrt_backend import TensorRTBackend
-
     frame = np.random.default_rng(0).integers(0, 256, (720, 1280, 3), dtype=np.uint8)
-    backend = TensorRTBackend(precision_engine, cuda_graph=cuda_graph)
-    pre = CudaPreprocessor(PreprocessConfig(), backend)
     wall, device = [], []
-    with backend:
+    with gpu_path(precision_engine, cuda_graph) as (pre, backend):
         for i in range(frames + 20):
             t0 = time.monotonic()
             backend.infer(pre(frame))
             if i >= 20:  # warm-up (and the CUDA graph decision) first
                 wall.append((time.monotonic() - t0) * 1e3)
-                device.append((backend.last_preprocess_ms or 0.0) + (backend.last_infer_ms or 0.0))
+                device.append(sum(backend.device_ms().values()))
         status = backend.graph_status
     result = {"p50_ms": float(np.percentile(wall, 50)), "p99_ms": float(np.percentile(wall, 99)),
               "device_p50_ms": float(np.percentile(device, 50))}
@@ -128,20 +138,59 @@ def test_int8_vs_fp16_timing(engine: Callable[[str], str]) -> None:
 
 
 def test_cuda_graph_same_output_and_decision(engine: Callable[[str], str]) -> None:
-    from edge.frame.cuda_preprocess import CudaPreprocessor
-    from edge.frame.tensorrt_backend import TensorRTBackend
-
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (720, 1280, 3), dtype=np.uint8) for _ in range(5)]
     frames += [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(3)]  # the graph ignores frame size
     outputs = []
     for graph in (False, True):
-        backend = TensorRTBackend(engine("fp32"), cuda_graph=graph)
-        pre = CudaPreprocessor(PreprocessConfig(), backend)
-        with backend:
+        with gpu_path(engine("fp32"), graph) as (pre, backend):
             outputs.append([backend.infer(pre(f)) for f in frames])
             status = backend.graph_status
     print("cuda_graph:", status)
     assert status.startswith("on") or status.startswith("off (no gain")
     for a, b in zip(*outputs):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def gpu_memory_used_mb() -> float:
+    """Device memory in use, as the driver counts it (on Jetson: the shared RAM the GPU holds)."""
+    import pycuda.driver as drv
+
+    from edge.frame.cuda_session import CudaSession
+
+    probe = CudaSession()
+    try:
+        with probe:
+            free, total = drv.mem_get_info()
+    finally:
+        probe.release()
+    return (total - free) / 2 ** 20
+
+
+def test_reload_peak_memory_and_a_refused_reload_frees_everything(engine: Callable[[str], str], tmp_path) -> None:
+    """The SIGHUP reload's peak (old and new stages both loaded) against one model loaded, printed for
+    docs/service.md's on-paper estimate; and after a refused reload the memory is back where it was."""
+    import shutil
+
+    from edge.artifact import info_path
+
+    baseline = gpu_memory_used_mb()
+    with gpu_path(engine("int8")):
+        one = gpu_memory_used_mb()
+        with gpu_path(engine("int8")):
+            two = gpu_memory_used_mb()
+    print("reload peak: baseline {:.0f} MB, one model +{:.0f} MB, during a reload +{:.0f} MB".format(
+        baseline, one - baseline, two - baseline))
+    stale = str(tmp_path / "stale.engine")
+    shutil.copy(engine("int8"), stale)
+    with open(info_path(engine("int8"))) as fh:
+        manifest = json.load(fh)
+    manifest["system"]["tensorrt"] = "0.0.0"
+    with open(info_path(stale), "w") as fh:
+        json.dump(manifest, fh)
+    with gpu_path(engine("int8")):
+        serving = gpu_memory_used_mb()
+        with pytest.raises(EdgeError, match="system.tensorrt"):
+            with gpu_path(stale):
+                pass
+        assert gpu_memory_used_mb() <= serving + 16  # nothing of the refused stages is left (16 MB: allocator slack)

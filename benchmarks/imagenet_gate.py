@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The accuracy gate at its defaults on trained ImageNet models and the labelled ImageNet set: sound INT8 must pass,
+broken INT8 must fail.
+
+    python benchmarks/imagenet_gate.py [--arch efficientnet_lite0 mobilenet_v2] [--set calibration/imagenet]
+
+Per model (`edge export --arch A`, bundled ImageNet weights): Q/DQ INT8 made by the build's quantizer (minmax, the
+config's exclude_sensitive) from
+  sound          calibration/default, the model's own preprocessing
+  grey           32 uniform grey images (as tests/test_real_weights.py)
+  un-normalised  calibration/default fed as 0-255 values (mean 0, std 1/255)
+  saturated      the sound model with every activation scale divided by F (activations clip; --saturate F...)
+each judged by edge.build.gate.evaluate with GateConfig() (the defaults) against the FP32 model on the labelled set
+(scripts/make_imagenet_set.py), Q/DQ run by the build's runner (edge.build.plan.onnx_runner: TensorRT's arithmetic,
+emulated). Prints one markdown row per candidate; docs/build.md (accuracy gate) has the table.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from edge.build.calibration import import_calibration_set, load_calibration_set  # noqa: E402
+from edge.build.export import ARCHES, export_model  # noqa: E402
+from edge.build.gate import CONFIDENCE, evaluate  # noqa: E402
+from edge.build.imagenet_set import DEFAULT_OUT  # noqa: E402
+from edge.build.plan import onnx_runner  # noqa: E402
+from edge.build.quantize import quantize_qdq  # noqa: E402
+from edge.config import BuildConfig, GateConfig, PreprocessConfig  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SATURATE = (4.0,)
+quiet = lambda *a: None  # noqa: E731
+
+
+def grey_set(work):
+    import cv2
+
+    raw = os.path.join(work, "grey-raw")
+    os.makedirs(raw, exist_ok=True)
+    for i, level in enumerate(np.random.default_rng(0).integers(90, 170, 32)):
+        cv2.imwrite(os.path.join(raw, "{:02d}.png".format(i)), np.full((240, 320, 3), level, np.uint8))
+    return import_calibration_set(raw, os.path.join(work, "grey"), log=quiet)
+
+
+def saturate(sound, out, factor):
+    """`sound` with the scale of every activation QuantizeLinear (and so of its DequantizeLinear) / `factor`."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(sound)
+    weights = {i.name: i for i in model.graph.initializer}
+    scales = {n.input[1] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in weights}
+    for name in scales:
+        init = weights[name]
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) / np.float32(factor), name))
+    onnx.save(model, out)
+
+
+def candidates(fp32, pre, work, factors, only_saturated):
+    """(name, Q/DQ path, seconds to make it) for each variant."""
+    os.makedirs(work, exist_ok=True)
+    calibration = load_calibration_set(os.path.join(REPO, "calibration", "default"), 1)
+    unnorm = PreprocessConfig(**dict(vars(pre), mean=[0.0] * 3, std=[1 / 255] * 3))
+    sensitive = BuildConfig().exclude_sensitive
+    variants = [("sound", calibration, pre), ("grey", grey_set(work), pre), ("un-normalised", calibration, unnorm)]
+    for name, images, p in variants[:1] if only_saturated else variants:
+        started = time.monotonic()
+        quantize_qdq(fp32, os.path.join(work, name + ".onnx"), images, p, "minmax", sensitive, show_progress=False,
+                     log=quiet)
+        if not only_saturated:
+            yield name, os.path.join(work, name + ".onnx"), time.monotonic() - started
+    for factor in factors:
+        started = time.monotonic()
+        out = os.path.join(work, "saturated-{:g}.onnx".format(factor))
+        saturate(os.path.join(work, "sound.onnx"), out, factor)
+        yield "saturated (scales / {:g})".format(factor), out, time.monotonic() - started
+
+
+def row(arch, name, r, quantize_s):
+    lo, hi = r["top1_drop_interval_pp"]
+    return ("| {} | {} | {:.1f} / {:.1f} | {:.1f} / {:.1f} | {} / {} | {:+.2f} ({:+.2f}..{:+.2f}) | {:.2g} | {:.3f} | "
+            "{:.4f} | **{}** | {:.0f} + {:.0f} |").format(
+        arch, name, 100 * r["reference_top1"], 100 * r["reference_top5"], 100 * r["candidate_top1"],
+        100 * r["candidate_top5"], r["right_to_wrong"], r["wrong_to_right"], r["top1_drop_pp"], lo, hi,
+        r["mcnemar_p"], r["agreement"], r["mean_cosine"], r["verdict"], quantize_s, r["seconds"])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", nargs="+", default=["efficientnet_lite0", "mobilenet_v2"], choices=list(ARCHES))
+    parser.add_argument("--set", default=os.path.join(REPO, DEFAULT_OUT), help="the labelled ImageNet set")
+    parser.add_argument("--saturate", nargs="+", type=float, default=SATURATE, help="activation scale divisors")
+    parser.add_argument("--only-saturated", action="store_true", help="skip the sound, grey, un-normalised rows")
+    args = parser.parse_args()
+    labelled = load_calibration_set(args.set)
+    gate = GateConfig()
+    print("gate defaults: {}; {} labelled images; drop interval {:.0f}% exact (McNemar)".format(
+        vars(gate), len(labelled), 100 * CONFIDENCE))
+    print("| model | candidate | FP32 top-1 / top-5 % | INT8 top-1 / top-5 % | right->wrong / wrong->right | "
+          "drop pp (interval) | McNemar p | agreement | mean cosine | verdict | seconds (make + gate) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as work:
+        for arch in args.arch:
+            fp32 = os.path.join(work, arch + ".onnx")
+            export_model(arch, "imagenet", fp32, log=quiet)
+            pre = PreprocessConfig(**ARCHES[arch].preprocess)
+            for name, candidate, made_s in candidates(fp32, pre, os.path.join(work, arch), args.saturate,
+                                                    args.only_saturated):
+                with onnx_runner(fp32) as reference, onnx_runner(candidate) as infer:
+                    result = evaluate(reference, infer, labelled, pre, gate)
+                print(row(arch, name, result.report, made_s), flush=True)
+                if result.report["failures"] or result.report["inconclusive"]:
+                    print("  " + "; ".join(result.report["failures"] + result.report["inconclusive"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

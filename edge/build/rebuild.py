@@ -1,0 +1,217 @@
+"""The rebuild's own steps: capture a calibration set, check latency, install the set (edge.commands.rebuild
+adds the lock, the reload and the command line).
+
+    capture -> calibrate -> fallback -> build -> gate -> latency -> install -> reload
+
+calibrate, build and gate are `edge build`'s steps (edge.build.steps) on the same BuildPlan and BuildState.
+The latency step runs `edge check` as a process on the candidate (the CLI's own check, with the service's
+config and its overrides). Install is edge build's, then the captured set replaces build.calibration_dir and
+the old set is kept as `<dir>.previous`; a `.previous` folder is only ever replaced when it is a set this
+tool wrote (its manifest lists every file in it): a user's file there stops the rebuild before any work.
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
+
+from edge.artifact import labels_path, served_note, sha256_file
+from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of
+from edge.build.plan import BuildPlan, Log, check_inputs
+from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
+from edge.config import Config, as_dict, with_overrides
+from edge.errors import EXIT_FAIL, EdgeError, first_line
+from edge.fileio import check_output, check_replaceable, load_json, write_json_atomic
+from edge.frame.sources import open_capture
+from edge.uri import redact
+
+
+@dataclass(frozen=True)
+class RebuildJob:
+    """What the rebuild-only steps need besides the BuildPlan: the capture and check settings, and where things go."""
+
+    cfg: Config
+    frames: int = 3000
+    every: int = 15
+    max_images: int = 500
+    min_images: int = 32
+    min_diff: float = 4.0
+    check_frames: int = 300
+    check_warmup: int = 20
+    check_source: str = "synthetic"
+    keep_work: bool = False
+    stamp: str = ""
+
+    @property
+    def calibration_dir(self) -> str:
+        return os.path.abspath(self.cfg.build.calibration_dir)
+
+    @property
+    def staged_set(self) -> str:
+        return "{}.rebuild-{}".format(self.calibration_dir, self.stamp)
+
+    @property
+    def previous_set(self) -> str:
+        return self.calibration_dir + ".previous"
+
+
+def latency_report(plan: BuildPlan) -> str:
+    return os.path.splitext(plan.artifact)[0] + ".latency.json"
+
+
+def _check_numbers(job: RebuildJob) -> None:
+    for flag, value, low in (("--frames", job.frames, 1), ("--every", job.every, 1),
+                             ("--max-images", job.max_images, 1), ("--min-images", job.min_images, 1),
+                             ("--check-frames", job.check_frames, 1), ("--check-warmup", job.check_warmup, 0)):
+        if value < low:
+            raise EdgeError("{} must be >= {}, got {}".format(flag, low, value))
+    if job.max_images < job.min_images:
+        raise EdgeError("--max-images {} is below the {} images needed (--min-images / build.min_images)".format(
+            job.max_images, job.min_images))
+    if job.frames < job.every * job.min_images:
+        raise EdgeError("--frames {} with --every {} cannot give {} images (--min-images / build.min_images)"
+                        .format(job.frames, job.every, job.min_images))
+
+
+def preflight(job: RebuildJob, engine: bool, calibrator: bool, log: Log) -> BuildPlan:
+    """Every input and output checked before any work; the BuildPlan the shared steps run on."""
+    cfg, b = job.cfg, job.cfg.build
+    if b.precision != "int8":
+        raise EdgeError("build.precision {} in {}: rebuilding the calibration only makes sense for int8".format(
+            b.precision, cfg.path or "<defaults>"))
+    _check_numbers(job)
+    plan = check_inputs(with_overrides(cfg, {"build.calibration_dir": job.staged_set}), None, engine, calibrator,
+                        show_progress=False, load_calibration=False)
+    for uri in (cfg.source.uri, job.check_source):
+        open_capture(with_overrides(cfg, {"source.uri": uri}).source)  # maps the URI, checks files exist; opens nothing
+    check_output(os.path.join(job.staged_set, MANIFEST), "captured calibration set")
+    check_output(latency_report(plan), "latency report")
+    check_replaceable(job.previous_set, MANIFEST)  # the old .previous is removed by the install
+    note = served_note(cfg.model.path, plan.artifact)
+    if note:
+        log("rebuild: " + note)
+    return plan
+
+
+def step_capture(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
+    source = with_overrides(job.cfg, {"source.loop": False}).source  # a file is read once
+    state.calibration = capture_calibration_set(frames_of(open_capture(source), job.frames), job.staged_set,
+                                                job.every, job.max_images, job.min_images, job.min_diff,
+                                                source=source.uri, log=log)
+    state.calibration_dir = job.calibration_dir  # where the manifest will find it once installed
+
+
+def _run_check(job: RebuildJob, plan: BuildPlan, state: BuildState, work: str) -> Dict[str, Any]:
+    """`edge check` on a link to the candidate (the backend is chosen by the extension); its JSON report."""
+    model = os.path.join(work, "candidate" + plan.fmt.suffix)
+    try:
+        os.link(state.candidate, model)
+    except OSError:
+        shutil.copyfile(state.candidate, model)
+    write_json_atomic(os.path.join(work, "candidate.json"), dict(plan.source_info, sha256=sha256_file(model)))
+    cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source,
+                                   "model.labels": labels_path(plan.source, job.cfg.model.labels)})
+    config = os.path.join(work, "check.yaml")
+    write_json_atomic(config, as_dict(cfg))  # JSON is YAML
+    command = [sys.executable, "-m", "edge", "check", "--config", config, "--frames", str(job.check_frames),
+               "--warmup", str(job.check_warmup), "--json", latency_report(plan), "--plot", ""]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode not in (0, EXIT_FAIL) or not os.path.isfile(latency_report(plan)):
+        lines = proc.stderr.strip().splitlines()
+        raise EdgeError("latency check: edge check exited {}: {}".format(
+            proc.returncode, lines[-1] if lines else "no output"), exit_code=EXIT_FAIL)
+    return dict(load_json(latency_report(plan), "latency report"))
+
+
+def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
+    """p99 end_to_end of the candidate within runtime.budget_ms, measured by `edge check` in a work folder."""
+    work = tempfile.mkdtemp(prefix=".rebuild-", dir=os.path.dirname(os.path.abspath(plan.artifact)))
+    try:
+        report = _run_check(job, plan, state, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    try:
+        latency = {k: report[k] for k in ("verdict", "verdict_reason", "budget_ms", "frames", "misses", "miss_rate")}
+        latency.update(p50_ms=report["stages_ms"]["end_to_end"]["p50"],
+                       p99_ms=report["stages_ms"]["end_to_end"]["p99"])
+    except (KeyError, TypeError) as exc:
+        raise EdgeError("{}: not a latency report ({})".format(latency_report(plan), first_line(exc))) from None
+    latency["report"] = os.path.basename(latency_report(plan))  # beside the artifact
+    state.info["latency"] = latency
+    if report["verdict"] != "pass":
+        raise EdgeError("latency check failed: {} (report {})".format(report["verdict_reason"], latency_report(plan)),
+                        exit_code=EXIT_FAIL)
+
+
+def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
+    """edge build's install, then the captured set replaces build.calibration_dir (undone on a failed reload)."""
+    step_install(plan, state, log)
+    check_replaceable(job.previous_set, MANIFEST)  # still only a set this tool wrote
+    if os.path.isdir(job.previous_set):
+        shutil.rmtree(job.previous_set)
+    had_set = os.path.exists(job.calibration_dir)
+    if had_set:
+        os.rename(job.calibration_dir, job.previous_set)
+    os.rename(job.staged_set, job.calibration_dir)
+
+    def restore_set() -> None:
+        os.rename(job.calibration_dir, job.staged_set)  # the set this rebuild captured: removed by its cleanup
+        if had_set:
+            os.rename(job.previous_set, job.calibration_dir)
+
+    state.undo.append(("calibration set restored", restore_set))
+    assert state.calibration is not None
+    log("install: calibration set {} now in {} (previous in {})".format(
+        state.calibration.sha256[:12], job.calibration_dir, job.previous_set))
+
+
+def rebuild_steps(job: RebuildJob, reload: Step) -> List[Step]:
+    def own(fn: Any) -> Any:
+        return lambda plan, state, log: fn(job, plan, state, log)
+
+    return [Step("capture", own(step_capture)), CALIBRATE, FALLBACK, Step("build", ENGINE.run), GATE,
+            Step("latency", own(step_latency)), Step("install", own(step_install_set), commit=True), reload]
+
+
+def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, str]]:
+    """(step, what it will do with the concrete paths and commands) for the dry run."""
+    cfg, b, gate = job.cfg, job.cfg.build, job.cfg.build.gate
+    conf = " --config " + shlex.quote(cfg.path) if cfg.path else ""
+    uri = redact(cfg.source.uri)
+    return [
+        ("capture", "read up to {} frames of {}, keep every {}th unless a near-duplicate (max {}, at least {}) -> {}/"
+         "  (= edge calibrate capture {}{} --source {} --every {} --frames {} --max-images {})".format(
+             job.frames, uri, job.every, job.max_images, job.min_images, job.staged_set,
+             shlex.quote(job.staged_set), conf, shlex.quote(uri), job.every, job.frames, job.max_images)),
+        ("calibrate", "{} INT8 calibration of {} on the captured set -> staged Q/DQ ONNX beside {}{}".format(
+            b.method, plan.source, plan.artifact,
+            "" if plan.quantizes else " (skipped: --calibrator calibrates inside TensorRT in step 3)")),
+        ("fallback", "the Q/DQ model judged as TensorRT computes it; if an enforced gate fails, up to {} of the "
+         "layers INT8 hurts most stay in float and it is judged again".format(b.max_float_layers)
+         if plan.quantizes else "skipped: no Q/DQ model on this path"),
+        ("build", "TensorRT {} engine -> staged beside {}".format(b.precision, plan.artifact) if plan.fmt.engine
+         else "no TensorRT build on this path: the Q/DQ ONNX is the artifact (--engine on the device)"),
+        ("gate", "candidate vs FP32 {} on {}: agreement >= {}, mean cosine >= {}, top-1 drop <= {} pp ({}) -> {}"
+         .format(plan.source, b.regression_dir, gate.min_agreement, gate.min_mean_cosine, gate.max_top1_drop_pp,
+                 "enforced: trained weights" if plan.gate_enforced else "reported, not enforced: untrained weights",
+                 plan.report_path)),
+        ("latency", "edge check with the candidate: {} frames of {} after {} warm-up, p99 end_to_end <= {:g} ms -> {}"
+         .format(job.check_frames, redact(job.check_source), job.check_warmup, cfg.runtime.budget_ms,
+                 latency_report(plan))),
+        ("install", "atomic install of {} (+ .json, .labels.txt), the current one kept in {}/; the captured set "
+         "replaces {}/ (current kept as {}/)".format(plan.artifact, os.path.join(b.engines_dir, "previous"),
+                                                     job.calibration_dir, job.previous_set)),
+        ("reload", reload),
+    ]
+
+
+def format_plan(job: RebuildJob, plan: BuildPlan, reload: str) -> str:
+    lines = ["edge rebuild: plan (dry run: nothing is captured, built, installed or signalled)"]
+    lines += ["  {}. {:<10} {}".format(n, name, text) for n, (name, text) in enumerate(describe(job, plan, reload), 1)]
+    lines.append("any failing step: stop, exit non-zero with the step named; {} keeps serving".format(
+        plan.artifact if os.path.exists(plan.artifact) else "the current artifact"))
+    return "\n".join(lines)

@@ -1,0 +1,213 @@
+"""A config field declared once (type, default, range, choices, help, reload policy, flag) and what is derived
+from the declarations: validation, argparse flags, the documented example YAML and what a SIGHUP applies.
+
+Declarations live in edge/config.py as dataclass fields made by `setting()` and `section()` (stdlib
+`dataclasses.field(metadata=...)`, Python 3.8); this module walks them.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import reprlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from edge.errors import EdgeError
+
+# What a SIGHUP does with a changed field (a section's policy is inherited by its fields).
+APPLY = "apply"  # the running daemon takes it
+RESTART = "restart"  # kept until a restart; the reload line names it
+OFFLINE = "offline"  # not read by the daemon (the build chain's keys)
+
+
+def setting(default: Any, help: str, choices: Sequence[Any] = (), low: Optional[float] = None,
+            high: Optional[float] = None, length: int = 0, reload: Optional[str] = None, flag: Optional[str] = None,
+            check: Optional[Callable[[Any, str], Any]] = None) -> Any:
+    """One config key. `low`/`high`: inclusive range (of every item of a list); `length`: a list's length;
+    `flag`: the command-line flag that overrides it; `check(value, name)`: a parser that raises EdgeError."""
+    meta = {"help": help, "choices": tuple(choices), "range": None if low is None else (low, high),
+            "length": length, "flag": flag, "check": check}
+    if reload is not None:
+        meta["reload"] = reload
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def section(cls: Any, reload: Optional[str] = None) -> Any:
+    return dataclasses.field(default_factory=cls, metadata={} if reload is None else {"reload": reload})
+
+
+def leaves(cls: Any, prefix: str = "", reload: str = RESTART) -> Iterator[Tuple[str, Any, str]]:
+    """(dotted key, dataclasses.Field, reload policy) of every key under `cls`, in declaration order."""
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata and not dataclasses.is_dataclass(f.type):
+            continue  # not a YAML key (Config.path)
+        policy = f.metadata.get("reload", reload)
+        if dataclasses.is_dataclass(f.type):
+            yield from leaves(f.type, prefix + f.name + ".", policy)
+        else:
+            yield prefix + f.name, f, policy
+
+
+def lookup(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# -- validation --------------------------------------------------------------------------------------------
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 50, 50
+_REPR.maxlong = 30
+
+
+def show(value: Any) -> str:
+    """A value for an error line: bounded however large or deeply nested (an alias bomb) it is."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def coerce(value: Any, tp: Any, where: str, key: str) -> Any:
+    """`value` as type `tp` (bool is no number, an int is a float), or an EdgeError naming `key`."""
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, where, key)
+    if getattr(tp, "__origin__", None) in (list, List):
+        (item_tp,) = tp.__args__
+        if not isinstance(value, list):
+            raise EdgeError("{}: '{}' must be a list, got {}".format(where, key, show(value)))
+        return [coerce(v, item_tp, where, "{}[{}]".format(key, i)) for i, v in enumerate(value)]
+    ok = (
+        isinstance(value, bool) if tp is bool
+        else isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float
+        else isinstance(value, int) and not isinstance(value, bool) if tp is int
+        else isinstance(value, tp)
+    )
+    if not ok:
+        raise EdgeError("{}: '{}' must be {}, got {}".format(where, key, _type_name(tp), show(value)))
+    if tp is float:
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise EdgeError("{}: '{}' must be a finite number, got {}".format(where, key, show(value)))
+    if tp is str and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise EdgeError("{}: '{}' must not contain control characters, got {}".format(where, key, show(value)))
+    return value
+
+
+def build(cls: Any, data: Any, where: str, prefix: str = "") -> Any:
+    """A `cls` instance from a mapping: unknown keys and wrong types are one EdgeError naming the dotted key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, prefix or "<top level>", show(data)))
+    fields = {f.name: f for f in dataclasses.fields(cls) if "help" in f.metadata or dataclasses.is_dataclass(f.type)}
+    values = {}
+    for key, value in data.items():
+        dotted = prefix + "." + str(key)[:60] if prefix else str(key)[:60]
+        if key not in fields:
+            raise EdgeError("{}: unknown key '{}' (expected one of: {})".format(where, dotted, ", ".join(fields)))
+        values[key] = coerce(value, fields[key].type, where, dotted)
+    return cls(**values)
+
+
+def validate(obj: Any, where: str, prefix: str = "") -> None:
+    """Every declared choice, range, length and check of `obj` (a Config or one of its sections)."""
+    for dotted, f, _ in leaves(type(obj)):
+        value, meta, name = lookup(obj, dotted), f.metadata, prefix + dotted
+        if meta["choices"] and value not in meta["choices"]:
+            raise EdgeError("{}: '{}' must be one of {}, got {}".format(where, name, "|".join(meta["choices"]),
+                                                                        show(value)))
+        items = value if isinstance(value, list) else [value]
+        if meta["length"] and len(items) != meta["length"]:
+            raise EdgeError("{}: '{}' must list {} numbers, got {}".format(where, name, meta["length"], show(value)))
+        if meta["range"] is not None and not all(meta["range"][0] <= v <= meta["range"][1] for v in items):
+            raise EdgeError("{}: '{}' must be between {} and {}, got {}".format(where, name, *meta["range"],
+                                                                                show(value)))
+        if meta["check"] is not None:
+            meta["check"](value, "{}: '{}'".format(where, name))
+
+
+# -- derived: reload policy, flags, example -----------------------------------------------------------------
+def reloaded(running: Any, new: Any) -> Tuple[Any, List[str]]:
+    """`running` with every APPLY key taken from `new`, and the RESTART keys that differ (a restart applies them)."""
+    applied: Dict[str, Any] = {}
+    restart = []
+    for dotted, _, policy in leaves(type(running)):
+        if lookup(running, dotted) == lookup(new, dotted):
+            continue
+        if policy == APPLY:
+            applied[dotted] = lookup(new, dotted)
+        elif policy == RESTART:
+            restart.append(dotted)
+    return replace_keys(running, applied), restart
+
+
+def replace_keys(obj: Any, values: Dict[str, Any]) -> Any:
+    """A copy of the dataclass `obj` with dotted keys replaced."""
+    here: Dict[str, Any] = {}
+    nested: Dict[str, Dict[str, Any]] = {}
+    for dotted, value in values.items():
+        head, _, rest = dotted.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            here[head] = value
+    here.update({head: replace_keys(getattr(obj, head), sub) for head, sub in nested.items()})
+    return dataclasses.replace(obj, **here)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: Any, *keys: str) -> None:
+    """The declared flag of each dotted key (type, choices and help from its declaration); dest is the key."""
+    declared = {dotted: f for dotted, f, _ in leaves(cls)}
+    for dotted in keys:
+        f = declared[dotted]
+        meta, default = f.metadata, f.default
+        text = "{} (default {})".format(meta["help"], _yaml_value(default)) if default is not dataclasses.MISSING \
+            else meta["help"]
+        parser.add_argument(meta["flag"], dest=dotted, type=f.type, choices=meta["choices"] or None,
+                            metavar=None if meta["choices"] else dotted.rsplit(".", 1)[-1].upper(),
+                            help="{}: {}".format(dotted, text.replace("%", "%%")))
+
+
+def flag_values(args: argparse.Namespace, cls: Any) -> Dict[str, Any]:
+    """{dotted key: value} of the declared flags given on the command line."""
+    keys = {dotted for dotted, _, _ in leaves(cls)}
+    return {k: v for k, v in vars(args).items() if k in keys and v is not None}
+
+
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        plain = value and all(c.isalnum() or c in "/._-" for c in value) and value not in ("true", "false", "null")
+        return value if plain else json.dumps(value)
+    return repr(value)
+
+
+def example(cls: Any, header: str) -> str:
+    """The documented YAML: every key with its default and help, in declaration order."""
+    lines, section_path = [header], []  # type: List[str], List[str]
+    for dotted, f, policy in leaves(cls):
+        parts = dotted.split(".")
+        common = 0
+        while common < min(len(section_path), len(parts) - 1) and section_path[common] == parts[common]:
+            common += 1
+        for depth in range(common, len(parts) - 1):
+            lines += ([""] if depth == 0 else []) + ["{}{}:".format("  " * depth, parts[depth])]
+        section_path = parts[:-1]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        entry = "{}{}: {}".format("  " * (len(parts) - 1), parts[-1], _yaml_value(default))
+        choices = " | ".join(f.metadata["choices"])
+        note = (choices + "; " if choices else "") + f.metadata["help"] + (" (SIGHUP applies)" if policy == APPLY
+                                                                          else "")
+        lines.append("{:<29} # {}".format(entry, note))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,100 @@
+"""The small HTTP servers (the metrics endpoint, the demo's stream) held to bounds a flood cannot move:
+
+- at most `max_clients` connections are served at once, one thread each; more are answered 503 and closed at
+  once (no thread is started for them, and a thread that cannot start is a refusal, not a traceback);
+- a request's head (request line and headers) must arrive whole within `HEAD_DEADLINE_S` of the connection,
+  however slowly it drips: the deadline is total, not per byte;
+- a client that leaves early is not an error; anything else is one stderr line, never a traceback.
+"""
+
+import io
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+from socketserver import ThreadingMixIn
+from typing import Any
+
+HEAD_DEADLINE_S = 5.0  # the whole request head, from the first byte the server reads
+MAX_HEAD_BYTES = 16384
+
+
+def read_head(sock: socket.socket, deadline_s: float) -> bytes:
+    """The request head (through the blank line) read within `deadline_s` in all; b"" when it did not come."""
+    deadline = time.monotonic() + deadline_s
+    head = b""
+    while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD_BYTES:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return b""
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(4096)
+        except OSError:  # socket.timeout is one
+            return b""
+        if not chunk:
+            return b""
+        head += chunk
+    return head
+
+
+class DeadlineRequestHandler(BaseHTTPRequestHandler):
+    """GET-only handler whose request head must arrive within HEAD_DEADLINE_S; one request per connection."""
+
+    def setup(self) -> None:
+        super().setup()
+        head = read_head(self.connection, HEAD_DEADLINE_S)
+        self.connection.settimeout(self.timeout)  # writing the answer: the handler's own per-call timeout
+        self.rfile.close()
+        self.rfile = io.BytesIO(head)  # b"" (no head in time): the handler closes the connection quietly
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        pass  # no access log lines in the journal
+
+
+class BoundedThreadingMixIn(ThreadingMixIn):
+    """ThreadingMixIn with at most `max_clients` handler threads; the rest are refused with a 503."""
+
+    daemon_threads = True
+    max_clients = 16
+    name = "edge http"  # who prints the one line on an unexpected failure
+    refused = 0
+
+    def _slots(self) -> threading.BoundedSemaphore:
+        slots = self.__dict__.get("_slot_semaphore")
+        if slots is None:
+            slots = self.__dict__["_slot_semaphore"] = threading.BoundedSemaphore(self.max_clients)
+        return slots
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        slots = self._slots()
+        if not slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError:  # "can't start new thread" (ulimit -u): a refusal like any other
+            slots.release()
+            self._refuse(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[misc]
+        finally:
+            self._slots().release()
+
+    def _refuse(self, request: Any) -> None:
+        self.refused += 1
+        try:
+            request.setblocking(False)
+            request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        except OSError:
+            pass
+        self.shutdown_request(request)  # type: ignore[attr-defined]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):  # a dropped connection is normal; anything else gets one line
+            print("{}: client {}: {}: {}".format(self.name, client_address[0], type(exc).__name__, exc),
+                  file=sys.stderr, flush=True)

@@ -1,0 +1,123 @@
+"""Float fallback: when INT8 breaks a few layers, the build finds them, leaves them in float, judges again and records
+why; when INT8 is broken everywhere (grey calibration), no handful of float layers hides it."""
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import numpy_helper
+from test_build import cli
+
+from edge.artifact import read_model_info
+from edge.build import fallback, steps
+from edge.build.calibration import load_calibration_set
+from edge.build.fallback import quantized_inputs, without_quantization
+from edge.build.qdq_rules import validate_qdq
+from edge.errors import EdgeError
+
+BROKEN_SCALE = 1 / 40  # the input range of one layer shrunk 40x: most of its activations clip
+
+
+def _middle_conv(model):
+    pairs = quantized_inputs(model)
+    convs = [n.name for n in model.graph.node if n.op_type == "Conv" and n.name in pairs]
+    return convs[len(convs) // 2]
+
+
+def break_one_layer(path):
+    """Shrink the activation scale in front of one middle convolution: a layer INT8 breaks, the rest sound."""
+    model = onnx.load(path)
+    victim = _middle_conv(model)
+    initializers = {i.name: i for i in model.graph.initializer}
+    for q, dq in quantized_inputs(model)[victim]:
+        if q.input[0] not in initializers:  # the activation pair, not the weight's
+            for name in {q.input[1], dq.input[1]}:
+                scale = numpy_helper.to_array(initializers[name]) * np.float32(BROKEN_SCALE)
+                initializers[name].CopyFrom(numpy_helper.from_array(scale.astype(np.float32), name))
+    onnx.save(model, path)
+    return victim
+
+
+def test_without_quantization_removes_exactly_the_pairs_in_front_of_a_layer(digits_qdq):
+    model = onnx.load(digits_qdq)
+    victim = _middle_conv(model)
+    pairs = quantized_inputs(model)
+    lighter = without_quantization(model, [victim])
+    after = quantized_inputs(lighter)
+    assert victim not in after and set(after) == set(pairs) - {victim}
+    removed = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node) - \
+        sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in lighter.graph.node)
+    assert removed == 2 * len(pairs[victim])  # one Q and one DQ per input (activation, weight)
+    onnx.checker.check_model(lighter)
+    tmp = os.path.join(os.path.dirname(digits_qdq), "lighter.onnx")
+    onnx.save(lighter, tmp)
+    try:
+        assert validate_qdq(tmp) == []  # still what TensorRT accepts
+    finally:
+        os.remove(tmp)
+
+
+def _config(tmp_path, digits, **build):
+    cfg = {"model": {"path": digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
+           "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
+                          "engines_dir": str(tmp_path / "engines")}, **build)}
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_build_leaves_the_broken_layer_in_float_and_passes(digits, tmp_path, monkeypatch, capsys):
+    real = steps.quantize_qdq
+    broken = {}
+
+    def quantize_then_break(fp32, out, *args, **kwargs):
+        info = real(fp32, out, *args, **kwargs)
+        broken["node"] = break_one_layer(out)
+        return info
+
+    monkeypatch.setattr(steps, "quantize_qdq", quantize_then_break)
+    assert cli("build", "--config", _config(tmp_path, digits), "--no-progress") == 0
+    out = capsys.readouterr().out
+    assert "fallback: gate failed with every quantised layer in INT8" in out
+    manifest = read_model_info(str(tmp_path / "engines" / "digits.int8.onnx"))
+    quantize = manifest["build"]["quantize"]
+    floats = [r["node"] for r in quantize["float_layers"]]
+    assert broken["node"] in floats and len(floats) <= 8
+    assert all("why" in r and r["recovers"] > 0 for r in quantize["float_layers"][:1])
+    assert broken["node"] in quantize["excluded_nodes"]
+    cost = quantize["float_layers_cost"]
+    assert 0 < cost["float_share_of_macs"] < 1 and cost["expected_engine_time_increase_pct"] > 0
+    assert "not measured on a device" in cost["basis"]
+    assert manifest["gate"]["passed"] is True
+    installed = onnx.load(str(tmp_path / "engines" / "digits.int8.onnx"))
+    assert broken["node"] not in quantized_inputs(installed)  # no Q/DQ in front of it: FP16 on the engine
+
+
+def test_grey_calibration_is_not_hidden_by_a_few_float_layers(digits, tmp_path, capsys):
+    with pytest.raises(EdgeError, match="accuracy gate failed"):
+        cli("build", "--config", _config(tmp_path, digits, calibration_dir=digits.grey_calibration,
+                                         max_float_layers=2), "--no-progress")
+    out = capsys.readouterr().out
+    assert "fallback: the gate still fails with 2 layers in float" in out
+    assert not os.path.exists(str(tmp_path / "engines" / "digits.int8.onnx"))
+
+
+def test_expected_cost_counts_the_float_layers_share_of_the_work(digits):
+    model = onnx.load(digits.onnx)
+    compute = [n.name for n in model.graph.node if n.op_type in ("Conv", "Gemm")]
+    convs = [n.name for n in model.graph.node if n.op_type == "Conv"]
+    assert abs(fallback.compute_share(digits.onnx, compute) - 1.0) < 1e-9
+    share_convs = fallback.compute_share(digits.onnx, convs)
+    share_one = fallback.compute_share(digits.onnx, convs[:1])
+    assert 0 < share_one < share_convs < 1.0
+    assert fallback.expected_cost(digits.onnx, [])["expected_engine_time_increase_pct"] == 0
+
+
+def test_the_ranking_uses_calibration_images_only(digits, digits_qdq, monkeypatch):
+    read = []
+    images = load_calibration_set(digits.calibration)
+    monkeypatch.setattr(images, "read", lambda name: read.append(name) or np.zeros((64, 64, 3), np.uint8))
+    fallback._Scorer(digits.onnx, images, digits.preprocess)
+    assert read and set(read) <= set(images.files) and len(read) == fallback.SENSITIVITY_IMAGES

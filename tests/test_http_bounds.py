@@ -1,0 +1,132 @@
+"""Connection floods against the two HTTP servers (issue 19 item 16), with real sockets on 127.0.0.1: threads stay
+bounded, a request head has a total deadline however slowly it drips, and a real client is served once the
+flood's connections have used up their deadline. Counts are small and bounded; nothing waits a fixed time."""
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import edge.service.http as http
+from edge.service.metrics import MAX_SCRAPERS, MetricsSink
+
+DEADLINE_S = 1.0
+
+
+@pytest.fixture(autouse=True)
+def short_deadline(monkeypatch):
+    monkeypatch.setattr(http, "HEAD_DEADLINE_S", DEADLINE_S)
+
+
+def connect(port):
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def get(url, timeout=10):
+    """(status, body) of one GET; a 503 is an answer, not an exception."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def served_within(url, limit_s):
+    """The first 200 for `url` within `limit_s` (polling), or the last answer."""
+    deadline = time.monotonic() + limit_s
+    answer = None
+    while time.monotonic() < deadline:
+        answer = get(url)
+        if answer[0] == 200:
+            return answer
+        time.sleep(0.05)
+    return answer
+
+
+def test_half_open_connections_cost_bounded_threads_and_the_endpoint_recovers(capfd):
+    sink = MetricsSink(30.0)
+    port = sink.serve("127.0.0.1", 0)
+    before = threading.active_count()
+    flood = []
+    try:
+        for _ in range(4 * MAX_SCRAPERS):  # connect and send nothing (half-open, as in the report: 3000)
+            flood.append(connect(port))
+        held = threading.active_count() - before
+        assert held <= MAX_SCRAPERS, held
+        status, body = served_within("http://127.0.0.1:{}/metrics".format(port), 20 * DEADLINE_S)
+        assert status == 200 and b"edge_frames_total" in body
+        refused = [s.recv(64) for s in flood[MAX_SCRAPERS + 2:]]  # beyond the slots: answered 503 at once
+        assert all(r.startswith(b"HTTP/1.0 503") for r in refused), refused[:3]
+    finally:
+        for s in flood:
+            s.close()
+        sink.close()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_dripping_head_is_dropped_at_its_total_deadline():
+    """One header byte every DEADLINE_S/4: each byte comes in time, the head as a whole does not."""
+    sink = MetricsSink(30.0)
+    port = sink.serve("127.0.0.1", 0)
+    try:
+        sock = connect(port)
+        started = time.monotonic()
+        closed = False
+        for byte in b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"a" * 200:
+            try:
+                sock.send(bytes([byte]))
+                sock.settimeout(DEADLINE_S / 4)
+                if sock.recv(64) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed, "the server kept a dripping client"
+        assert time.monotonic() - started < 20 * DEADLINE_S  # dripping all 230 bytes would take 57 s
+        sock.close()
+    finally:
+        sink.close()
+
+
+def test_demo_slowloris_clients_do_not_lock_out_others():
+    """The report: 32 clients dripping a header byte every 4 s gave 503 to everyone else for as long as they
+    dripped. With a total deadline, the drippers are dropped and the next client is served."""
+    from edge.commands.demo_stream import MAX_CLIENTS, FrameHub, open_server
+
+    hub = FrameHub({"source": "test"})
+    hub.publish(b"\xff\xd8jpeg", {"frame": 1, "status": "ok"})
+    server = open_server("127.0.0.1", 0, hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    drippers = [connect(port) for _ in range(MAX_CLIENTS)]
+    stop = threading.Event()
+
+    def drip():
+        while not stop.wait(DEADLINE_S / 4):
+            for s in drippers:
+                try:
+                    s.send(b"G")
+                except OSError:
+                    pass
+
+    threading.Thread(target=drip, daemon=True).start()
+    try:
+        status, body = served_within("http://127.0.0.1:{}/stats.json".format(port), 20 * DEADLINE_S)
+        assert status == 200 and b'"frame": 1' in body
+        stop.set()
+        for s in drippers:  # each dripper was closed by the server without an answer
+            s.settimeout(10)
+            assert s.recv(64) == b""
+    finally:
+        stop.set()
+        for s in drippers:
+            s.close()
+        hub.close()
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,84 @@
+"""A signal in the middle of a command that writes (issue 19 item 7): SIGTERM or SIGHUP while `edge calibrate
+import` or `edge build` is working leaves no temporary file or folder, keeps what was there, and ends with one
+line and 128 + the signal (the CLI turns both into an exception, so every cleanup runs)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import cv2
+import numpy as np
+import pytest
+import service_helpers as sh
+
+from edge.build.calibration import load_calibration_set
+
+from conftest import REPO
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def hidden(folder):
+    """Every dot-named file or folder under `folder`: where the commands keep their temporary work."""
+    return sorted(os.path.join(root, n) for root, dirs, files in os.walk(str(folder)) for n in dirs + files
+                  if n.startswith("."))
+
+
+def signalled_midway(args, cwd, appears, sig):
+    """Start `edge ARGS`, wait until `appears()` (its temporary work exists), send `sig`; (returncode, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "edge"] + [str(a) for a in args], cwd=str(cwd),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert sh.wait_until(lambda: appears() or proc.poll() is not None, timeout=300)
+        assert proc.poll() is None, "finished before its temporary work was seen: " + proc.stderr.read()[-2000:]
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def test_a_signal_during_calibrate_import_leaves_no_temporary_folder(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(src / "p0.jpg"), rng.integers(0, 256, (1500, 2000, 3), dtype=np.uint8))
+    for i in range(1, 60):  # big images, slow to decode: the import is still working when the signal comes
+        os.link(str(src / "p0.jpg"), str(src / "p{}.jpg".format(i)))
+    out = tmp_path / "sets" / "set"
+    small = tmp_path / "small"
+    shutil.copytree(str(src), str(small), ignore=lambda d, names: names[2:])
+    held = 0
+    for sig in SIGNALS:
+        subprocess.run([sys.executable, "-m", "edge", "calibrate", "import", str(small), str(out), "--min-images", "1"],
+                       cwd=REPO, check=True, capture_output=True)
+        before = load_calibration_set(str(out)).sha256
+        rc, err = signalled_midway(["calibrate", "import", src, out, "--min-images", 1], REPO,
+                                   lambda: bool(hidden(out.parent)), sig)
+        assert rc == 128 + sig and err.strip().splitlines() == [
+            "edge calibrate: terminated by {}".format(signal.Signals(sig).name)], err
+        assert hidden(out.parent) == [] and load_calibration_set(str(out)).sha256 == before
+        held += 1
+    assert held == len(SIGNALS)
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_signal_during_build_leaves_no_staged_or_quantize_debris(small_model, tmp_path, sig):
+    engines = tmp_path / "engines"
+    sh.copy_model(small_model, engines, "m")
+    config = sh.write_config(tmp_path / "cfg.yaml", {
+        "model": {"path": str(engines / "m.int8.onnx")},
+        "build": {"engines_dir": str(engines), "calibration_dir": os.path.join(REPO, "calibration", "default"),
+                  "regression_dir": os.path.join(REPO, "calibration", "regression")}})
+    before = sorted(os.listdir(str(engines)))
+    started = time.monotonic()
+    rc, err = signalled_midway(["build", "--config", config, "--no-progress"], tmp_path,
+                               lambda: bool(hidden(engines)), sig)
+    assert rc != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "interrupted" in err or "terminated" in err, err
+    assert hidden(engines) == [] and sorted(os.listdir(str(engines))) == before, time.monotonic() - started

@@ -1,0 +1,119 @@
+"""INT8 as TensorRT computes it, on any CPU: the emulated Q/DQ model is exact fake-quantisation, the gate's verdict
+does not move with ONNX Runtime's optimisation level, and the runtime never serves saturated int8 kernels."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from edge.build.plan import check_inputs
+from edge.build.steps import judge
+from edge.config import load_config
+from edge.frame import qdq_emulation
+from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.frame.preprocess import CpuPreprocessor
+from edge.frame.qdq_emulation import emulated_model, fake_quantize, int8_kernels_saturate
+
+
+def _session(model, level):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _tensors(digits, count=24):
+    prep = CpuPreprocessor(digits.preprocess)
+    return [prep(img).copy() for img in digits.test_images[:count]]
+
+
+def test_fake_quantize_rounds_half_to_even_and_saturates_like_quantizelinear():
+    x = np.array([[-300.0, -1.5, -0.5, 0.5, 1.5, 2.5, 126.6, 300.0]], np.float32)
+    expected = np.array([[-128, -2, 0, 0, 2, 2, 127, 127]], np.float32)
+    assert np.array_equal(fake_quantize(x, np.float32(1.0), np.int8(0)), expected)
+    per_channel = fake_quantize(np.full((2, 3), 10.0, np.float32), np.array([4.0, 0.01], np.float32),
+                                np.zeros(2, np.int8), axis=0)
+    assert np.array_equal(per_channel, np.array([[8, 8, 8], [1.27, 1.27, 1.27]], np.float32))
+
+
+def test_emulated_model_is_the_exact_fake_quantisation_at_every_optimisation_level(digits, digits_qdq):
+    qdq = onnx.load(digits_qdq)
+    emulated = emulated_model(qdq)
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in emulated.graph.node)
+    onnx.checker.check_model(emulated)
+    unfused = _session(qdq, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)  # Q/DQ run as float ops, one by one
+    same_order = _session(emulated, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    optimised = _session(emulated, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    for tensor in _tensors(digits):
+        want = unfused.run(None, {"input": tensor})[0]
+        assert np.array_equal(same_order.run(None, {"input": tensor})[0], want)
+        # Fused float kernels sum in another order: a value on a rounding edge may land one int8 step away,
+        # as it may on the engine. Never the int8 kernels' saturation (tens of percent).
+        got = optimised.run(None, {"input": tensor})[0]
+        assert np.argmax(got) == np.argmax(want)
+        assert np.linalg.norm(got - want) <= 0.03 * np.linalg.norm(want)
+
+
+def test_gate_verdict_is_identical_with_optimisations_forced_on_and_off(digits, digits_qdq, monkeypatch, tmp_path):
+    cfg = load_config(None, {"build.calibration_dir": digits.calibration, "build.regression_dir": digits.regression,
+                             "build.engines_dir": str(tmp_path), "preprocess.resize": 64, "preprocess.crop": 64})
+    plan = check_inputs(cfg, digits.onnx, show_progress=False)
+
+    reports = []
+    for level in ("ORT_ENABLE_ALL", "ORT_DISABLE_ALL"):
+        original = OnnxRuntimeBackend._options
+
+        def forced(self, module, level=level, original=original):
+            options = original(self, module)
+            options.graph_optimization_level = getattr(module.GraphOptimizationLevel, level)
+            return options
+
+        monkeypatch.setattr(OnnxRuntimeBackend, "_options", forced)
+        reports.append(judge(plan, digits_qdq, plan.fmt.runner).report)
+        monkeypatch.undo()
+    on, off = reports
+    assert on["passed"] is off["passed"] is True and on["samples"] == off["samples"] == 297
+    assert abs(on["agreement"] - off["agreement"]) <= 1 / 297  # at most one sample on a rounding edge
+    assert abs(on["mean_cosine"] - off["mean_cosine"]) < 1e-3
+
+
+@pytest.mark.parametrize("saturate", [True, False])
+def test_runtime_emulates_int8_exactly_where_the_kernels_saturate(digits, digits_qdq, monkeypatch,
+                                                                  saturate):
+    monkeypatch.setattr(qdq_emulation, "int8_kernels_saturate", lambda: saturate)
+    monkeypatch.setattr("edge.frame.onnxruntime_backend.int8_kernels_saturate", lambda: saturate)
+    with OnnxRuntimeBackend(digits_qdq) as backend:
+        described = backend.describe()
+        assert described["precision"] == "int8-qdq"
+        if saturate:
+            assert "emulated" in described["int8"] and "saturate" in described["int8"]
+            reference = _session(emulated_model(onnx.load(digits_qdq)), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+            for tensor in _tensors(digits, 8):
+                assert np.allclose(backend.infer(tensor), reference.run(None, {"input": tensor})[0], atol=1e-5)
+        else:
+            assert described["int8"] == "onnxruntime-kernels"
+
+
+def test_qdq_model_served_on_this_cpu_keeps_the_fp32_top1(digits, digits_qdq):
+    """Whatever this CPU's int8 kernels do, the served INT8 model answers like FP32 on the held-out digits."""
+    assert isinstance(int8_kernels_saturate(), bool)
+    tensors = _tensors(digits, 297)
+    with OnnxRuntimeBackend(digits.onnx) as fp32, OnnxRuntimeBackend(digits_qdq) as int8:
+        fp32_top1 = np.mean([np.argmax(fp32.infer(t)) == y for t, y in zip(tensors, digits.test_labels)])
+        int8_top1 = np.mean([np.argmax(int8.infer(t)) == y for t, y in zip(tensors, digits.test_labels)])
+    assert int8_top1 >= fp32_top1 - 0.01
+
+
+def test_probe_model_detects_the_saturating_product_it_was_built_for():
+    """The probe's exact answer is 64 per channel; a u8s8 kernel with 16-bit pair sums gives 1 (see the docstring)."""
+    model = qdq_emulation._probe_model()
+    feed = {"x": np.ones((1, 64, 1, 1), np.float32)}
+    exact = _session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(None, feed)[0]
+    assert np.array_equal(exact, np.full((1, 8, 1, 1), 64.0, np.float32))
+    fused = _session(model, ort.GraphOptimizationLevel.ORT_ENABLE_ALL).run(None, feed)[0]
+    assert int8_kernels_saturate() == (not np.allclose(fused, exact, rtol=0.02, atol=0.0))
+
+
+def test_a_float_model_passes_through_unchanged(digits):
+    model = onnx.load(digits.onnx)
+    assert emulated_model(model).SerializeToString() == model.SerializeToString()

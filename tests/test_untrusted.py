@@ -1,0 +1,229 @@
+"""Untrusted text (issue 19 items 1, 2, 9, 10, 11, 18-20): source URIs, credentials, error lines, labels and a
+model's own preprocessing constants. Each class is tested with several hostile inputs (the HOSTILE_* lists)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from edge.errors import EdgeError, one_line
+from edge.uri import parse_source, redact
+
+from conftest import assert_refused, run_edge
+
+PASSWORD = "S3cretPass"
+TOKEN = "t0kenValue"
+
+# --- source URIs: parsed once, refused when not a well-formed URI of their kind ----------------------------
+
+HOSTILE_URIS = [
+    "rtsp://127.0.0.1:18554/cam latency=0 ! fakesink videotestsrc num-buffers=3 ! pngenc ! multifilesink "
+    "location=/tmp/pwn-%d.png rtspsrc location=rtsp://127.0.0.1:18554/cam",  # the issue's injection
+    "rtsp://h/cam!fakesink", "rtsp://h/cam\"", "rtsp://h/cam'", "rtsp://h/cam\\", "rtsp://h/ca m",
+    "rtsp://h/cam\tx", "rtsp://h/cam\nx", "rtsp://h/cam\x00", "rtsp://h/cam\x1b[31m", "rtsp://h/caméra",
+    "rtsp://h/%zz", "rtsp://h/a@b", "rtsp://user:pa/ss@h/", "rtsp://", "rtsp:///cam", "rtsp://h:0/",
+    "rtsp://h:99999/", "rtsp://h:port/", "rtsp://[::1/", "rtsp://h$(id)/", "RTSP://h/x y",
+    "csi://0 ! fakesink", "csi://-1", "csi://", "csi://0x1", "csi://١", "v4l2://0;id", "v4l2://99999",
+    "/dev/video0 ! fakesink", "/dev/videoX", "ftp://h/x", "http://h/x", "file:///etc/passwd", "x\ny", "",
+    "a" * 5000,
+]
+GOOD_URIS = [("rtsp://cam.local/stream", "rtsp"), ("rtsp://admin:p%40ss%21@10.0.0.2:8554/s?ch=1&subtype=0", "rtsp"),
+             ("rtsp://[::1]:8554/x", "rtsp"), ("csi://1", "csi"), ("/dev/video2", "v4l2"), ("v4l2://0", "v4l2"),
+             ("synthetic", "synthetic"), ("clips/a b!'.mp4", "path"), ("photos/", "path")]
+
+
+@pytest.mark.parametrize("uri", HOSTILE_URIS)
+def test_anything_but_a_well_formed_uri_is_refused_naming_source_uri(uri):
+    with pytest.raises(EdgeError) as err:
+        parse_source(uri)
+    line = str(err.value)
+    assert line.startswith("source.uri: ") and err.value.exit_code == 2
+    assert "\n" not in line and "\x00" not in line and "\x1b" not in line and len(line) < 300
+
+
+@pytest.mark.parametrize("uri, kind", GOOD_URIS)
+def test_well_formed_uris_of_every_kind_are_kept(uri, kind):
+    parsed = parse_source(uri)
+    assert parsed.kind == kind and parsed.text == uri
+
+
+def test_the_injection_is_refused_by_every_command_before_anything_runs(small_model, tmp_path):
+    injection = HOSTILE_URIS[0].replace("/tmp/pwn", str(tmp_path / "pwn"))
+    for argv in (["run", "--model", small_model], ["check", "--json", "", "--plot", ""], ["doctor"],
+                 ["calibrate", "capture", "set"], ["demo", "--headless"], ["rebuild", "--dry-run"]):
+        assert_refused(run_edge(*argv, "--source", injection), "source.uri")
+    assert not [name for name in os.listdir(str(tmp_path)) if name.startswith("pwn")]
+
+
+# --- credentials: masked in every output --------------------------------------------------------------------
+
+HOSTILE_SECRETS = [
+    "rtsp://admin:{}@cam/s".format(PASSWORD), "rtsp://{}@cam/s".format(PASSWORD),
+    "rtsp://admin:{}@cam:8554/s?x=1".format(PASSWORD), "rtsp://a:{}@[::1]/s".format(PASSWORD),
+    "'rtsp://admin:{}@cam/s'".format(PASSWORD), "\"rtsp://admin:{}@cam/s\"".format(PASSWORD),
+    "rtsp://cam/s?token={}".format(TOKEN), "rtsp://cam/s?a=1&password={}&b=2".format(TOKEN),
+    "rtsp://cam/s?X-Auth-Key={}".format(TOKEN), "RTSPS://admin:{}@cam/".format(PASSWORD),
+    "source rtsp://u:{}@cam/s: no frame".format(PASSWORD), "http://u:{}@h/x".format(PASSWORD),
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_SECRETS)
+def test_redact_masks_userinfo_and_secret_query_values(text):
+    shown = redact(text)
+    assert PASSWORD not in shown and TOKEN not in shown and "***" in shown
+    assert redact(shown) == shown
+
+
+def test_redact_keeps_the_rest_of_the_line():
+    line = "rtsp://u:p@cam:554/s?token=abc: no frame for 2 s"
+    assert redact(line) == "rtsp://***@cam:554/s?token=***: no frame for 2 s"
+    assert redact("rtsp://cam/s?a=1&sig=x:y&b=2") == "rtsp://cam/s?a=1&sig=***&b=2"
+    assert redact("see /data/clip.mp4 and rtsp://cam/s?ch=1") == "see /data/clip.mp4 and rtsp://cam/s?ch=1"
+
+
+def test_a_password_uri_leaks_from_no_command_when_the_source_is_down(small_model, tmp_path):
+    """The failure paths (the working ones: tests/test_gstreamer.py): every command, side by side."""
+    uri = "rtsp://admin:{}@127.0.0.1:9/cam?token={}".format(PASSWORD, TOKEN)  # nothing listens on port 9
+    config = tmp_path / "edge.yaml"
+    config.write_text("source:\n  uri: '{}'\nmodel:\n  path: {}\n".format(uri, small_model))
+    commands = (["run"], ["check", "--json", "report.json", "--plot", ""], ["demo", "--headless", "--port", "0"],
+                ["doctor"], ["calibrate", "capture", "set", "--frames", "5", "--every", "1", "--min-images", "1"],
+                ["rebuild", "--dry-run", "--no-reload"])
+    procs = [subprocess.Popen([sys.executable, "-m", "edge"] + argv + ["--config", str(config)], cwd=str(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+             for argv in commands]
+    for argv, proc in zip(commands, procs):
+        head = []
+        for line in proc.stdout:  # until the first fault is reported (or the command gives up)
+            head.append(line)
+            if '"source_fault"' in line:
+                proc.send_signal(signal.SIGTERM)  # a frame loop: stopped, it reports
+                break
+        out, err = proc.communicate(timeout=120)
+        out = "".join(head) + out
+        assert "Traceback" not in err, (argv, err)
+        assert PASSWORD not in out + err and TOKEN not in out + err, (argv, out, err)
+        assert out + err, argv  # it said something (that could have leaked)
+    written = [os.path.join(root, name) for root, _, names in os.walk(str(tmp_path)) for name in names]
+    for path in written:
+        if not path.endswith("edge.yaml"):
+            with open(path, "rb") as fh:
+                assert PASSWORD.encode() not in fh.read(), path
+
+
+# --- error lines: one bounded, escaped line for anything -----------------------------------------------------
+
+HOSTILE_LINES = ["a\x00b", "a\nb\r\nc", "\x1b[2J\x1b[31mred", "\u202eevil", "\x85next", "\udcff\udcfe",
+                 "x" * 900000, "é" * 1000 + "\n" * 1000, "\u2028line"]
+
+
+@pytest.mark.parametrize("text", HOSTILE_LINES)
+def test_one_line_escapes_control_characters_and_bounds_the_length(text):
+    line = one_line(text)
+    assert len(line) <= 300 and line.isprintable()
+    line.encode("utf-8")  # prints on any UTF-8 terminal: no lone surrogate
+
+
+def test_a_huge_or_hostile_path_gives_one_bounded_escaped_line(tmp_path):
+    long_arg = str(tmp_path) + ("/" + "d" * 199) * 500 + "/c.yaml"  # 100 KB: one argument can be at most 128 KB
+    for path in (long_arg, str(tmp_path / "a\nb\x1b[31m.yaml"), str(tmp_path / "nul\x7f.yaml")):
+        line = assert_refused(run_edge("run", "--config", path), "config file")
+        assert "\x1b" not in line and "\x7f" not in line
+    config = tmp_path / "huge.yaml"
+    config.write_text("model:\n  path: " + "m/" * 450000 + "x.onnx\n")  # a 900 KB path, in a config
+    assert_refused(run_edge("run", "--config", str(config), "--backend", "onnxruntime"), "x.onnx")
+    assert_refused(run_edge("run", "--config", str(tmp_path)), str(tmp_path), "folder")
+    (tmp_path / "sub.yaml").mkdir()
+    assert_refused(run_edge("check", "--config", str(tmp_path / "sub.yaml")), "sub.yaml")
+
+
+def test_every_os_error_is_one_line_naming_the_file(small_model, tmp_path):
+    """check's outputs are checked before the run; what can only fail at the write is still one line."""
+    long_name = "r" * 250 + ".json"  # fits the folder, but not with atomic_write's temporary-name padding
+    for args, names in ((["--json", str(tmp_path / long_name)], [long_name[:40]]),
+                        (["--json", "/proc/version/x.json"], ["/proc/version/x.json"])):
+        proc = run_edge("check", "--model", small_model, "--source", "synthetic", "--frames", "2", "--warmup", "0",
+                        "--plot", "", "--budget-ms", "1000", *args)
+        line = assert_refused(proc, *names)
+        assert "timed" not in proc.stdout, line  # refused before the run
+
+
+# --- labels and a model's preprocessing constants: the config's checks, naming file and key --------------
+
+HOSTILE_LABELS = [
+    (b"\xef\xbb\xbfcat\ndog\n", None),  # a BOM is dropped, not part of the first label
+    (b"cat\n  \ndog\n", "line 2"), (b"cat\n\t\ndog\n", "line 2"), (b"cat\ndog\n\n", "line 3"),
+    (b"cat\n\x1b[31mdog\n", "line 2"), (b"cat\ndo\x00g\n", "line 2"), (b"cat\ndog\xc2\x85x\n", "line 2"),
+    (b"cat\ndog\xe2\x80\xaex\n", "line 2"), (b"\xef\xbb\xbf\n", "line 1"), (b"cat\xff\n", "not UTF-8"),
+]
+
+
+@pytest.mark.parametrize("content, says", HOSTILE_LABELS)
+def test_labels_with_control_characters_or_blank_lines_are_refused_by_line(tmp_path, content, says):
+    from edge.frame.postprocess import load_labels
+
+    path = tmp_path / "m.labels.txt"
+    path.write_bytes(content)
+    if says is None:
+        assert load_labels(str(path)) == ["cat", "dog"]
+        return
+    with pytest.raises(EdgeError) as err:
+        load_labels(str(path))
+    assert str(path) in str(err.value) and says in str(err.value) and "\x1b" not in str(err.value)
+
+
+def test_a_labels_path_that_is_a_folder_is_one_line(tmp_path):
+    from edge.frame.postprocess import load_labels
+
+    with pytest.raises(EdgeError, match="labels file.*folder"):
+        load_labels(str(tmp_path))
+
+
+GOOD_PRE = {"resize": 256, "crop": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+HOSTILE_PREPROCESS = [
+    ({"resize": 1e21}, "'preprocess.resize' must be an integer"), ({"resize": True}, "'preprocess.resize' must be"),
+    ({"resize": 10 ** 400}, "'preprocess.resize' must be between"), ({"resize": "256"}, "'preprocess.resize'"),
+    ({"crop": 0}, "'preprocess.crop' must be between"), ({"crop": 300}, "must not exceed 'preprocess.resize'"),
+    ({"mean": [1e308, 0.4, 0.4]}, "'preprocess.mean' must be between"), ({"mean": [0.4, 0.4]}, "list 3 numbers"),
+    ({"std": [1e-320, 0.2, 0.2]}, "'preprocess.std' must be between"), ({"std": [True, 0.2, 0.2]}, "std[0]"),
+    ({"mean": [float("nan"), 0.4, 0.4]}, "finite"), ({"std": "0.2"}, "must be a list"),
+    ({"mean": None}, "'preprocess.mean' must be a list"), ({"resize": [256] * 100000}, "'preprocess.resize'"),
+]
+
+
+@pytest.mark.parametrize("change, says", HOSTILE_PREPROCESS)
+def test_a_model_infos_preprocessing_gets_the_configs_checks(tmp_path, change, says):
+    from edge.config import PreprocessConfig
+    from edge.frame.preprocess import model_preprocess
+
+    model = str(tmp_path / "m.onnx")
+    with pytest.raises(EdgeError) as err:
+        model_preprocess(PreprocessConfig(), {"preprocess": dict(GOOD_PRE, **change)}, model, "<defaults>")
+    line = str(err.value)
+    assert line.startswith(str(tmp_path / "m.json")) and says in line and len(line) < 300, line
+
+
+def test_a_model_info_that_repeats_a_key_is_refused(small_model, tmp_path):
+    from edge.fileio import load_json
+
+    path = tmp_path / "m.json"
+    path.write_text('{"trained": false, "preprocess": {"resize": 256, "resize": 1e21}}')
+    with pytest.raises(EdgeError, match="repeats the key \"resize\""):
+        load_json(str(path), "model info")
+    assert json.loads(path.read_text())["preprocess"]["resize"] == 1e21  # what json alone would have used
+
+
+def test_a_file_name_that_is_not_utf8_prints_escaped(small_model, tmp_path):
+    import cv2
+    import numpy as np
+
+    folder = os.fsencode(str(tmp_path))
+    ok, png = cv2.imencode(".png", np.zeros((32, 32, 3), np.uint8))
+    with open(folder + b"/ph\xffoto.png", "wb") as fh:
+        fh.write(png.tobytes())
+    proc = run_edge("classify", str(tmp_path), "--model", small_model)  # the table names the file on stdout
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "ph\\udcffoto.png" in proc.stdout
