@@ -62,7 +62,8 @@ def fake_quantize(x: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int 
 
 
 def _pairs(model: Any, values: Dict[str, np.ndarray]) -> List[Tuple[Any, Any]]:
-    """Every (QuantizeLinear, DequantizeLinear) pair with constant, equal parameters."""
+    """Every (QuantizeLinear, DequantizeLinear) pair with constant, equal parameters: per-channel on weights,
+    per-tensor on activations (what TensorRT accepts; anything else is left to ONNX Runtime as it is)."""
     consumers: Dict[str, List[Any]] = {}
     for node in model.graph.node:
         for name in node.input:
@@ -72,6 +73,8 @@ def _pairs(model: Any, values: Dict[str, np.ndarray]) -> List[Tuple[Any, Any]]:
         if q.op_type != "QuantizeLinear":
             continue
         qp = _quant_params(q, values)
+        if qp is not None and qp[0].size != 1 and q.input[0] not in values:
+            continue
         for dq in consumers.get(q.output[0], []):
             dp = _quant_params(dq, values) if dq.op_type == "DequantizeLinear" else None
             if qp is not None and dp is not None and all(np.array_equal(a, b) for a, b in zip(qp, dp)):
@@ -102,12 +105,11 @@ def emulated_model(model: Any) -> Any:
     onnx, numpy_helper = require("onnx"), require("onnx.numpy_helper")
     model = onnx.ModelProto.FromString(model.SerializeToString())
     values = _constants(model)
-    initializer_names = {i.name for i in model.graph.initializer}
     removed, added_nodes, added_inits = set(), [], []
     for number, (q, dq) in enumerate(_pairs(model, values)):
         removed.add(dq.output[0])  # protobuf wrappers have no stable identity: nodes are named by output
         source = q.input[0]
-        if source in initializer_names:
+        if source in values:  # a weight: fake-quantised once, here
             scale, zero, axis = _quant_params(q, values)  # type: ignore[misc]
             added_inits.append(numpy_helper.from_array(fake_quantize(values[source], scale, zero, axis), dq.output[0]))
             continue
