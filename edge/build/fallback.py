@@ -95,7 +95,7 @@ def rank_layers(fp32_path: str, qdq: Any, images: CalibrationSet, preprocess: Pr
     everything = scorer.damage(qdq)
     ranked = []
     for node in qdq.graph.node:
-        if node.op_type in _COMPUTE and node.name in pairs:
+        if node.op_type in _COMPUTE and node.name and node.name in pairs:  # an unnamed node cannot be singled out
             recovered = everything - scorer.damage(without_quantization(qdq, [node.name]))
             ranked.append({"node": node.name, "recovers": round(recovered, 6)})
     return sorted(ranked, key=lambda r: -r["recovers"])
