@@ -49,7 +49,8 @@ setup(
                      "onnx-ir", "lief"],
         "service": ["prometheus-client>=0.12", "sdnotify>=0.3.2", "psutil>=5.8"],
         "check": ["matplotlib>=3.3"],
-        "dev": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.14", "jetson-stats>=4.2",
+        # pytest-xdist: the README's test command runs two workers (tests/conftest.py shares the trained model).
+        "dev": ["pytest>=7", "pytest-xdist>=3", "scikit-image>=0.19", "scikit-learn>=1.0", "pillow>=8", "mypy>=1.14", "jetson-stats>=4.2",
                 "ruff>=0.4", "vermin>=1.5", "tqdm>=4"],
         # deploy/ checks: Helm 4 render/lint, Kubernetes schema validation, Ansible, shellcheck
         "fleet": ['helm-python-sdk>=0.2.2; python_version >= "3.10"', "kubernetes-validate>=1.28",

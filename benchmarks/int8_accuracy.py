@@ -7,7 +7,7 @@ calibrations, and prints one Markdown table: top-1 on the 297 held-out digits, t
 flips and the gate's verdict at the default thresholds. `--large` also times calibration + quantization of
 MobileNetV3-Large (random weights) on the shipped calibration/default set.
 
-    python benchmarks/int8_accuracy.py [--large] [--epochs 8]
+    python benchmarks/int8_accuracy.py [--large] [--epochs N]
 """
 
 import argparse
@@ -29,7 +29,7 @@ from edge.config import GateConfig  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
 from edge.frame.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
 
-from trained_model import train_digits_model  # noqa: E402
+from trained_model import EPOCHS, train_digits_model  # noqa: E402
 
 
 def quiet(*_):
@@ -105,7 +105,7 @@ def large_timing(work):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--large", action="store_true", help="also time MobileNetV3-Large quantization")
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         digits_table(tmp, args.epochs)

@@ -1,8 +1,11 @@
 """Shared fixtures: a real exported MobileNetV3, a trained digits model, real video files written with OpenCV."""
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -20,12 +23,30 @@ def small_model(tmp_path_factory):
     return out
 
 
+def once_per_run(tmp_path_factory, name, make):
+    """`make(folder)` once per test run: under pytest-xdist the first worker that asks makes `folder`, the others
+    wait for it and use the same files. `make` returns what the fixture gives; it must be rebuildable from files."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, shared by its workers
+    folder = base / name
+    with open(str(folder) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / ".done"
+        if not done.exists():
+            shutil.rmtree(str(folder), ignore_errors=True)  # what a failed worker left
+            folder.mkdir()
+            make(str(folder))
+            done.touch()
+    return str(folder)
+
+
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory):
     """A MobileNetV3-Small trained on scikit-learn's digits (tests/trained_model.py), exported with its sets."""
-    from trained_model import train_digits_model
+    from trained_model import load_digits_model, train_digits_model
 
-    return train_digits_model(str(tmp_path_factory.mktemp("digits")))
+    return load_digits_model(once_per_run(tmp_path_factory, "digits", train_digits_model))
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +55,11 @@ def digits_qdq(digits, tmp_path_factory):
     from edge.build.calibration import load_calibration_set
     from edge.build.quantize import quantize_qdq
 
-    out = str(tmp_path_factory.mktemp("qdq") / "digits.int8.onnx")
-    quantize_qdq(digits.onnx, out, load_calibration_set(digits.calibration), digits.preprocess, "minmax", True,
-                 show_progress=False, log=lambda *a: None)
-    return out
+    def make(folder):
+        quantize_qdq(digits.onnx, os.path.join(folder, "digits.int8.onnx"), load_calibration_set(digits.calibration),
+                     digits.preprocess, "minmax", True, show_progress=False, log=lambda *a: None)
+
+    return os.path.join(once_per_run(tmp_path_factory, "digits-qdq", make), "digits.int8.onnx")
 
 
 def write_video(path, frames=30, size=(320, 240), fps=30.0):
@@ -93,10 +115,13 @@ def jtop_service():
     if why:
         pytest.skip("real jtop service not runnable here: " + why)
     service = sj.JtopService()
-    try:
-        service.setup()
-        service.start()
-        yield service
-    finally:
-        service.cleanup()
+    # one jtop service per machine (its socket is /run/jtop.sock): pytest-xdist workers take turns
+    with open(os.path.join(tempfile.gettempdir(), "jetson-edge-tests-jtop.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            service.setup()
+            service.start()
+            yield service
+        finally:
+            service.cleanup()
     assert not os.path.exists(sj.SOCKET)

@@ -21,6 +21,8 @@ from edge.commands.build import register
 from edge.config import load_config
 from edge.errors import EdgeError
 
+from fake_tensorrt import fake_tensorrt
+
 quiet = lambda *a: None  # noqa: E731
 
 
@@ -233,8 +235,8 @@ def test_calibrate_import_and_capture_commands(digits, video_file, tmp_path):
 
 
 # --- edge/build/tensorrt_engine.py against a recording stand-in for TensorRT (no GPU here) ---------------------
-# The stand-in has only what the real API has (per version: 8.5 needs EXPLICIT_BATCH, 11 has no precision flags
-# and no calibrator); it records what the builder was asked for and drives a calibrator as TensorRT does.
+# tests/fake_tensorrt.py: per version only what the real API has; it records what the builder was asked for in
+# trt.calls and drives a calibrator as TensorRT does.
 
 
 class FakeSession:
@@ -267,124 +269,6 @@ class FakeSession:
 
     def release(self):
         self.released = True
-
-
-def fake_tensorrt(version):
-    import types
-
-    import onnx
-
-    major = int(version.split(".")[0])
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = version
-    trt.Runtime = object  # a TensorRT runtime, not type stubs alone
-    trt.calls = []
-    trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, severity: None})
-    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(EXPLICIT_BATCH=0)
-    trt.LayerType = types.SimpleNamespace(QUANTIZE="QUANTIZE", OTHER="OTHER")
-    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
-    trt.BuilderFlag = types.SimpleNamespace(**({} if major >= 11 else {"INT8": "INT8", "FP16": "FP16"}))
-
-    class IInt8EntropyCalibrator2:
-        def __init__(self):
-            pass
-
-    class Error:
-        def __init__(self, desc, node):
-            self._desc, self._node = desc, node
-
-        def desc(self):
-            return self._desc
-
-        def node_name(self):
-            return self._node
-
-    class Network:
-        def __init__(self, flags):
-            self.flags, self.layers = flags, []
-            trt.calls.append(("create_network", flags))
-
-        @property
-        def num_layers(self):
-            return len(self.layers)
-
-        def get_layer(self, i):
-            return types.SimpleNamespace(type=self.layers[i])
-
-    class OnnxParser:
-        def __init__(self, network, logger):
-            self.network, self.errors = network, []
-
-        def parse(self, data):
-            try:
-                model = onnx.load_from_string(data)
-            except Exception:
-                self.errors.append(Error("Failed to parse ONNX model from file\nsecond line", "(none)"))
-                return False
-            self.network.layers = ["QUANTIZE" if n.op_type == "QuantizeLinear" else "OTHER" for n in model.graph.node]
-            return True
-
-        @property
-        def num_errors(self):
-            return len(self.errors)
-
-        def get_error(self, i):
-            return self.errors[i]
-
-    class TimingCache:
-        def __init__(self, data):
-            self.data = bytes(data)
-
-        def serialize(self):
-            return self.data + b"+"
-
-    class Config:
-        def __init__(self):
-            self.flags, self.pools, self.timing = [], {}, None
-            if major < 11:
-                self.int8_calibrator = None
-
-        def set_memory_pool_limit(self, pool, size):
-            self.pools[pool] = size
-
-        def set_flag(self, flag):
-            self.flags.append(flag)
-
-        def create_timing_cache(self, data):
-            return TimingCache(data)
-
-        def set_timing_cache(self, cache, ignore_mismatch):
-            self.timing = cache
-            return True
-
-        def get_timing_cache(self):
-            return self.timing
-
-    class Builder:
-        def __init__(self, logger):
-            pass
-
-        def create_network(self, flags=0):
-            return Network(flags)
-
-        def create_builder_config(self):
-            return Config()
-
-        def build_serialized_network(self, network, config):
-            calibrator = getattr(config, "int8_calibrator", None)
-            batches = 0
-            if calibrator is not None:
-                cache = calibrator.read_calibration_cache()
-                if cache is None:
-                    while calibrator.get_batch(["input"]) is not None:
-                        batches += 1
-                    calibrator.write_calibration_cache(b"TRT-100300-EntropyCalibration2\ninput: 3c010a14\n")
-            trt.calls.append(("build", sorted(config.flags), dict(config.pools), config.timing.data, batches))
-            return b"ENGINE " + " ".join(sorted(config.flags)).encode()
-
-    trt.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
-    trt.OnnxParser, trt.Builder = OnnxParser, Builder
-    return trt
 
 
 @pytest.fixture

@@ -33,9 +33,11 @@ def break_one_layer(path):
     initializers = {i.name: i for i in model.graph.initializer}
     for q, dq in quantized_inputs(model)[victim]:
         if q.input[0] not in initializers:  # the activation pair, not the weight's
-            for name in {q.input[1], dq.input[1]}:
-                scale = numpy_helper.to_array(initializers[name]) * np.float32(BROKEN_SCALE)
-                initializers[name].CopyFrom(numpy_helper.from_array(scale.astype(np.float32), name))
+            # a scale of its own: the tensor's scale is shared with the pairs in front of its other consumers
+            scale = numpy_helper.to_array(initializers[q.input[1]]) * np.float32(BROKEN_SCALE)
+            name = q.input[1] + "_broken"
+            model.graph.initializer.append(numpy_helper.from_array(scale.astype(np.float32), name))
+            q.input[1] = dq.input[1] = name
     onnx.save(model, path)
     return victim
 

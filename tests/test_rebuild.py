@@ -269,6 +269,7 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
         (ws / "engines/m.json").write_text(json.dumps(info))
         cfg = yaml.safe_load((ws / "cfg.yaml").read_text())
         cfg["build"]["gate"] = {"min_agreement": 1.0, "min_mean_cosine": 1.0}
+        cfg["build"]["max_float_layers"] = 0  # the float-layer search is tests/test_fallback.py's
         (ws / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     elif why == "impossible budget":
         args += ["--budget-ms", 0.001]

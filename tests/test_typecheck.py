@@ -1,11 +1,19 @@
-"""mypy on the GPU modules against tensorrt-stubs (mypy.ini): the GPU code is checked without a GPU.
+"""mypy on the GPU modules against tensorrt-stubs: the GPU code is checked without a GPU. Every run reads
+mypy.ini; edge/build/tensorrt_engine.py is also checked with the explicit `--strict` flags of FLAGS (mypy.ini's
+section for the stubs still applies: it keeps the stubs' own strict-mode errors out, which no command-line flag
+can). A misspelt TensorRT call, in a probe file or in a copy of a module, fails.
 
 tensorrt-stubs 10.13.0.35.1 has five lines Python cannot parse (a parameter named `in`, a
 non-default parameter after defaults); mypy stops at them. A copy with those lines repaired is
 put on MYPYPATH, which mypy reads before site-packages. Nothing else in the stubs is changed.
+
+mypy runs incrementally with one cache per set of flags, shared by this module's runs: the stubs are analysed
+once per set. mypy re-checks a module whose file differs from the cached one (size, mtime or path, then hash),
+so a misspelt copy is checked afresh after a clean run warmed the cache.
 """
 
 import ast
+import hashlib
 import os
 import re
 import shutil
@@ -13,12 +21,22 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, NamedTuple, Sequence
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STUB_PACKAGES = ("tensorrt", "tensorrt_bindings")
+GPU_FILES = ("edge/frame/cuda_kernel.py", "edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_runner.py",
+             "edge/frame/tensorrt_backend.py", "edge/frame/select.py", "edge/build/tensorrt_engine.py",
+             "edge/frame/cuda_session.py")
+FLAGS = ["--strict", "--follow-imports=silent", "--ignore-missing-imports"]
+
+
+class Stubs(NamedTuple):
+    path: Path  # MYPYPATH holding the repaired stubs
+    version: str  # of tensorrt-stubs
+    caches: Path  # holds one mypy cache per set of flags
 
 
 def _repair(text: str) -> str:
@@ -27,8 +45,8 @@ def _repair(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stubs(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, str]:
-    """(MYPYPATH holding the repaired stubs, tensorrt-stubs version)."""
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Stubs:
+    pytest.importorskip("mypy")
     try:
         stub_version = version("tensorrt-stubs")
     except PackageNotFoundError:
@@ -43,32 +61,29 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Path, str]:
             ast.parse(text)  # every stub parses after the repair
             (out / package).mkdir(exist_ok=True)
             (out / package / src.name).write_text(text, encoding="utf-8")
-    return out, stub_version
+    return Stubs(out, stub_version, tmp_path_factory.mktemp("mypy_cache"))
 
 
-GPU_FILES = ("edge/frame/cuda_kernel.py", "edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_runner.py",
-             "edge/frame/tensorrt_backend.py", "edge/frame/select.py", "edge/build/tensorrt_engine.py",
-             "edge/frame/cuda_session.py")
+def mypy(stubs: Stubs, flags: Sequence[str], *targets: str, cwd: Path = ROOT) -> "subprocess.CompletedProcess[str]":
+    """mypy.ini and `flags` on `targets`, in `cwd`."""
+    cache = stubs.caches / hashlib.sha256("\0".join(flags).encode()).hexdigest()[:16]
+    env: Dict[str, str] = dict(os.environ, MYPYPATH=str(stubs.path))
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "mypy.ini"), *flags,
+                           "--cache-dir", str(cache), *targets],
+                          cwd=str(cwd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True)
 
 
-def mypy(mypy_path: Path, *targets: str, cwd: Path = ROOT) -> "subprocess.CompletedProcess[str]":
-    env: Dict[str, str] = dict(os.environ, MYPYPATH=str(mypy_path))
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(cwd / "mypy.ini"),
-                           "--no-incremental", *targets], cwd=str(cwd), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-
-
-def test_stubs_describe_tensorrt_10(stubs: Tuple[Path, str]) -> None:
-    path, stub_version = stubs
-    text = (path / "tensorrt" / "__init__.pyi").read_text(encoding="utf-8")
+def test_stubs_describe_tensorrt_10(stubs: Stubs) -> None:
+    text = (stubs.path / "tensorrt" / "__init__.pyi").read_text(encoding="utf-8")
     match = re.search(r"__version__: str = '([^']+)'", text)
     assert match is not None
-    print("tensorrt-stubs", stub_version, "describes TensorRT", match.group(1))
-    assert stub_version.startswith("10.")
+    print("tensorrt-stubs", stubs.version, "describes TensorRT", match.group(1))
+    assert stubs.version.startswith("10.")
 
 
-def test_edge_gpu_typechecks(stubs: Tuple[Path, str]) -> None:
-    proc = mypy(stubs[0], *GPU_FILES)
+def test_edge_gpu_typechecks(stubs: Stubs) -> None:
+    proc = mypy(stubs, (), *GPU_FILES)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -88,14 +103,15 @@ def probe(engine: trt.ICudaEngine, context: trt.IExecutionContext, stream: int) 
 '''
 
 
-def test_stubs_cover_the_calls_and_a_misspelling_fails(stubs: Tuple[Path, str], tmp_path: Path) -> None:
+def test_stubs_cover_the_calls_and_a_misspelling_fails(stubs: Stubs, tmp_path: Path) -> None:
     """The names the backend uses are typed (not Any): a wrong type and a misspelt name are both errors."""
-    for call, expected in (("engine.get_tensor_name(0)", None),
-                           ("engine.get_tensor_nam(0)", '"ICudaEngine" has no attribute "get_tensor_nam"'),
-                           ("context.execute_async_v4(stream)", '"IExecutionContext" has no attribute')):
-        probe = tmp_path / "probe_trt.py"
+    for i, (call, expected) in enumerate((
+            ("engine.get_tensor_name(0)", None),
+            ("engine.get_tensor_nam(0)", '"ICudaEngine" has no attribute "get_tensor_nam"'),
+            ("context.execute_async_v4(stream)", '"IExecutionContext" has no attribute'))):
+        probe = tmp_path / "probe_trt_{}.py".format(i)  # a file per probe: none is mistaken for a cached one
         probe.write_text(PROBE.format(call=call), encoding="utf-8")
-        proc = mypy(stubs[0], str(probe))
+        proc = mypy(stubs, (), str(probe))
         assert proc.returncode != 0, proc.stdout
         assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in proc.stdout
         assert proc.stdout.count("error:") == (1 if expected is None else 2), proc.stdout
@@ -103,15 +119,35 @@ def test_stubs_cover_the_calls_and_a_misspelling_fails(stubs: Tuple[Path, str], 
             assert expected in proc.stdout, proc.stdout
 
 
-def test_misspelt_call_in_the_runner_fails(stubs: Tuple[Path, str], tmp_path: Path) -> None:
+def test_misspelt_call_in_the_runner_fails(stubs: Stubs, tmp_path: Path) -> None:
     """The engine runner's TensorRT calls are checked: misspell one in a copy of the package."""
     copy = tmp_path / "repo"
     shutil.copytree(str(ROOT / "edge"), str(copy / "edge"), ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(str(ROOT / "mypy.ini"), str(copy / "mypy.ini"))
     backend = copy / "edge" / "frame" / "tensorrt_runner.py"
     source = backend.read_text(encoding="utf-8")
     assert "engine.get_tensor_name(" in source
     backend.write_text(source.replace("engine.get_tensor_name(", "engine.get_tensor_nam("), encoding="utf-8")
-    proc = mypy(stubs[0], *GPU_FILES, cwd=copy)
+    proc = mypy(stubs, (), *(str(copy / f) for f in GPU_FILES), cwd=copy)
     assert proc.returncode != 0
     assert '"ICudaEngine" has no attribute "get_tensor_nam"' in proc.stdout, proc.stdout
+
+
+def test_tensorrt_build_passes_strict_mypy(stubs: Stubs) -> None:
+    proc = mypy(stubs, FLAGS, "edge/build/tensorrt_engine.py")
+    assert proc.returncode == 0, proc.stdout
+    assert "Success: no issues found in 1 source file" in proc.stdout
+
+
+def test_a_misspelt_tensorrt_call_is_caught(stubs: Stubs, tmp_path: Path) -> None:
+    pkg = tmp_path / "edge" / "build"
+    pkg.mkdir(parents=True)
+    (tmp_path / "edge" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    text = (ROOT / "edge" / "build" / "tensorrt_engine.py").read_text(encoding="utf-8")
+    assert "config.set_memory_pool_limit(" in text
+    misspelt = text.replace("config.set_memory_pool_limit(", "config.set_memory_pool_limt(")
+    (pkg / "tensorrt_engine.py").write_text(misspelt)
+    proc = mypy(stubs, FLAGS, str(pkg / "tensorrt_engine.py"), cwd=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stdout.count("error:") == text.count("config.set_memory_pool_limit("), proc.stdout  # only those
+    assert '"IBuilderConfig" has no attribute "set_memory_pool_limt"' in proc.stdout, proc.stdout

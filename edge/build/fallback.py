@@ -75,6 +75,7 @@ class _Scorer:
     def _logits(self, model: Any) -> np.ndarray:
         options = self.ort.SessionOptions()
         options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as edge.build.plan.onnx_runner
         session = self.ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         name = session.get_inputs()[0].name
         return np.concatenate([session.run(None, {name: t})[0].reshape(1, -1) for t in self.tensors])

@@ -12,6 +12,7 @@ optimisation level can fuse them: the result no longer depends on the CPU or on 
 """
 
 import functools
+import heapq
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -126,20 +127,33 @@ def emulated_model(model: Any) -> Any:
 
 
 def _ordered(nodes: List[Any], model: Any) -> List[Any]:
-    """Topological order (ONNX requires it), keeping the given order wherever it already is one."""
-    ready = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
-    pending, ordered = list(nodes), []
-    while pending:
-        left = []
-        for node in pending:
-            if all(name in ready for name in node.input):
-                ordered.append(node)
-                ready.update(node.output)
-            else:
-                left.append(node)
-        if len(left) == len(pending):
-            raise ValueError("graph has a cycle or a missing input at node " + (left[0].name or left[0].op_type))
-        pending = left
+    """Topological order (ONNX requires it), keeping the given order wherever it already is one: Kahn's algorithm
+    taking the earliest ready node first (linear, for models with thousands of nodes)."""
+    available = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
+    produced = {name for node in nodes for name in node.output}
+    readers: Dict[str, List[int]] = {}
+    waiting = []
+    for index, node in enumerate(nodes):
+        needs = {name for name in node.input if name not in available}
+        if not needs <= produced:
+            raise ValueError("graph has a missing input at node " + (node.name or node.op_type))
+        for name in needs:
+            readers.setdefault(name, []).append(index)
+        waiting.append(len(needs))
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        node = nodes[heapq.heappop(ready)]
+        ordered.append(node)
+        for name in node.output:
+            for reader in readers.pop(name, ()):
+                waiting[reader] -= 1
+                if waiting[reader] == 0:
+                    heapq.heappush(ready, reader)
+    if len(ordered) < len(nodes):
+        stuck = next(node for index, node in enumerate(nodes) if waiting[index] > 0)
+        raise ValueError("graph has a cycle at node " + (stuck.name or stuck.op_type))
     return ordered
 
 

@@ -1,0 +1,221 @@
+"""The one stand-in for the `tensorrt` module, for tests without a GPU: the builder API that
+edge/build/tensorrt_engine.py drives (tests/test_build.py) and the runtime API that TensorRTBackend drives
+(tests/device/test_simulated.py).
+
+Per version it has only what the real API has: 8.5 needs EXPLICIT_BATCH, 11 has no precision flags and no
+calibrator. The builder records what it was asked for in `trt.calls` and drives a calibrator as TensorRT does.
+The runtime deserializes bytes starting with ENGINE_MAGIC into an engine that computes reference_logits,
+reading and writing the memory at the tensor addresses it is given (host memory standing in for device memory).
+"""
+
+import ctypes
+import types
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+NUM_CLASSES = 10
+ENGINE_MAGIC = b"SIMULATED-ENGINE"
+WEIGHTS = np.random.default_rng(0).standard_normal((NUM_CLASSES, 3)).astype(np.float32)
+
+
+def view(ptr: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """The memory at address `ptr` as an array."""
+    count = int(np.prod(shape))
+    raw = (ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(ptr)
+    return np.frombuffer(raw, dtype, count).reshape(shape)
+
+
+def reference_logits(tensor: np.ndarray) -> np.ndarray:
+    """What the fake engine computes: a fixed linear map of the per-channel means."""
+    return (WEIGHTS @ tensor.reshape(3, -1).astype(np.float32).mean(axis=1))[None, :]
+
+
+class Logger:
+    WARNING = "WARNING"
+
+    def __init__(self, severity: str) -> None:
+        self.severity = severity
+
+
+def fake_tensorrt(version: str = "10.3.0", input_dtype: Any = np.float32, crop: int = 224) -> types.ModuleType:
+    """A `tensorrt` module of `version` whose engines take a (1, 3, crop, crop) `input_dtype` tensor."""
+    trt = types.ModuleType("tensorrt")
+    trt.__file__ = __file__  # a package with code, not type stubs alone
+    trt.__version__ = version
+    trt.Logger = Logger
+    _add_builder(trt, int(version.split(".")[0]))
+    _add_runtime(trt, input_dtype, crop)
+    return trt
+
+
+def _add_builder(trt: types.ModuleType, major: int) -> None:
+    trt.calls = []
+    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(EXPLICIT_BATCH=0)
+    trt.LayerType = types.SimpleNamespace(QUANTIZE="QUANTIZE", OTHER="OTHER")
+    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
+    trt.BuilderFlag = types.SimpleNamespace(**({} if major >= 11 else {"INT8": "INT8", "FP16": "FP16"}))
+
+    class IInt8EntropyCalibrator2:
+        def __init__(self) -> None:
+            pass
+
+    class Error:
+        def __init__(self, desc: str, node: str) -> None:
+            self._desc, self._node = desc, node
+
+        def desc(self) -> str:
+            return self._desc
+
+        def node_name(self) -> str:
+            return self._node
+
+    class Network:
+        def __init__(self, flags: int) -> None:
+            self.flags = flags
+            self.layers: List[str] = []
+            trt.calls.append(("create_network", flags))
+
+        @property
+        def num_layers(self) -> int:
+            return len(self.layers)
+
+        def get_layer(self, i: int) -> Any:
+            return types.SimpleNamespace(type=self.layers[i])
+
+    class OnnxParser:
+        def __init__(self, network: Network, logger: Logger) -> None:
+            self.network = network
+            self.errors: List[Error] = []
+
+        def parse(self, data: bytes) -> bool:
+            import onnx
+
+            try:
+                model = onnx.load_from_string(data)
+            except Exception:
+                self.errors.append(Error("Failed to parse ONNX model from file\nsecond line", "(none)"))
+                return False
+            self.network.layers = ["QUANTIZE" if n.op_type == "QuantizeLinear" else "OTHER" for n in model.graph.node]
+            return True
+
+        @property
+        def num_errors(self) -> int:
+            return len(self.errors)
+
+        def get_error(self, i: int) -> Error:
+            return self.errors[i]
+
+    class TimingCache:
+        def __init__(self, data: bytes) -> None:
+            self.data = bytes(data)
+
+        def serialize(self) -> bytes:
+            return self.data + b"+"
+
+    class Config:
+        def __init__(self) -> None:
+            self.flags: List[str] = []
+            self.pools: Dict[str, int] = {}
+            self.timing: Optional[TimingCache] = None
+            if major < 11:
+                self.int8_calibrator: Any = None
+
+        def set_memory_pool_limit(self, pool: str, size: int) -> None:
+            self.pools[pool] = size
+
+        def set_flag(self, flag: str) -> None:
+            self.flags.append(flag)
+
+        def create_timing_cache(self, data: bytes) -> TimingCache:
+            return TimingCache(data)
+
+        def set_timing_cache(self, cache: TimingCache, ignore_mismatch: bool) -> bool:
+            self.timing = cache
+            return True
+
+        def get_timing_cache(self) -> Optional[TimingCache]:
+            return self.timing
+
+    class Builder:
+        def __init__(self, logger: Logger) -> None:
+            pass
+
+        def create_network(self, flags: int = 0) -> Network:
+            return Network(flags)
+
+        def create_builder_config(self) -> Config:
+            return Config()
+
+        def build_serialized_network(self, network: Network, config: Config) -> bytes:
+            calibrator = getattr(config, "int8_calibrator", None)
+            batches = 0
+            if calibrator is not None:
+                cache = calibrator.read_calibration_cache()
+                if cache is None:
+                    while calibrator.get_batch(["input"]) is not None:
+                        batches += 1
+                    calibrator.write_calibration_cache(b"TRT-100300-EntropyCalibration2\ninput: 3c010a14\n")
+            trt.calls.append(("build", sorted(config.flags), dict(config.pools), config.timing.data, batches))
+            return b"ENGINE " + " ".join(sorted(config.flags)).encode()
+
+    if major < 11:
+        trt.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
+    trt.OnnxParser, trt.Builder = OnnxParser, Builder
+
+
+def _add_runtime(trt: types.ModuleType, input_dtype: Any, crop: int) -> None:
+    """The named-tensor API with execute_async_v3 (8.5+)."""
+    trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
+    trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", INT8="INT8", INT32="INT32", BOOL="BOOL")
+    dtypes = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8}
+    trt_dtype = next(name for name, dt in dtypes.items() if np.dtype(dt) == np.dtype(input_dtype))
+    tensors = [("input", "INPUT", (1, 3, crop, crop), trt_dtype), ("logits", "OUTPUT", (1, NUM_CLASSES), "FLOAT")]
+
+    def run(addresses: Dict[str, int]) -> bool:
+        x = view(addresses["input"], tensors[0][2], dtypes[trt_dtype])
+        view(addresses["logits"], tensors[1][2], np.float32)[...] = reference_logits(x)
+        return True
+
+    class Context:
+        def __init__(self) -> None:
+            self.addresses: Dict[str, int] = {}
+
+        def set_tensor_address(self, name: str, ptr: int) -> bool:
+            self.addresses[name] = ptr
+            return True
+
+        def execute_async_v3(self, stream_handle: int) -> bool:
+            return run(self.addresses)
+
+    class Engine:
+        num_io_tensors = len(tensors)
+
+        def get_tensor_name(self, i: int) -> str:
+            return tensors[i][0]
+
+        def _find(self, name: str) -> Tuple[str, str, Tuple[int, ...], str]:
+            return next(t for t in tensors if t[0] == name)
+
+        def get_tensor_mode(self, name: str) -> str:
+            return self._find(name)[1]
+
+        def get_tensor_shape(self, name: str) -> Tuple[int, ...]:
+            return self._find(name)[2]
+
+        def get_tensor_dtype(self, name: str) -> str:
+            return self._find(name)[3]
+
+        def create_execution_context(self) -> Context:
+            return Context()
+
+    class Runtime:
+        def __init__(self, logger: Logger) -> None:
+            self.logger = logger
+
+        def deserialize_cuda_engine(self, data: bytes) -> Optional[Engine]:
+            if not data.startswith(ENGINE_MAGIC):
+                return None
+            return Engine()
+
+    trt.Runtime = Runtime
