@@ -4,7 +4,7 @@ python3-opencv is the OpenCV built with GStreamer; see the docstring there). Pri
   twin csi|usb-mjpg|usb-yuyv|rtsp WIDTH HEIGHT FPS FRAMES [URI CODEC]
       opens the software twin of that pipeline through edge's own GStreamerCapture and reads FRAMES frames
   grab URI CODEC TCP
-      edge's LatestFrameGrabber with a reconnect policy on open_capture(uri); one line per frame and per
+      edge's SourceSupervisor with a reconnect policy on open_capture(uri); one line per frame and per
       source event, until stdin closes
   open URI
       open_capture(uri) on the GStreamer path and one frame: its shape and the description, or the error line
@@ -19,7 +19,7 @@ import time
 from edge.config import SourceConfig
 from edge.errors import EdgeError
 from edge.frame import gstreamer
-from edge.frame.sources import LatestFrameGrabber, SourceTimeout, open_capture
+from edge.frame.sources import SourceSupervisor, SourceTimeout, open_capture
 from edge.uri import parse_source
 
 # The software twin: the off-Jetson element set with videotestsrc standing in for the cameras.
@@ -28,7 +28,7 @@ TWIN = dataclasses.replace(gstreamer.SOFTWARE, csi="videotestsrc is-live=true",
 RAW_ONLY = dataclasses.replace(TWIN, v4l2="videotestsrc is-live=true")  # a USB camera without MJPG
 
 
-LOCK = threading.Lock()  # the grabber thread and the main thread both print
+LOCK = threading.Lock()  # the reader thread and the main thread both print
 
 
 def emit(**fields):
@@ -58,21 +58,21 @@ def twin(kind, width, height, fps, frames, uri="", codec="auto"):
 
 def grab(uri, codec, tcp):
     cfg = SourceConfig(uri=uri, rtsp_codec=codec, rtsp_tcp=tcp == "tcp", timeout_s=2.0)
-    grabber = LatestFrameGrabber(open_capture(cfg), cfg.timeout_s, reconnect_initial_s=0.05, reconnect_max_s=0.4,
-                                 reopen=lambda: open_capture(cfg),
-                                 on_event=lambda name, fields: emit(event=name, t=time.monotonic(), **fields))
+    supervisor = SourceSupervisor(open_capture(cfg), cfg.timeout_s, reconnect_initial_s=0.05, reconnect_max_s=0.4,
+                                  reopen=lambda: open_capture(cfg),
+                                  on_event=lambda name, fields: emit(event=name, t=time.monotonic(), **fields))
     closed = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
-    grabber.start()
-    emit(event="started", source=grabber.capture.description)
+    supervisor.start()
+    emit(event="started", source=supervisor.capture.description)
     while not closed.is_set():
         try:
-            frame = grabber.get(0.5)
+            frame = supervisor.reader.get(0.5)  # the current reader: a hung one is replaced below
         except SourceTimeout:
-            grabber.recover_stall()  # as edge.service.runtime does
+            supervisor.recover_stall()  # as edge.service.runtime does
             continue
-        emit(frame=frame.seq, shape=frame.image.shape, t=frame.captured, **grabber.stats())
-    grabber.stop()
+        emit(frame=frame.seq, shape=frame.image.shape, t=frame.captured, **supervisor.stats())
+    supervisor.stop()
 
 
 def open_one(uri):

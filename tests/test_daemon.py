@@ -14,7 +14,7 @@ import service_helpers as sh
 
 from edge.artifact import sha256_file
 from edge.errors import EdgeError
-from edge.frame.sources import LatestFrameGrabber
+from edge.frame.reader import FrameReader
 from edge.service.frame_log import FrameLogSink
 from edge.service.loop import run
 from edge.service.runtime import Runtime
@@ -63,14 +63,14 @@ def test_camera_whose_reads_and_reopens_raise_is_retried_with_backoff(small_mode
 def test_broken_images_are_dropped_and_a_streak_reopens_the_camera():
     camera = sh.BrokenFramesCapture(good=10, broken=8)
     events = []
-    grabber = LatestFrameGrabber(camera, 1.0, reconnect_initial_s=0.01, reconnect_max_s=0.05,
-                                 on_event=lambda name, fields: events.append(name), max_broken=5).start()
+    reader = FrameReader(camera, 1.0, reconnect_initial_s=0.01, reconnect_max_s=0.05,
+                         on_event=lambda name, fields: events.append(name), max_broken=5).start()
     try:
-        frames = [grabber.get() for _ in range(20)]
+        frames = [reader.get() for _ in range(20)]
     finally:
-        grabber.stop()
+        reader.stop()
     assert all(f.image.shape == (48, 64, 3) for f in frames)  # no broken image reached the pipeline
-    assert grabber.broken == 8 and grabber.faults == 1 and grabber.reconnects == 1
+    assert reader.broken == 8 and reader.faults == 1 and reader.reconnects == 1
     assert events == ["source_fault", "source_reconnected"]
 
 

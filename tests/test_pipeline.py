@@ -15,7 +15,8 @@ from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 from edge.frame.pipeline import Pipeline, TooManyErrors
 from edge.frame.postprocess import TopK, load_labels
 from edge.frame.preprocess import CpuPreprocessor
-from edge.frame.sources import LatestFrameGrabber, SourceEnded, open_capture
+from edge.frame.reader import FrameReader
+from edge.frame.sources import SourceEnded, open_capture
 from edge.frame.stages import Stages
 
 from conftest import REPO, run_edge
@@ -48,22 +49,22 @@ def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
     cfg = load_config(None)
     backend = backend or OnnxRuntimeBackend(model)
     backend.load()
-    grabber = LatestFrameGrabber(open_capture(SourceConfig(uri=video, fps=1000, loop=loop))).start()
+    reader = FrameReader(open_capture(SourceConfig(uri=video, fps=1000, loop=loop))).start()
     labels = load_labels(labels_path(model))
     stages = Stages(CpuPreprocessor(cfg.preprocess), backend, TopK(labels), "test", model)
-    return Pipeline(stages, LatencyRecorder(30.0), max_errors), grabber
+    return Pipeline(stages, LatencyRecorder(30.0), max_errors), reader
 
 
 def test_pipeline_times_every_stage(small_model, video_file):
-    pipeline, grabber = make_pipeline(small_model, video_file, loop=False)
+    pipeline, reader = make_pipeline(small_model, video_file, loop=False)
     results = []
     try:
         while True:
-            results.append(pipeline.process(grabber.get()))
+            results.append(pipeline.process(reader.get()))
     except SourceEnded:
         pass
     finally:
-        grabber.stop()
+        reader.stop()
     assert results and all(r.status in ("ok", "miss") for r in results)
     r = results[-1]
     assert set(r.stage_ms) == {"capture", "frame_age", "preprocess", "infer", "postprocess", "end_to_end"}
@@ -85,26 +86,26 @@ class FlakyBackend(OnnxRuntimeBackend):
 
 
 def test_a_failed_frame_is_counted_and_the_loop_continues(small_model, video_file):
-    pipeline, grabber = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=3))
+    pipeline, reader = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=3))
     statuses = []
     try:
         for _ in range(9):
-            statuses.append(pipeline.process(grabber.get()).status)
+            statuses.append(pipeline.process(reader.get()).status)
     finally:
-        grabber.stop()
+        reader.stop()
     assert statuses.count("error") == 3 and pipeline.errors == 3
     assert pipeline.recorder.frames == 6
 
 
 def test_too_many_consecutive_failures_raise(small_model, video_file):
-    pipeline, grabber = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=1), max_errors=2)
+    pipeline, reader = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=1), max_errors=2)
     try:
-        pipeline.process(grabber.get())
-        pipeline.process(grabber.get())
+        pipeline.process(reader.get())
+        pipeline.process(reader.get())
         with pytest.raises(TooManyErrors, match="3 consecutive frames failed"):
-            pipeline.process(grabber.get())
+            pipeline.process(reader.get())
     finally:
-        grabber.stop()
+        reader.stop()
 
 
 def test_edge_run_on_a_video_file(small_model, video_file):

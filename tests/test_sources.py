@@ -3,32 +3,34 @@ import time
 
 import numpy as np
 import pytest
+import service_helpers as sh
 
 from edge.config import SourceConfig, load_config
 from edge.errors import EdgeError
 from edge.frame.gstreamer import APPSINK, JETSON, SOFTWARE, csi_pipeline, rtsp_pipeline, usb_pipelines
-from edge.frame.sources import Capture, LatestFrameGrabber, SourceEnded, SourceTimeout, open_capture
+from edge.frame.reader import FrameReader
+from edge.frame.sources import Capture, SourceEnded, SourceSupervisor, SourceTimeout, open_capture
 
 from conftest import write_video
 
 
 def grab_all(cfg, limit=1000):
-    grabber = LatestFrameGrabber(open_capture(cfg)).start()
+    reader = FrameReader(open_capture(cfg)).start()
     frames = []
     try:
         while len(frames) < limit:
-            frames.append(grabber.get())
+            frames.append(reader.get())
     except SourceEnded:
         pass
     finally:
-        grabber.stop()
-    return frames, grabber
+        reader.stop()
+    return frames, reader
 
 
 def test_video_file_frames_match_what_was_written(tmp_path):
     written = write_video(tmp_path / "clip.avi", frames=12)
-    frames, grabber = grab_all(SourceConfig(uri=str(tmp_path / "clip.avi"), fps=1000, loop=False))
-    assert len(frames) + grabber.skipped == 12
+    frames, reader = grab_all(SourceConfig(uri=str(tmp_path / "clip.avi"), fps=1000, loop=False))
+    assert len(frames) + reader.skipped == 12
     assert [f.seq for f in frames] == sorted(f.seq for f in frames)
     first = frames[0]
     assert first.image.shape == (240, 320, 3) and first.image.dtype == np.uint8
@@ -48,8 +50,8 @@ def test_image_folder_reads_images_and_skips_non_images(tmp_path):
     for i in range(3):
         cv2.imwrite(str(tmp_path / "img{}.png".format(i)), np.full((50, 60, 3), i * 80, np.uint8))
     (tmp_path / "notes.txt").write_text("not an image")
-    frames, grabber = grab_all(SourceConfig(uri=str(tmp_path), fps=1000, loop=False))
-    assert len(frames) + grabber.skipped == 3
+    frames, reader = grab_all(SourceConfig(uri=str(tmp_path), fps=1000, loop=False))
+    assert len(frames) + reader.skipped == 3
     assert all(f.image.shape == (50, 60, 3) for f in frames)
 
 
@@ -64,16 +66,16 @@ def test_a_folder_source_is_listed_as_a_path_and_only_its_files_are_images(tmp_p
         cv2.imwrite(str(path / "a.png"), np.full((20, 30, 3), value, np.uint8))
     (folder / "sub.jpg").mkdir()
     (folder / "sub.jpg" / "inner.png").write_bytes(b"")
-    frames, grabber = grab_all(SourceConfig(uri=str(folder), fps=1000, loop=False))
-    assert [int(f.image.mean()) for f in frames] == [200] and grabber.broken == 0
+    frames, reader = grab_all(SourceConfig(uri=str(folder), fps=1000, loop=False))
+    assert [int(f.image.mean()) for f in frames] == [200] and reader.broken == 0
 
 
 def test_synthetic_source_is_paced():
-    grabber = LatestFrameGrabber(open_capture(SourceConfig(width=64, height=48, fps=50))).start()
+    reader = FrameReader(open_capture(SourceConfig(width=64, height=48, fps=50))).start()
     try:
-        frames = [grabber.get() for _ in range(10)]
+        frames = [reader.get() for _ in range(10)]
     finally:
-        grabber.stop()
+        reader.stop()
     assert frames[0].image.shape == (48, 64, 3)
     span = frames[-1].captured - frames[0].captured
     assert span >= 0.8 * 0.02 * (frames[-1].seq - frames[0].seq)  # never faster than 50 fps, however idle
@@ -98,24 +100,24 @@ class CountingCapture(Capture):
         return np.full((4, 4, 3), self.n % 256, np.uint8)
 
 
-def test_grabber_returns_newest_frame_and_counts_skips():
-    grabber = LatestFrameGrabber(CountingCapture(200)).start()
+def test_reader_returns_newest_frame_and_counts_skips():
+    reader = FrameReader(CountingCapture(200)).start()
     seen = []
     try:
         while True:
-            seen.append(grabber.get().seq)
+            seen.append(reader.get().seq)
             time.sleep(0.01)  # a slow consumer
     except SourceEnded:
         pass
     finally:
-        grabber.stop()
+        reader.stop()
     assert all(b > a for a, b in zip(seen, seen[1:])), "a frame older than the previous one was returned"
-    assert grabber.produced == 200
-    assert grabber.skipped > 100  # the slow consumer missed most frames
-    assert grabber.skipped == 200 - len(seen)
+    assert reader.produced == 200
+    assert reader.skipped > 100  # the slow consumer missed most frames
+    assert reader.skipped == 200 - len(seen)
 
 
-def test_grabber_times_out_and_forwards_errors():
+def test_reader_times_out_and_forwards_errors():
     class Stalled(Capture):
         description = "stalled"
 
@@ -127,11 +129,11 @@ def test_grabber_times_out_and_forwards_errors():
             return None
 
     stalled = Stalled()
-    grabber = LatestFrameGrabber(stalled, timeout_s=0.1).start()
+    reader = FrameReader(stalled, timeout_s=0.1).start()
     with pytest.raises(SourceTimeout, match="no frame for 0.1 s"):
-        grabber.get()
+        reader.get()
     stalled.release.set()
-    grabber.stop()
+    reader.stop()
 
     class Broken(Capture):
         description = "broken"
@@ -142,10 +144,10 @@ def test_grabber_times_out_and_forwards_errors():
         def read(self):
             raise IOError("camera unplugged")
 
-    grabber = LatestFrameGrabber(Broken()).start()
+    reader = FrameReader(Broken()).start()
     with pytest.raises(IOError, match="camera unplugged"):
-        grabber.get()
-    grabber.stop()
+        reader.get()
+    reader.stop()
 
 
 def test_uri_errors():
@@ -225,17 +227,43 @@ class HangingOpen(Capture):
 
 def test_a_live_capture_whose_open_hangs_does_not_block_start():
     release = threading.Event()
-    grabber = LatestFrameGrabber(HangingOpen(release), timeout_s=0.2, reconnect_initial_s=0.05)
+    reader = FrameReader(HangingOpen(release), timeout_s=0.2, reconnect_initial_s=0.05)
     started = time.monotonic()
-    grabber.start()
+    reader.start()
     try:
         assert time.monotonic() - started < 10  # not the open's 30 s: the loop gets control back, its deadline acts
         with pytest.raises(SourceTimeout):
-            grabber.get(0.3)
-        assert grabber.stalled_for() >= 0.3  # the hung open is seen as a stall (recover_stall can abandon it)
+            reader.get(0.3)
+        assert reader.stalled_for() >= 0.3  # the hung open is seen as a stall (the supervisor can abandon it)
         release.set()
-        assert grabber.get(2.0).image.shape == (4, 4, 3)
-        assert grabber.stats()["faults"] == 0 and grabber.reconnects == 0  # a slow first open is no reconnect
+        assert reader.get(2.0).image.shape == (4, 4, 3)
+        assert reader.stats()["faults"] == 0 and reader.reconnects == 0  # a slow first open is no reconnect
     finally:
         release.set()
-        grabber.stop()
+        reader.stop()
+
+
+def test_the_supervisor_replaces_a_hung_reader_and_counts_on_from_it():
+    sh.HangingCapture.instances = []
+    events = []
+    supervisor = SourceSupervisor(sh.HangingCapture(good=5), timeout_s=1.0, reconnect_initial_s=0.01,
+                                  reopen=sh.HangingCapture, on_event=lambda *event: events.append(event)).start()
+    hung = supervisor.reader
+    seqs = []
+    try:
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing assertion
+        while len(seqs) < 15 and time.monotonic() < deadline:  # 5 frames before the read hangs, 10 after
+            frame = supervisor.next_frame(0.1)
+            if frame is not None:
+                seqs.append(frame.seq)
+    finally:
+        sh.HangingCapture.instances[0].release.set()
+        supervisor.stop()
+    assert supervisor.reader is not hung and supervisor.capture is sh.HangingCapture.instances[1]
+    assert len(seqs) == 15 and all(b > a for a, b in zip(seqs, seqs[1:]))  # frames numbered on across readers
+    stats = supervisor.stats()
+    assert stats["faults"] == 1 and stats["reconnects"] == 1 and stats["source_timeouts"] >= 1
+    assert [f["fault"] for name, f in events if name == "source_fault"] == ["hung"]
+    assert any(f["hung_read_restarted"] for name, f in events if name == "source_timeout")
+    names = [name for name, _ in events]
+    assert names.count("source_reconnected") == 1 and names.count("source_recovered") == 1

@@ -1,6 +1,7 @@
 """Captures: one source of BGR frames each (synthetic, image folder, video file or OpenCV capture), with the
 frame record and the two ways a source stops giving frames. Cameras and streams build on OpenCVCapture in
-edge/frame/gstreamer.py; edge/frame/sources.py maps a URI to a capture and runs it in the grabber thread."""
+edge/frame/gstreamer.py; edge/frame/sources.py maps a URI to a capture, which a FrameReader (edge/frame/reader.py)
+reads in its own thread under a SourceSupervisor."""
 
 import os
 import time

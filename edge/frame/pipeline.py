@@ -30,7 +30,7 @@ class Result:
     misses: int = 0
     errors: int = 0  # failed frames so far
     consecutive_errors: int = 0
-    source: Dict[str, int] = field(default_factory=dict)  # the source's counters (LatestFrameGrabber.stats)
+    source: Dict[str, int] = field(default_factory=dict)  # the source's counters (SourceSupervisor.stats)
     telemetry: Any = None  # the latest TelemetrySnapshot, when telemetry runs
     reloads: Dict[str, int] = field(default_factory=dict)  # SIGHUP reloads: ok, failed
 

@@ -6,15 +6,17 @@ precision, model identity) is captured here, at load time, so a model file repla
 never changes what a running service says about the model it serves.
 """
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 from edge.artifact import UNTRAINED_WARNING, labels_path, read_model_info
 from edge.config import Config
 from edge.errors import EdgeError
 from edge.frame.backend import Backend
+from edge.frame.cuda_session import CudaSession
 from edge.frame.postprocess import Prediction, TopK, load_labels
 from edge.frame.preprocess import model_preprocess
 
@@ -29,6 +31,7 @@ class Stages:
     model_info: Dict[str, Any] = field(default_factory=dict)
     sha256: str = "unknown"  # of the bytes actually loaded
     description: Dict[str, Any] = field(default_factory=dict)  # backend.describe() at load time
+    session: Optional[CudaSession] = None  # the GPU stages' CUDA session: theirs, released by close(), last
 
     @property
     def trained(self) -> bool:
@@ -69,18 +72,18 @@ class Stages:
         return prediction
 
     def close(self) -> None:
-        close_stages(self.preprocess, self.backend)
+        close_stages(self.preprocess, self.backend, self.session)
 
 
-def close_stages(preprocessor: Any, backend: Backend) -> None:
-    """The preprocessor first (a GPU one borrows the backend's CUDA session), then the backend, which releases the
-    session last."""
-    try:
+def close_stages(preprocessor: Any, backend: Backend, session: Optional[CudaSession] = None) -> None:
+    """The preprocessor, then the backend, then the CUDA session both ran on: each one even if one before fails."""
+    with contextlib.ExitStack() as later:
+        if session is not None:
+            later.callback(session.release)
+        later.callback(backend.close)
         close = getattr(preprocessor, "close", None)  # CPU preprocessing holds nothing to free
         if close is not None:
             close()
-    finally:
-        backend.close()
 
 
 def choose_devices(cfg: Config) -> Tuple[str, str, str]:
@@ -90,37 +93,52 @@ def choose_devices(cfg: Config) -> Tuple[str, str, str]:
     return select_devices(cfg)
 
 
-def create_stages(cfg: Config) -> Tuple[Callable[[Any], Any], Any, str]:
-    """(preprocessor, backend (not yet loaded), reason). GPU modules are imported only when chosen."""
+class StageParts(NamedTuple):
+    """What a stages factory makes: CPU stages hold no CUDA session."""
+
+    preprocessor: Callable[[Any], Any]
+    backend: Any  # not yet loaded
+    reason: str
+    session: Optional[CudaSession] = None
+
+
+def create_stages(cfg: Config) -> StageParts:
+    """The stages `cfg` chooses, not yet loaded. GPU modules are imported only when chosen; GPU stages get one
+    CUDA session, made here and handed to the backend and the GPU preprocessor, which both only borrow it."""
     pre_device, backend_kind, reason = choose_devices(cfg)
-    if backend_kind == "tensorrt":
-        from edge.frame.tensorrt_backend import TensorRTBackend
-
-        backend: Any = TensorRTBackend(cfg.model.path, cuda_graph=cfg.backend.cuda_graph)
-    else:
+    if backend_kind != "tensorrt":
         from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+        from edge.frame.preprocess import CpuPreprocessor
 
-        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
-    preprocessor: Any = None
-    if pre_device == "cuda":
+        return StageParts(CpuPreprocessor(cfg.preprocess), OnnxRuntimeBackend(
+            cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning), reason)
+    from edge.frame.tensorrt_backend import TensorRTBackend
+
+    session = CudaSession()
+    backend = TensorRTBackend(cfg.model.path, session, cfg.backend.cuda_graph)  # allocates nothing before load()
+    try:
+        preprocessor, reason = preprocessor_for_tensorrt(cfg, session, pre_device, reason)
+    except BaseException:
+        session.release()
+        raise
+    return StageParts(preprocessor, backend, reason, session)
+
+
+def preprocessor_for_tensorrt(cfg: Config, session: CudaSession, device: str, reason: str) -> Tuple[Any, str]:
+    """(preprocessor, reason) beside a TensorRT backend: CUDA when chosen and its kernel loads, else the CPU."""
+    from edge.frame.preprocess import CpuPreprocessor
+
+    if device == "cuda":
         from edge.frame.cuda_kernel import KernelUnavailable
         from edge.frame.cuda_preprocess import CudaPreprocessor
 
         try:  # loads the kernel now: no kernel is decided at start, never frame by frame
-            preprocessor = CudaPreprocessor(cfg.preprocess, backend.session)  # borrows the backend's session
+            return CudaPreprocessor(cfg.preprocess, session), reason
         except KernelUnavailable as exc:
             if cfg.preprocess.device == "cuda":
-                backend.close()
                 raise KernelUnavailable("preprocess.device cuda: {}".format(exc)) from None
             reason += "; preprocessing on the CPU (preprocess.device auto): {}".format(exc)
-        except BaseException:
-            backend.close()
-            raise
-    if preprocessor is None:
-        from edge.frame.preprocess import CpuPreprocessor
-
-        preprocessor = CpuPreprocessor(cfg.preprocess)
-    return preprocessor, backend, reason
+    return CpuPreprocessor(cfg.preprocess), reason
 
 
 def check_fit(cfg: Config, backend: Backend, labels_file: str, labels: int) -> None:
@@ -146,7 +164,7 @@ def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) 
     # The model's own preprocessing constants (its model info) win over config defaults; a conflict is refused.
     cfg = dataclasses.replace(cfg, preprocess=model_preprocess(cfg.preprocess, info, cfg.model.path,
                                                                cfg.path or "<defaults>"))
-    preprocessor, backend, reason = factory(cfg)
+    preprocessor, backend, reason, session = StageParts(*factory(cfg))
     try:
         backend.load()
         write_as = getattr(preprocessor, "write_as", None)  # a GPU preprocessor writes the engine's input dtype
@@ -157,7 +175,7 @@ def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) 
         check_fit(cfg, backend, labels_file, len(labels))
         postprocess = TopK(labels, cfg.runtime.top_k)
         return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, info, backend.sha256,
-                      dict(backend.describe()))
+                      dict(backend.describe()), session)
     except BaseException:
-        close_stages(preprocessor, backend)
+        close_stages(preprocessor, backend, session)
         raise

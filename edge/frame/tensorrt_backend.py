@@ -1,7 +1,8 @@
 """TensorRT on the GPU: the runtime backend over edge.frame.tensorrt_runner.EngineRunner.
 
-    backend = TensorRTBackend("engines/model.engine")      # makes the CUDA session; close() releases it
-    pre = CudaPreprocessor(cfg.preprocess, backend.session)  # borrows it (edge.frame.stages closes pre first)
+    session = CudaSession()                                  # its owner's: edge.frame.stages releases it last
+    backend = TensorRTBackend("engines/model.engine", session)
+    pre = CudaPreprocessor(cfg.preprocess, session)          # the same session; neither releases it
     with backend:
         logits = backend.infer(pre(frame))                   # binds the device tensor as its input, in place
         logits = backend.infer(numpy_tensor)                 # or copies an array into its own input buffer
@@ -77,11 +78,11 @@ class _GraphApi:
 class TensorRTBackend(Backend):
     name = "tensorrt"
 
-    def __init__(self, engine_path: str, cuda_graph: bool = False) -> None:
+    def __init__(self, engine_path: str, session: CudaSession, cuda_graph: bool = False) -> None:
         self.engine_path = engine_path
+        self.session = session  # its owner's (edge.frame.stages), released after close()
         self.cuda_graph = cuda_graph
-        self._session: Optional[CudaSession] = None
-        self.runner = EngineRunner(engine_path)
+        self.runner = EngineRunner(engine_path, session)
         self._device_ms: Dict[str, float] = {}
         self.graph_status = "off (backend.cuda_graph: false)" if not cuda_graph else "not tried yet"
         self._manifest: Dict[str, Any] = {}
@@ -90,22 +91,14 @@ class TensorRTBackend(Backend):
         self._graph_api: Optional[_GraphApi] = None
         self._graph = 0
 
-    @property
-    def session(self) -> CudaSession:
-        """The backend's CUDA session, made on first use; a GPU preprocessor borrows it; close() releases it."""
-        if self._session is None:
-            self._session = CudaSession()
-        return self._session
-
     def load(self) -> None:
         """Any refusal (no TensorRT, a manifest for another board, an engine that does not deserialise) frees what
-        was loaded; close() then releases the session (edge.frame.stages does on every failure path, so a refused
-        SIGHUP reload leaves no CUDA context behind)."""
+        was loaded at once; the session's owner still releases it (edge.frame.stages does on every failure path, so
+        a refused SIGHUP reload leaves no CUDA context behind)."""
         try:
             require_tensorrt()
             self._warnings = []
             self._manifest = check_engine(self.engine_path, warn=self._warnings.append)
-            self.runner.session = self.session
             self.runner.load()
             self.sha256 = self.runner.sha256
             assert self.runner.input is not None
@@ -222,13 +215,10 @@ class TensorRTBackend(Backend):
         }
 
     def close(self) -> None:
-        """Free the engine, then release the session; safe to call twice. A preprocessor that borrowed the
-        session must be closed first (edge.frame.stages does)."""
-        session = self._session
-        if session is None or session.released:
+        """Free the CUDA graph, the events and the engine; safe to call twice. The session stays its owner's."""
+        if self._events[0] is None:  # never loaded, a refused load (freed at once) or closed already
             return
-        with session:
+        with self.session:
             self._drop_graph()
             self._events = (None, None)
         self.runner.close()
-        session.release()

@@ -27,7 +27,7 @@ from edge.errors import EdgeError
 from edge.fields import reloaded
 from edge.frame.latency import LatencyRecorder
 from edge.frame.pipeline import Pipeline, Result, Sink
-from edge.frame.sources import Capture, Frame, LatestFrameGrabber, SourceEnded, open_capture
+from edge.frame.sources import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
 from edge.frame.stages import Stages, build_stages, create_stages
 from edge.service.frame_log import FrameLogSink, report_fields
 from edge.service.log import JsonLog
@@ -57,7 +57,7 @@ class Runtime:
         self.capture_factory = capture_factory or open_capture
         self.stages_factory = stages_factory or create_stages
         self.pipeline: Optional[Pipeline] = None
-        self.source: Optional[LatestFrameGrabber] = None
+        self.source: Optional[SourceSupervisor] = None
         self.metrics: Any = None  # edge.service.metrics.MetricsSink when service.metrics.enabled
         self.metrics_port: Optional[int] = None
         self.telemetry: Any = None  # edge.service.telemetry.Telemetry when service.telemetry.enabled
@@ -100,9 +100,9 @@ class Runtime:
         recorder = LatencyRecorder(cfg.runtime.budget_ms, cfg.runtime.latency_window)
         self.pipeline = Pipeline(stages, recorder, cfg.runtime.max_consecutive_errors)
         capture = self.capture_factory(cfg.source)
-        self.source = LatestFrameGrabber(capture, cfg.source.timeout_s, cfg.service.reconnect_initial_s,
-                                         cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(cfg.source),
-                                         on_event=self._source_event).start()
+        self.source = SourceSupervisor(capture, cfg.source.timeout_s, cfg.service.reconnect_initial_s,
+                                       cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(cfg.source),
+                                       on_event=self._source_event).start()
         self._start_services(recorder)
         self._set_untrained_warning(stages)
         self.facts = dict(stages.facts(), source=capture.description, budget_ms=cfg.runtime.budget_ms)

@@ -1,10 +1,11 @@
-"""Stand-ins for pycuda and tensorrt that run on the CPU, for tests/device/test_simulated.py.
+"""A stand-in for pycuda that runs on the CPU, for tests/device/test_simulated.py (tensorrt's is
+tests/fake_tensorrt.py).
 
 "Device memory" is host memory, so pointers are real addresses. The kernel launch calls the host build of
 edge/cuda/preprocess.cuh (edge/cuda/host_preprocess.cpp) with the arguments the launcher packed, after
 checking them against the prepared format; module loads take the real nvcc-built images (a cubin or the
-shipped fatbin) and can be made to fail like a driver without a matching image. The fake TensorRT engine
-computes a fixed linear map of the input. The fakes record the context stack and live allocations.
+shipped fatbin) and can be made to fail like a driver without a matching image. The fake records the context
+stack and live allocations.
 """
 
 import ctypes
@@ -14,8 +15,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fake_tensorrt import view
+
 CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "edge", "cuda")
-NUM_CLASSES = 10
 FATBIN_MAGIC = b"\x50\xed\x55\xba"
 
 
@@ -40,12 +42,6 @@ class Allocation(bytearray):
 
     def free(self) -> None:
         Allocation.live.pop(id(self), None)
-
-
-def view(ptr: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
-    count = int(np.prod(shape))
-    raw = (ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(ptr)
-    return np.frombuffer(raw, dtype, count).reshape(shape)
 
 
 class Sim:
@@ -187,80 +183,3 @@ class Sim:
         drv.memcpy_dtoh_async = lambda dst, src, stream=None: memcpy(dst.ctypes.data, int(src), dst.nbytes)
         drv.memcpy_dtod_async = lambda dst, src, size, stream=None: memcpy(int(dst), int(src), size)
         return drv
-
-
-ENGINE_MAGIC = b"SIMULATED-ENGINE"
-WEIGHTS = np.random.default_rng(0).standard_normal((NUM_CLASSES, 3)).astype(np.float32)
-
-
-def reference_logits(tensor: np.ndarray) -> np.ndarray:
-    """What the fake engine computes: a fixed linear map of the per-channel means."""
-    return (WEIGHTS @ tensor.reshape(3, -1).astype(np.float32).mean(axis=1))[None, :]
-
-
-def fake_tensorrt(input_dtype: Any = np.float32, crop: int = 224) -> types.ModuleType:
-    """A `tensorrt` module: the named-tensor API with execute_async_v3 (8.5+)."""
-    trt = types.ModuleType("tensorrt")
-    trt.__file__ = __file__
-    trt.__version__ = "10.3.0"
-    trt.Builder = object  # edge.build.artifacts.tensorrt_version: a real (not stub-only) package
-    trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
-    trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", INT8="INT8", INT32="INT32", BOOL="BOOL")
-    dtypes = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8}
-    trt_dtype = next(name for name, dt in dtypes.items() if np.dtype(dt) == np.dtype(input_dtype))
-    tensors = [("input", "INPUT", (1, 3, crop, crop), trt_dtype), ("logits", "OUTPUT", (1, NUM_CLASSES), "FLOAT")]
-
-    def run(addresses: Dict[str, int]) -> bool:
-        x = view(addresses["input"], tensors[0][2], dtypes[trt_dtype])
-        view(addresses["logits"], tensors[1][2], np.float32)[...] = reference_logits(x)
-        return True
-
-    class Context:
-        def __init__(self) -> None:
-            self.addresses: Dict[str, int] = {}
-
-        def set_tensor_address(self, name: str, ptr: int) -> bool:
-            self.addresses[name] = ptr
-            return True
-
-        def execute_async_v3(self, stream_handle: int) -> bool:
-            return run(self.addresses)
-
-    class Engine:
-        num_io_tensors = len(tensors)
-
-        def get_tensor_name(self, i: int) -> str:
-            return tensors[i][0]
-
-        def _find(self, name: str) -> Tuple[str, str, Tuple[int, ...], str]:
-            return next(t for t in tensors if t[0] == name)
-
-        def get_tensor_mode(self, name: str) -> str:
-            return self._find(name)[1]
-
-        def get_tensor_shape(self, name: str) -> Tuple[int, ...]:
-            return self._find(name)[2]
-
-        def get_tensor_dtype(self, name: str) -> str:
-            return self._find(name)[3]
-
-        def create_execution_context(self) -> Context:
-            return Context()
-
-    class Logger:
-        WARNING = "WARNING"
-
-        def __init__(self, severity: str) -> None:
-            self.severity = severity
-
-    class Runtime:
-        def __init__(self, logger: Logger) -> None:
-            self.logger = logger
-
-        def deserialize_cuda_engine(self, data: bytes) -> Optional[Any]:
-            if not data.startswith(ENGINE_MAGIC):
-                return None
-            return Engine()
-
-    trt.Logger, trt.Runtime = Logger, Runtime
-    return trt

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from edge.config import SourceConfig
-from edge.frame.sources import LatestFrameGrabber, open_capture
+from edge.frame.reader import FrameReader
+from edge.frame.sources import open_capture
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.jetson
@@ -29,13 +30,13 @@ def hardware_elements():
 
 
 def grab(cfg, frames=30):
-    grabber = LatestFrameGrabber(open_capture(cfg), cfg.timeout_s).start()
+    reader = FrameReader(open_capture(cfg), cfg.timeout_s).start()
     try:
         start = time.monotonic()
-        got = [grabber.get() for _ in range(frames)]
-        return grabber.capture, got, frames / (time.monotonic() - start)
+        got = [reader.get() for _ in range(frames)]
+        return reader.capture, got, frames / (time.monotonic() - start)
     finally:
-        grabber.stop()
+        reader.stop()
 
 
 def test_csi_camera_through_nvarguscamerasrc():

@@ -1,9 +1,9 @@
 """The GPU modules' Python logic without a GPU (not marked jetson: runs in CI).
 
-pycuda and tensorrt are replaced by the CPU stand-ins in sim_gpu.py: the launcher's packed kernel arguments
-drive the host build of the kernel math, module loads get the real nvcc-built images, and the fake engine is a
-linear map. This checks argument order, geometry, strides, dtype, context push/pop, both frame transfers
-(copy, mapped), where the kernel is loaded from and the fallback when it cannot be, engine identity,
+pycuda and tensorrt are replaced by the CPU stand-ins in sim_gpu.py and tests/fake_tensorrt.py: the launcher's
+packed kernel arguments drive the host build of the kernel math, module loads get the real nvcc-built images, and
+the fake engine is a linear map. This checks argument order, geometry, strides, dtype, context push/pop, both
+frame transfers (copy, mapped), where the kernel is loaded from and the fallback when it cannot be, engine identity,
 TensorRT < 8.5 refused, and cleanup. It does not check CUDA semantics (asynchrony, real device memory),
 which only tests/device on a GPU can.
 """
@@ -24,6 +24,7 @@ from edge.errors import EdgeError
 from edge.frame.preprocess import CpuPreprocessor
 
 from . import sim_gpu
+from fake_tensorrt import ENGINE_MAGIC, NUM_CLASSES, fake_tensorrt, reference_logits
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.isfile("/usr/local/cuda/bin/nvcc") else None)
 
@@ -140,7 +141,7 @@ def write_engine(path: str, info: Optional[dict] = None) -> str:
     from edge.fileio import write_json_atomic
 
     with open(path, "wb") as fh:
-        fh.write(sim_gpu.ENGINE_MAGIC)
+        fh.write(ENGINE_MAGIC)
     onnx = path + ".onnx"
     with open(onnx, "wb") as fh:
         fh.write(b"onnx")
@@ -159,13 +160,14 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
         raise OSError("libcuda.so.1: cannot open shared object file")
 
     monkeypatch.setattr("edge.frame.tensorrt_backend._GraphApi", no_driver)
-    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt(input_dtype))
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(input_dtype=input_dtype))
     engine = write_engine(str(tmp_path / "model.engine"))
-    backend = TensorRTBackend(engine, cuda_graph=True)
-    pre = CudaPreprocessor(PreprocessConfig(), backend.session)  # before load(), as edge.frame.stages does
+    owner = session()
+    backend = TensorRTBackend(engine, owner, cuda_graph=True)
+    pre = CudaPreprocessor(PreprocessConfig(), owner)  # before load(), as edge.frame.stages does
     cpu = CpuPreprocessor(PreprocessConfig())
     with backend:
-        assert backend.input_shape == (1, 3, 224, 224) and backend.output_shape == (1, sim_gpu.NUM_CLASSES)
+        assert backend.input_shape == (1, 3, 224, 224) and backend.output_shape == (1, NUM_CLASSES)
         pre.write_as(backend.input_dtype)
         info = backend.describe()
         assert (info["backend"], info["precision"], info["gpu"]) == ("tensorrt", "fp16", "Simulated Orin")
@@ -173,7 +175,7 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
             f = frame(720, 1280, seed)
             tensor = pre(f)
             assert tensor.dtype == np.dtype(input_dtype)
-            expected = sim_gpu.reference_logits(cpu(f))
+            expected = reference_logits(cpu(f))
             tol = 1e-4 if input_dtype == np.float32 else 1e-2
             np.testing.assert_allclose(backend.infer(tensor), expected, atol=tol, rtol=tol)
             assert backend.runner.input_ptr() == tensor.ptr  # bound in place, no copy
@@ -181,31 +183,34 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
             np.testing.assert_allclose(backend.infer(cpu(f)), expected, atol=tol, rtol=tol)  # NumPy: copied in
             assert backend.runner.input_ptr() != tensor.ptr and backend.device_ms() == {"infer_gpu": 0.25}
         assert backend.graph_status == "off (capture failed: libcuda.so.1: cannot open shared object file)"
-        pre.close()  # the borrower first
-        assert not sim.context.detached
-    assert not sim_gpu.Allocation.live and sim.context.detached  # the backend released its session last
+        pre.close()
+    assert not sim_gpu.Allocation.live and not sim.context.detached  # the session is its owner's
+    owner.release()
+    assert sim.context.detached
 
 
 def test_manifest_mismatch_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from edge.frame.tensorrt_backend import TensorRTBackend
 
-    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     engine = write_engine(str(tmp_path / "model.engine"))
     monkeypatch.setattr(sys.modules["tensorrt"], "__version__", "10.4.0")  # the device was upgraded
+    owner = session()
     with pytest.raises(EdgeError, match="system.tensorrt"):
-        TensorRTBackend(engine).load()
+        TensorRTBackend(engine, owner).load()
+    owner.release()
 
 
 @pytest.mark.parametrize("refusal", ["manifest for another TensorRT", "type stubs only", "int8 input"])
 def test_refused_stages_leave_no_cuda_context(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                               refusal: str) -> None:
-    """Stages built as `edge run` builds them at start and on SIGHUP (a preprocessor on the backend's session,
-    then the backend's load): whatever refuses them, no CUDA context or buffer is left (issue 20 item 5)."""
+    """Stages built as `edge run` builds them at start and on SIGHUP (a preprocessor and a backend on the stages'
+    session, then the backend's load): whatever refuses them, no CUDA context or buffer is left (issue 20 item 5)."""
     from edge.config import Config, ModelConfig
     from edge.frame.stages import build_stages
 
     monkeypatch.setattr("edge.frame.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
-    trt = sim_gpu.fake_tensorrt(np.int8 if refusal == "int8 input" else np.float32)
+    trt = fake_tensorrt(input_dtype=np.int8 if refusal == "int8 input" else np.float32)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     engine = engine_with_labels(tmp_path)
     if refusal == "manifest for another TensorRT":
@@ -221,42 +226,90 @@ def test_refused_stages_leave_no_cuda_context(sim: sim_gpu.Sim, monkeypatch: pyt
     assert sim.loads and not sim_gpu.Allocation.live and sim.context.detached
 
 
+def record_calls(monkeypatch: pytest.MonkeyPatch, calls: list, cls: type, method: str) -> None:
+    """Each call of cls.method appends the class name to `calls`, then runs it."""
+    original = getattr(cls, method)
+
+    def record(self: Any) -> None:
+        calls.append(cls.__name__)
+        original(self)
+
+    monkeypatch.setattr(cls, method, record)
+
+
+@pytest.mark.parametrize("ending", ["closed", "engine refused", "no labels", "kernel refused"])
+def test_stages_release_their_session_last_and_once(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Any, ending: str) -> None:
+    """The stages own the CUDA session: the preprocessor closes, then the backend, then the session is released,
+    once, when the stages close and when building them fails halfway (issue 18 item 3)."""
+    from edge.config import Config, ModelConfig
+    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.frame.cuda_session import CudaSession
+    from edge.frame.stages import build_stages
+    from edge.frame.tensorrt_backend import TensorRTBackend
+
+    closed: list = []
+    for cls, method in ((CudaPreprocessor, "close"), (TensorRTBackend, "close"), (CudaSession, "release")):
+        record_calls(monkeypatch, closed, cls, method)
+    monkeypatch.setattr("edge.frame.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
+    trt = fake_tensorrt()
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    engine = engine_with_labels(tmp_path)
+    cfg = Config(model=ModelConfig(path=engine), preprocess=PreprocessConfig(device="cuda"))
+    if ending == "engine refused":
+        monkeypatch.setattr(trt, "__version__", "10.4.0")
+    elif ending == "no labels":
+        os.remove(str(tmp_path / "model.labels.txt"))
+    elif ending == "kernel refused":
+        sim.load_error = "cuModuleLoadData failed: device kernel image is invalid"
+    if ending == "closed":
+        build_stages(cfg).close()
+    else:
+        with pytest.raises(EdgeError):
+            build_stages(cfg)
+    made = [] if ending == "kernel refused" else ["CudaPreprocessor", "TensorRTBackend"]
+    assert closed == made + ["CudaSession"]
+    assert not sim_gpu.Allocation.live and sim.context.detached  # the preprocessor and the backend freed theirs
+
+
 def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from edge.frame.tensorrt_backend import TensorRTBackend
 
-    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     engine = write_engine(str(tmp_path / "model.engine"))
     with open(engine, "wb") as fh:
         fh.write(b"garbage")
     monkeypatch.setattr("edge.frame.tensorrt_backend.check_engine", lambda path, **kw: {})
-    backend = TensorRTBackend(engine)
+    owner = session()
+    backend = TensorRTBackend(engine, owner)
     with pytest.raises(EdgeError, match="cannot deserialise") as info:
         backend.load()
     assert "\n" not in str(info.value)
-    assert not sim_gpu.Allocation.live  # what load() allocated is freed at once; the session goes with close()
+    assert not sim_gpu.Allocation.live  # what load() allocated is freed at once
     backend.close()
+    owner.release()
     assert sim.context.detached
 
 
-def test_stub_only_tensorrt_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+def test_stub_only_tensorrt_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from edge.frame.tensorrt_backend import TensorRTBackend
 
     stub = types.ModuleType("tensorrt")  # what tensorrt-stubs alone imports as: no __file__
     monkeypatch.setitem(sys.modules, "tensorrt", stub)
     with pytest.raises(EdgeError, match="only type stubs are installed, no TensorRT runtime"):
-        TensorRTBackend(str(tmp_path / "x.engine")).load()
+        TensorRTBackend(str(tmp_path / "x.engine"), session()).load()
 
 
-def test_tensorrt_before_8_5_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+def test_tensorrt_before_8_5_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """JetPack 5.0's TensorRT 8.4 has no named-tensor API: refused in one line, for the backend and the build."""
     from edge.frame.tensorrt_backend import TensorRTBackend
     from edge.frame.tensorrt_runner import require_tensorrt
 
-    trt = sim_gpu.fake_tensorrt()
+    trt = fake_tensorrt()
     monkeypatch.setattr(trt, "__version__", "8.4.1")
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     with pytest.raises(EdgeError, match=r"tensorrt 8.4.1: jetson-edge needs TensorRT >= 8.5 \(JetPack >= 5.1\)"):
-        TensorRTBackend(str(tmp_path / "x.engine")).load()
+        TensorRTBackend(str(tmp_path / "x.engine"), session()).load()
     monkeypatch.setattr(trt, "__version__", "8.5.2")
     assert require_tensorrt() == "8.5.2"
 
@@ -291,27 +344,29 @@ def test_cuda_graph_kept_only_when_faster(sim: sim_gpu.Sim, monkeypatch: pytest.
     timings = iter([1.0, graph_ms])  # direct, then graph: tried once, after the first frame
     monkeypatch.setattr(tensorrt_backend, "_GraphApi", lambda: graphs)
     monkeypatch.setattr(tensorrt_backend.TensorRTBackend, "_time_launches", lambda self, launch: next(timings))
-    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
-    backend = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), cuda_graph=True)
-    pre = CudaPreprocessor(PreprocessConfig(), backend.session)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
+    owner = session()
+    backend = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), owner, cuda_graph=True)
+    pre = CudaPreprocessor(PreprocessConfig(), owner)
     cpu = CpuPreprocessor(PreprocessConfig())
     with backend:
         for i, (h, w) in enumerate([(720, 1280)] * 4 + [(480, 640)] * 3):
             f = frame(h, w, i)
             tensor = pre(f)
-            np.testing.assert_allclose(backend.infer(tensor), sim_gpu.reference_logits(cpu(f)), atol=1e-4)
+            np.testing.assert_allclose(backend.infer(tensor), reference_logits(cpu(f)), atol=1e-4)
             assert backend.device_ms()["preprocess_gpu"] == 0.25
         assert backend.graph_status.startswith("on" if kept else "off (no gain")
         assert graphs.launches == (6 if kept else 0)
         assert len(graphs.graphs) == (1 if kept else 0)
         pre.close()
+    owner.release()
     assert not graphs.graphs and not sim_gpu.Allocation.live
 
 
 def engine_with_labels(tmp_path: Any) -> str:
     engine = write_engine(str(tmp_path / "model.engine"), {"trained": False})
     with open(str(tmp_path / "model.labels.txt"), "w") as fh:
-        fh.write("".join("class{}\n".format(i) for i in range(sim_gpu.NUM_CLASSES)))
+        fh.write("".join("class{}\n".format(i) for i in range(NUM_CLASSES)))
     return engine
 
 
@@ -326,7 +381,7 @@ def test_no_kernel_auto_runs_on_cpu_and_says_why_explicit_cuda_exits_2(
 
     monkeypatch.setattr("edge.frame.tensorrt_backend._GraphApi", lambda: None)
     monkeypatch.setattr("edge.frame.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
-    monkeypatch.setitem(sys.modules, "tensorrt", sim_gpu.fake_tensorrt())
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     engine = engine_with_labels(tmp_path)
     sim.load_error = "cuModuleLoadData failed: no kernel image is available for execution on the device"
     assert main(["run", "--model", engine, "--frames", "3", "--budget-ms", "1000"]) == 0

@@ -21,10 +21,22 @@ TOLERANCES: Dict[str, Tuple[float, float]] = {"fp32": (1e-3, 1e-3), "fp16": (0.1
 TIMED_FRAMES = 200
 
 
-def compare(precision: str, reference_model: str, engine_path: str, inputs: np.ndarray) -> None:
+@contextlib.contextmanager
+def loaded_backend(engine_path: str) -> Iterator[Any]:
+    """A loaded TensorRT backend on a CUDA session of its caller's, released after the backend closes."""
+    from edge.frame.cuda_session import CudaSession
     from edge.frame.tensorrt_backend import TensorRTBackend
 
-    with OnnxRuntimeBackend(reference_model) as ort, TensorRTBackend(engine_path) as trt:
+    session = CudaSession()
+    try:
+        with TensorRTBackend(engine_path, session) as backend:
+            yield backend
+    finally:
+        session.release()
+
+
+def compare(precision: str, reference_model: str, engine_path: str, inputs: np.ndarray) -> None:
+    with OnnxRuntimeBackend(reference_model) as ort, loaded_backend(engine_path) as trt:
         assert trt.input_shape == tuple(inputs.shape[1:])
         for tensor in inputs:
             expected, got = ort.infer(tensor), trt.infer(tensor)
@@ -41,20 +53,23 @@ def compare(precision: str, reference_model: str, engine_path: str, inputs: np.n
 
 @contextlib.contextmanager
 def gpu_path(engine_path: str, cuda_graph: bool = False) -> Iterator[Tuple[Any, Any]]:
-    """(CUDA preprocessor, TensorRT backend) made, loaded and closed as edge.frame.stages makes them: the
-    preprocessor on the backend's session, writing the engine's input dtype; closed first."""
+    """(CUDA preprocessor, TensorRT backend) made, loaded and closed as edge.frame.stages makes them: both on one
+    session, the preprocessor writing the engine's input dtype; closed first, the session released last."""
     from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.frame.cuda_session import CudaSession
     from edge.frame.stages import close_stages
     from edge.frame.tensorrt_backend import TensorRTBackend
 
-    backend = TensorRTBackend(engine_path, cuda_graph=cuda_graph)
-    pre = CudaPreprocessor(PreprocessConfig(), backend.session)
+    session = CudaSession()
+    backend = TensorRTBackend(engine_path, session, cuda_graph)
+    pre = None
     try:
+        pre = CudaPreprocessor(PreprocessConfig(), session)
         backend.load()
         pre.write_as(backend.input_dtype)
         yield pre, backend
     finally:
-        close_stages(pre, backend)
+        close_stages(pre, backend, session)
 
 
 def needs_trained(precision: str, trained: bool) -> None:
@@ -95,7 +110,6 @@ def test_manifest_mismatch_is_refused(engine: Callable[[str], str], tmp_path) ->
     import shutil
 
     from edge.artifact import info_path
-    from edge.frame.tensorrt_backend import TensorRTBackend
 
     path = str(tmp_path / "stale.engine")
     shutil.copy(engine("fp32"), path)
@@ -105,7 +119,8 @@ def test_manifest_mismatch_is_refused(engine: Callable[[str], str], tmp_path) ->
     with open(info_path(path), "w") as fh:
         json.dump(manifest, fh)
     with pytest.raises(EdgeError, match="system.tensorrt"):
-        TensorRTBackend(path).load()
+        with loaded_backend(path):
+            pass
 
 
 def run_frames(precision_engine: str, cuda_graph: bool, frames: int = TIMED_FRAMES) -> Dict[str, float]:
