@@ -1,5 +1,5 @@
 """Soak test of the daemon: 20,000 frames through `edge.service.loop.run` with everything a service runs switched
-on (grabber thread, ONNX Runtime, metrics HTTP server being scraped, sd_notify with a watchdog, telemetry
+on (reader thread, ONNX Runtime, metrics HTTP server being scraped, sd_notify with a watchdog, telemetry
 thread, JSON log), then resident memory, threads and open files compared with a baseline taken once the
 process has settled.
 

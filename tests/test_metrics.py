@@ -156,9 +156,9 @@ def test_runtime_serves_metrics_on_localhost_and_they_match_its_recorder(small_m
         frames = runtime.frames(StopFlag())
         while runtime.pipeline.recorder.frames < 25:  # after the warm-up frames
             runtime.process(next(frames))
-        skipped_before = runtime.source.skipped  # the source keeps reading while we scrape
+        skipped_before = runtime.source.stats()["skipped"]  # the source keeps reading while we scrape
         p = samples(scrape(port))
-        skipped_after = runtime.source.skipped
+        skipped_after = runtime.source.stats()["skipped"]
         rec = runtime.pipeline.recorder
         assert rec.frames == 25
         assert value(p, "edge_frames_total", status="ok") + value(p, "edge_frames_total", status="miss") == 25

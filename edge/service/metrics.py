@@ -13,7 +13,7 @@ base units (seconds, hertz, watts, ratios 0-1), `_total` on counters, the stage 
   edge_frames_total{status}              counter    ok | miss | error
   edge_deadline_misses_total             counter    frames over runtime.budget_ms
   edge_budget_seconds                    gauge      runtime.budget_ms
-  edge_dropped_frames_total              counter    frames the grabber overwrote before the loop took them
+  edge_dropped_frames_total              counter    frames the reader overwrote before the loop took them
   edge_source_faults_total               counter    live-source read errors, lost streams, broken streaks, hangs
   edge_source_reconnects_total           counter    successful source reopenings
   edge_source_broken_frames_total        counter    images rejected as broken
@@ -71,7 +71,7 @@ def budget_buckets(budget_ms: float) -> List[float]:
 
 
 class _StateCollector:
-    """Counters and gauges read at scrape time from the grabber and the telemetry thread (nothing in the loop)."""
+    """Counters and gauges read at scrape time from the source supervisor and the telemetry thread (nothing in the loop)."""
 
     def __init__(self, source_stats: Callable[[], Dict[str, int]], telemetry: Callable[[], Any]):
         self.source_stats = source_stats
@@ -85,7 +85,7 @@ class _StateCollector:
 
         stats = _safe_call(self.source_stats) or {}
         for name, key, doc in (
-                ("edge_dropped_frames", "skipped", "Frames the grabber overwrote before the pipeline took them"),
+                ("edge_dropped_frames", "skipped", "Frames the reader overwrote before the pipeline took them"),
                 ("edge_source_faults", "faults", "Live-source faults: read errors, lost streams, broken images, hangs"),
                 ("edge_source_reconnects", "reconnects", "Successful source reopenings after a fault"),
                 ("edge_source_broken_frames", "broken", "Images rejected as broken (empty, wrong shape or type)")):
