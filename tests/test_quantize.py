@@ -172,6 +172,19 @@ def test_entropy_calibration_really_differs_from_minmax(tiny_model, tmp_path):
     assert all(abs(same[k] - minmax[k]) <= 1e-3 * minmax[k] for k in minmax if k in same)
 
 
+def test_quantization_writes_nothing_beside_the_fp32_model(tiny_model, tmp_path, monkeypatch):
+    """ONNX Runtime's calibrator and quantize_static write <model>-inferred.onnx beside their input: a build must
+    give them a copy, or a read-only model folder fails and two builds of one model race on that file."""
+    written = []
+    infer = onnx.shape_inference.infer_shapes_path
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes_path",
+                        lambda src, dst="", *a, **k: written.append(dst or src) or infer(src, dst, *a, **k))
+    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
+    quantize_qdq(tiny_model, str(tmp_path / "tiny.int8.onnx"), images, PreprocessConfig(resize=36, crop=32),
+                 show_progress=False, log=lambda *a: None)
+    assert written and not [p for p in written if os.path.dirname(p) == os.path.dirname(tiny_model)], written
+
+
 def test_older_onnxruntime_fallback_gives_the_same_minmax_model(digits, tmp_path, monkeypatch):
     images = subset(load_calibration_set(digits.calibration), 8)
     first = str(tmp_path / "cache-path.onnx")

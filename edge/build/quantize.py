@@ -143,8 +143,9 @@ def _quiet() -> Iterator[None]:
 
 
 def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: PreprocessConfig, method: str,
-                   work_dir: str, show_progress: bool = True) -> Any:
-    """Run the calibrator over `images` -> ONNX Runtime TensorsData (per-tensor ranges)."""
+                   work_dir: str, show_progress: bool = True, name: Optional[str] = None) -> Any:
+    """Run the calibrator over `images` -> ONNX Runtime TensorsData (per-tensor ranges). `name`: the model as
+    errors name it (the user's file, when `fp32_path` is a working copy)."""
     q = require("onnxruntime.quantization")
     registry = require("onnxruntime.quantization.registry")
     op_types = sorted(set(registry.QLinearOpsRegistry) | set(registry.QDQRegistry))
@@ -161,7 +162,7 @@ def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: Preproces
                     calibrator.collect_data(reader)
                 return calibrator.compute_data()
         except ValueError as exc:  # e.g. numpy "Too many bins" when activations vanish (random weights)
-            raise EdgeError("{}: {} calibration failed: {}".format(fp32_path, method, exc),
+            raise EdgeError("{}: {} calibration failed: {}".format(name or fp32_path, method, exc),
                             exit_code=EXIT_FAIL) from None
 
 
@@ -193,23 +194,26 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
     excluded = sensitive_nodes(model) if exclude_sensitive else []
     out_dir = os.path.dirname(os.path.abspath(out_path))
     with tempfile.TemporaryDirectory(prefix=".quantize-", dir=out_dir) as work:
-        staged = os.path.join(work, "qdq.onnx")
+        # ONNX Runtime's calibrator and quantize_static write <model>-inferred.onnx beside their input and delete it:
+        # given a private copy, they never write beside the user's model (a read-only folder) nor race another build
+        source, staged = os.path.join(work, "fp32.onnx"), os.path.join(work, "qdq.onnx")
+        shutil.copyfile(fp32_path, source)
         kwargs: Dict[str, Any] = dict(
             quant_format=q.QuantFormat.QDQ, activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
             per_channel=True, reduce_range=False, nodes_to_exclude=excluded,
             calibrate_method=_calibration_method(method), extra_options=dict(EXTRA_OPTIONS))
         if has_cache:
             cache = os.path.join(work, "ranges.json")
-            ranges = compute_ranges(fp32_path, images, preprocess, method, work, show_progress)
+            ranges = compute_ranges(source, images, preprocess, method, work, show_progress, name=fp32_path)
             require("onnxruntime.quantization.calibrate").save_tensors_data(ranges, cache)
             with _quiet():
-                q.quantize_static(fp32_path, staged, None, calibration_cache_path=cache, **kwargs)
+                q.quantize_static(source, staged, None, calibration_cache_path=cache, **kwargs)
         else:  # older ONNX Runtime: quantize_static calibrates itself, with the same MinMax/Percentile settings
             kwargs["extra_options"].update({"CalibTensorRangeSymmetric": True, "CalibPercentile": PERCENTILE})
             with progress_bar(len(images), "calibrate ({})".format(method), show_progress) as bar, _quiet():
                 reader = PreprocessedReader(images, preprocess, chunk=len(images), progress=bar)
                 reader.next_chunk()
-                q.quantize_static(fp32_path, staged, reader, **kwargs)
+                q.quantize_static(source, staged, reader, **kwargs)
         install_validated(staged, out_path, fp32_path, tensorrt)
     return summarise("onnxruntime", fp32_path, out_path, method, len(images), exclude_sensitive, excluded,
                      time.monotonic() - started, log)

@@ -71,7 +71,7 @@ def budget_buckets(budget_ms: float) -> List[float]:
 
 
 class _StateCollector:
-    """Counters and gauges read at scrape time from the source supervisor and the telemetry thread (nothing in the loop)."""
+    """Counters and gauges read at scrape time from the source and the telemetry thread (nothing in the loop)."""
 
     def __init__(self, source_stats: Callable[[], Dict[str, int]], telemetry: Callable[[], Any]):
         self.source_stats = source_stats
