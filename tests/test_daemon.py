@@ -224,6 +224,13 @@ class Reader:
         assert sh.wait_until(lambda: any(predicate(r) for r in list(self.records)), timeout), self.records[-5:]
         return [r for r in list(self.records) if predicate(r)][0]
 
+    def stopped(self, timeout):
+        """SIGTERM, the exit within `timeout`, every line read: the last record (the report of a clean stop)."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=timeout)
+        self.thread.join(timeout=5)
+        return self.records[-1] if self.records else {}
+
 
 def start_edge(args):
     return subprocess.Popen([sys.executable, "-m", "edge", "run"] + [str(a) for a in args], cwd=REPO,
@@ -266,13 +273,10 @@ def test_a_sighup_while_starting_is_noted_not_fatal(small_model, tmp_path):
         out = Reader(proc)
         out.wait(lambda r: r["event"] == "reload", timeout=120)
         out.wait(lambda r: r["event"] == "summary", timeout=120)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        out.thread.join(timeout=5)
+        report = out.stopped(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 0, proc.stderr.read()
-    report = out.records[-1]
     assert report["event"] == "report" and report["reloads"] == {"ok": 1, "failed": 0}
     # nothing slow comes before the handler: the CLI reaches `edge run` without NumPy (or anything heavier)
     probe = subprocess.run([sys.executable, "-c", "import sys, edge.commands.cli as cli; cli.build_parser(); "
@@ -355,13 +359,10 @@ def test_sighup_swaps_to_a_new_model_and_keeps_the_old_one_when_the_new_one_fail
         proc.send_signal(signal.SIGHUP)
         out.wait(lambda r: r["event"] == "reload_failed" and "unknown key 'bogus'" in r["error"])
 
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-        out.thread.join(timeout=5)
+        report = out.stopped(timeout=10)
     finally:
         proc.kill()
     assert proc.returncode == 0, proc.stderr.read()
-    report = out.records[-1]
     assert report["event"] == "report" and report["reloads"] == {"ok": 1, "failed": 2}
     assert report["errors"] == 0 and report["ended_by"] == "signal 15"
 

@@ -72,6 +72,21 @@ def gpu_path(engine_path: str, cuda_graph: bool = False) -> Iterator[Tuple[Any, 
         close_stages(pre, backend, session)
 
 
+def stale_copy(engine_path: str, path: str) -> str:
+    """A copy of the engine at `path` whose model info says it was built by another TensorRT."""
+    import shutil
+
+    from edge.artifact import info_path
+
+    shutil.copy(engine_path, path)
+    with open(info_path(engine_path)) as fh:
+        manifest = json.load(fh)
+    manifest["system"]["tensorrt"] = "0.0.0"
+    with open(info_path(path), "w") as fh:
+        json.dump(manifest, fh)
+    return path
+
+
 def needs_trained(precision: str, trained: bool) -> None:
     if precision != "fp32" and not trained:
         pytest.skip("untrained weights: {} logits of ~1e-10 cannot be compared (set EDGE_TEST_ONNX to a trained "
@@ -107,17 +122,7 @@ def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Ca
 
 
 def test_manifest_mismatch_is_refused(engine: Callable[[str], str], tmp_path) -> None:
-    import shutil
-
-    from edge.artifact import info_path
-
-    path = str(tmp_path / "stale.engine")
-    shutil.copy(engine("fp32"), path)
-    with open(info_path(engine("fp32"))) as fh:
-        manifest = json.load(fh)
-    manifest["system"]["tensorrt"] = "0.0.0"
-    with open(info_path(path), "w") as fh:
-        json.dump(manifest, fh)
+    path = stale_copy(engine("fp32"), str(tmp_path / "stale.engine"))
     with pytest.raises(EdgeError, match="system.tensorrt"):
         with loaded_backend(path):
             pass
@@ -185,10 +190,6 @@ def gpu_memory_used_mb() -> float:
 def test_reload_peak_memory_and_a_refused_reload_frees_everything(engine: Callable[[str], str], tmp_path) -> None:
     """The SIGHUP reload's peak (old and new stages both loaded) against one model loaded, printed for
     docs/service.md's on-paper estimate; and after a refused reload the memory is back where it was."""
-    import shutil
-
-    from edge.artifact import info_path
-
     baseline = gpu_memory_used_mb()
     with gpu_path(engine("int8")):
         one = gpu_memory_used_mb()
@@ -196,13 +197,7 @@ def test_reload_peak_memory_and_a_refused_reload_frees_everything(engine: Callab
             two = gpu_memory_used_mb()
     print("reload peak: baseline {:.0f} MB, one model +{:.0f} MB, during a reload +{:.0f} MB".format(
         baseline, one - baseline, two - baseline))
-    stale = str(tmp_path / "stale.engine")
-    shutil.copy(engine("int8"), stale)
-    with open(info_path(engine("int8"))) as fh:
-        manifest = json.load(fh)
-    manifest["system"]["tensorrt"] = "0.0.0"
-    with open(info_path(stale), "w") as fh:
-        json.dump(manifest, fh)
+    stale = stale_copy(engine("int8"), str(tmp_path / "stale.engine"))
     with gpu_path(engine("int8")):
         serving = gpu_memory_used_mb()
         with pytest.raises(EdgeError, match="system.tensorrt"):
