@@ -16,26 +16,23 @@ signal never leaves a new artifact beside the old model info. `<folder>/previous
 a symlink or folder where a file is expected is refused before anything is changed.
 """
 
-import contextlib
 import hashlib
 import os
 import re
 import shutil
-import signal
 import stat
-import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from edge.board import ENGINE_WARN_KEYS, current_system, engine_expectations
 from edge.errors import EdgeError
-from edge.fileio import load_json, write_json_atomic
+from edge.fileio import load_json, temp_name, write_json_atomic
+from edge.interrupts import deferred
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
 PREVIOUS = "previous"
 MODE = 0o644  # every file of an artifact: the service user reads what root built
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 Log = Callable[..., None]
 Verify = Callable[[str], None]
@@ -189,12 +186,11 @@ def make_manifest(artifact_path: str, source_info: Dict[str, Any], source_path: 
 
 
 def staging_path(dest: str) -> str:
-    """A fresh, exclusive temporary name beside `dest` (same filesystem, so the final rename is atomic)."""
+    """A fresh temporary name beside `dest` (same filesystem, so the final rename is atomic), not yet created:
+    the caller records it before anything writes it."""
     folder = os.path.dirname(os.path.abspath(dest))
     os.makedirs(folder, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix="." + os.path.basename(dest) + ".", suffix=".staged", dir=folder)
-    os.close(fd)
-    return path
+    return temp_name(folder, "." + os.path.basename(dest) + ".", ".staged")
 
 
 def remove_quietly(paths: Sequence[Optional[str]]) -> None:
@@ -203,21 +199,10 @@ def remove_quietly(paths: Sequence[Optional[str]]) -> None:
             os.unlink(path)
 
 
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP wait until the block is done (delivered then, if any came)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _copy_to_stage(src: str, dest: str, temps: List[str]) -> str:
     """A complete 0644 copy of `src` under a fresh name beside `dest`: a hard link when possible, else a copy."""
     tmp = staging_path(dest)
     temps.append(tmp)
-    os.unlink(tmp)
     try:
         os.link(src, tmp)
     except OSError:
@@ -257,7 +242,7 @@ def install(staged: str, dest: str, manifest: Dict[str, Any], staged_labels: Opt
         for tmp in new.values():
             if tmp is not None:
                 os.chmod(tmp, MODE)
-        with signals_deferred():
+        with deferred():
             for tmp, final in kept:  # previous/ gets the current set complete
                 if tmp is not None:
                     os.replace(tmp, final)
@@ -294,7 +279,7 @@ def rollback(dest: str, verify_kept: Optional[Verify] = None, log: Log = print) 
                 moves.append((_copy_to_stage(kept, path, temps), path))
             if os.path.exists(path):
                 moves.append((_copy_to_stage(path, kept, temps), kept))
-        with signals_deferred():
+        with deferred():
             for src, final in moves:
                 os.replace(src, final)
     finally:

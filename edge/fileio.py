@@ -10,10 +10,10 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import shutil
 import stat
 import struct
-import tempfile
 from typing import IO, Any, Callable, Iterator, Optional, Set, Tuple
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
@@ -49,6 +49,26 @@ def check_output(path: str, what: str = "output") -> None:
         raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(path, what, probe))
 
 
+def temp_name(parent: str, prefix: str, suffix: str = "") -> str:
+    """A fresh, unused name in `parent` for temporary work. Nothing is created: the caller records the name first,
+    then creates it, so a signal between the two never leaves a file its cleanup does not know (tempfile's
+    mkstemp/mkdtemp return only after creating it)."""
+    return os.path.join(parent, prefix + secrets.token_hex(8) + suffix)
+
+
+@contextlib.contextmanager
+def temp_dir(parent: str, prefix: str) -> Iterator[str]:
+    """A new private folder in `parent` (made if missing), removed with its contents when the block ends, however
+    it ends."""
+    os.makedirs(parent, exist_ok=True)
+    path = temp_name(parent, prefix)
+    try:
+        os.mkdir(path, 0o700)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "file") -> None:
     """Write `path` through `write_fn(binary file)`; the old file (if any) stays until the new one is complete."""
     path = os.path.abspath(path)
@@ -59,8 +79,9 @@ def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "f
         mode = stat.S_IMODE(os.lstat(path).st_mode)  # a replaced file keeps its permissions
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
+    tmp = temp_name(parent, "." + os.path.basename(path) + ".", ".tmp")
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
         with os.fdopen(fd, "wb") as fh:
             write_fn(fh)
             fh.flush()
@@ -124,19 +145,14 @@ def _check_out_dir(out_dir: str, what: str) -> None:
 
 def _commit(tmp: str, out_dir: str, manifest: str) -> None:
     """Rename `tmp` to `out_dir`, the old set (one this tool wrote) moved aside and removed once it is done."""
-    parent = os.path.dirname(out_dir)
     check_replaceable(out_dir, manifest)  # still true after the (long) work
     old = None
     try:
         if os.path.exists(out_dir):
-            old = tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "old"), dir=parent)
+            old = temp_name(os.path.dirname(out_dir), _temp_prefix(out_dir, "old"))
+            os.mkdir(old, 0o700)
             os.rename(out_dir, os.path.join(old, "set"))
-        try:
-            os.rename(tmp, out_dir)
-        except BaseException:
-            if old is not None:
-                os.rename(os.path.join(old, "set"), out_dir)
-            raise
+        os.rename(tmp, out_dir)
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):  # another writer renamed in between
             raise EdgeError("{}: another command wrote this folder at the same time; nothing of this run was "
@@ -144,6 +160,8 @@ def _commit(tmp: str, out_dir: str, manifest: str) -> None:
         raise
     finally:
         if old is not None:
+            if os.path.lexists(os.path.join(old, "set")) and not os.path.lexists(out_dir):
+                os.rename(os.path.join(old, "set"), out_dir)  # the new set did not land: the old one goes back
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -165,20 +183,15 @@ def atomic_dir(out_dir: str, manifest: str, what: str, keep_out: Optional[str] =
             raise EdgeError("{}: the output folder must not contain, or be inside, {}".format(out_dir, keep_out))
     _check_out_dir(out_dir, what)
     check_replaceable(out_dir, manifest)
-    tmp = None
     try:
-        os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "tmp"), dir=os.path.dirname(out_dir))
-        yield tmp
-        os.chmod(tmp, 0o755)
-        _commit(tmp, out_dir, manifest)
+        with temp_dir(os.path.dirname(out_dir), _temp_prefix(out_dir, "tmp")) as tmp:
+            yield tmp
+            os.chmod(tmp, 0o755)
+            _commit(tmp, out_dir, manifest)
     except OSError as exc:
         raise EdgeError("{}: cannot write the {}: {}{}".format(
             out_dir, what, exc.strerror or first_line(exc), " ({})".format(os.path.basename(str(exc.filename)))
             if exc.filename else ""), exit_code=EXIT_FAIL) from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_regular(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Tuple[Optional[bytes], Optional[str]]:

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import cv2
@@ -82,3 +83,41 @@ def test_a_signal_during_build_leaves_no_staged_or_quantize_debris(small_model, 
     assert rc != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "interrupted" in err or "terminated" in err, err
     assert hidden(engines) == [] and sorted(os.listdir(str(engines))) == before, time.monotonic() - started
+
+
+CREATED_THEN_SIGNALLED = textwrap.dedent("""
+    import os, signal, sys
+    from edge.commands.common import execute
+    from edge.fileio import atomic_dir, atomic_write
+    folder, which = sys.argv[1:3]
+    woke, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)  # written once the signal has arrived
+    def then_signalled(real):  # SIGTERM right after a temporary (dot-named) file or folder is created
+        def call(path, *args, **kwargs):
+            out = real(path, *args, **kwargs)
+            if os.path.basename(path).startswith("."):
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.read(woke, 1)
+            return out
+        return call
+    def command(args):
+        if which == "folder":
+            os.mkdir = then_signalled(os.mkdir)
+            with atomic_dir(os.path.join(folder, "set"), "manifest.json", "set"):
+                pass
+        else:
+            os.open = then_signalled(os.open)
+            atomic_write(os.path.join(folder, "file"), lambda fh: fh.write(b"x"))
+        return 0
+    sys.exit(execute("write", command, None))
+""")
+
+
+@pytest.mark.parametrize("which", ["folder", "file"])
+def test_a_signal_right_after_a_temporary_is_created_leaves_nothing(tmp_path, which):
+    """The gap between creating a temporary and recording its name (tempfile's mkdtemp/mkstemp have one)."""
+    proc = subprocess.run([sys.executable, "-c", CREATED_THEN_SIGNALLED, str(tmp_path), which],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and proc.stderr == "write: terminated by SIGTERM\n", proc.stderr
+    assert os.listdir(str(tmp_path)) == []

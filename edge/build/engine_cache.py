@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,6 +27,7 @@ from typing import Any, Callable, Dict
 from edge.artifact import companions, install, verify
 from edge.build.plan import BuildPlan, expected_manifest
 from edge.errors import EdgeError, first_line
+from edge.fileio import temp_dir
 
 Log = Callable[..., None]
 MAX_BYTES = 2 << 30  # an engine of a large model is hundreds of MB; more is not an artifact
@@ -73,9 +73,7 @@ def fetch(plan: BuildPlan, cache: str, log: Log = print) -> bool:
     expected = expected_manifest(plan)
     key = identity(expected)
     folder = os.path.dirname(os.path.abspath(plan.artifact))
-    os.makedirs(folder, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".cache-" + key[:16] + ".", dir=folder)  # same filesystem: install renames
-    try:
+    with temp_dir(folder, ".cache-" + key[:16] + ".") as tmp:  # same filesystem: install renames
         staged = [os.path.join(tmp, os.path.basename(path)) for path in companions(plan.artifact)]
         for path in staged:
             if not _download(cache, key, os.path.basename(path), path):
@@ -89,8 +87,6 @@ def fetch(plan: BuildPlan, cache: str, log: Log = print) -> bool:
         install(staged[-1], plan.artifact, manifest, staged_labels=staged[0], log=log)
         log("engine cache: hit {}".format(key[:16]))
         return True
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def publish(plan: BuildPlan, cache: str, log: Log = print) -> str:
@@ -104,9 +100,7 @@ def publish(plan: BuildPlan, cache: str, log: Log = print) -> str:
     if os.path.isdir(final):
         log("engine cache: {} already holds {}".format(final, os.path.basename(plan.artifact)))
         return final
-    os.makedirs(cache, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + key[:16] + ".", dir=cache)
-    try:
+    with temp_dir(cache, "." + key[:16] + ".") as tmp:
         for path in companions(plan.artifact):
             shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
             os.chmod(os.path.join(tmp, os.path.basename(path)), 0o644)
@@ -116,7 +110,5 @@ def publish(plan: BuildPlan, cache: str, log: Log = print) -> str:
         except OSError:  # another device published the same key first
             if not os.path.isdir(final):
                 raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log("engine cache: published {} as {}".format(os.path.basename(plan.artifact), final))
     return final

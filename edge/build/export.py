@@ -29,13 +29,13 @@ from edge.artifact import (
     labels_file,
     remove_quietly,
     sha256_file,
-    signals_deferred,
     staging_path,
 )
 from edge.config import IMAGENET_MEAN, IMAGENET_STD
 from edge.errors import EdgeError, first_line, require
 from edge.fileio import check_output, load_json, write_json_atomic
 from edge.frame.backend import INPUT_NAME, OUTPUT_NAME
+from edge.interrupts import deferred
 
 OPSET = 17
 MAX_RELATIVE_ERROR = 1e-4
@@ -277,7 +277,7 @@ def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: 
         write_json_atomic(staged[info_path(out_path)], info, "model info")
         for tmp in staged.values():
             os.chmod(tmp, 0o644)
-        with signals_deferred():  # labels, model info, then the ONNX: the set changes together
+        with deferred():  # labels, model info, then the ONNX: the set changes together
             for final, tmp in staged.items():
                 os.replace(tmp, final)
     finally:

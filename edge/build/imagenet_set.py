@@ -24,6 +24,7 @@ import numpy as np
 
 from edge.build.calibration import CalibrationSet, import_calibration_set, set_hash
 from edge.errors import EdgeError, require
+from edge.fileio import temp_dir
 
 DEFAULT_OUT = os.path.join("calibration", "imagenet")
 # distribution -> pinned version; scripts/bootstrap.sh installs exactly these
@@ -100,7 +101,7 @@ def make_imagenet_set(out_dir: str = DEFAULT_OUT, log: Callable[..., None] = pri
         raise EdgeError("labelled ImageNet set: {} images with set sha256 {}, expected {} and {} (the packages' "
                         "files changed: reinstall {})".format(len(files), digest, IMAGES, SET_SHA256, " ".join(
                             "{}=={}".format(k, v) for k, v in PACKAGES.items())))
-    with tempfile.TemporaryDirectory(prefix=".imagenet-src-") as src:
+    with temp_dir(tempfile.gettempdir(), ".imagenet-src-") as src:
         for name, data in files.items():
             os.makedirs(os.path.join(src, os.path.dirname(name)), exist_ok=True)
             with open(os.path.join(src, name), "wb") as fh:

@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -29,6 +28,7 @@ from edge.build.calibration import CalibrationSet
 from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, node_consumers, opset_of, validate_qdq
 from edge.config import PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
+from edge.fileio import temp_dir
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.select import tensorrt_unavailable
 
@@ -193,7 +193,7 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
                         "(onnxruntime {}); use minmax or percentile".format(require("onnxruntime").__version__))
     excluded = sensitive_nodes(model) if exclude_sensitive else []
     out_dir = os.path.dirname(os.path.abspath(out_path))
-    with tempfile.TemporaryDirectory(prefix=".quantize-", dir=out_dir) as work:
+    with temp_dir(out_dir, ".quantize-") as work:
         # ONNX Runtime's calibrator and quantize_static write <model>-inferred.onnx beside their input and delete it:
         # given a private copy, they never write beside the user's model (a read-only folder) nor race another build
         source, staged = os.path.join(work, "fp32.onnx"), os.path.join(work, "qdq.onnx")
@@ -305,7 +305,7 @@ def quantize_modelopt(fp32_path: str, out_path: str, images: CalibrationSet, pre
     model = onnx.load(fp32_path, load_external_data=False)
     excluded = sensitive_nodes(model) if exclude_sensitive else []
     data = {model.graph.input[0].name: calibration_tensors(images, preprocess, show_progress)}
-    with tempfile.TemporaryDirectory(prefix=".modelopt-", dir=os.path.dirname(os.path.abspath(out_path))) as work:
+    with temp_dir(os.path.dirname(os.path.abspath(out_path)), ".modelopt-") as work:
         source, staged = os.path.join(work, "fp32.onnx"), os.path.join(work, "qdq.onnx")
         shutil.copyfile(fp32_path, source)
         with _quiet(), _ort_quantizer_restored():

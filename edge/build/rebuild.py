@@ -15,7 +15,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
@@ -25,7 +24,7 @@ from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.config import Config, as_dict, with_overrides
 from edge.errors import EXIT_FAIL, EdgeError, first_line
-from edge.fileio import check_output, check_replaceable, load_json, write_json_atomic
+from edge.fileio import check_output, check_replaceable, load_json, temp_dir, write_json_atomic
 from edge.frame.sources import open_capture
 from edge.uri import redact
 
@@ -129,11 +128,8 @@ def _run_check(job: RebuildJob, plan: BuildPlan, state: BuildState, work: str) -
 
 def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
     """p99 end_to_end of the candidate within runtime.budget_ms, measured by `edge check` in a work folder."""
-    work = tempfile.mkdtemp(prefix=".rebuild-", dir=os.path.dirname(os.path.abspath(plan.artifact)))
-    try:
+    with temp_dir(os.path.dirname(os.path.abspath(plan.artifact)), ".rebuild-") as work:
         report = _run_check(job, plan, state, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     try:
         latency = {k: report[k] for k in ("verdict", "verdict_reason", "budget_ms", "frames", "misses", "miss_rate")}
         latency.update(p50_ms=report["stages_ms"]["end_to_end"]["p50"],

@@ -6,8 +6,9 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
+from edge import interrupts
 from edge.config import Config, load_config
 from edge.errors import EXIT_BAD_INPUT, EXIT_FAIL, EdgeError, first_line, one_line
 from edge.fields import add_flags, flag_values
@@ -46,32 +47,25 @@ def add_command(subparsers: Any, name: str, summary: str, description: Optional[
     return p
 
 
-_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+_TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP raised where the command is, like Ctrl-C: every `finally` and temporary-file cleanup
-    runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-_received: List[int] = []  # signals _terminate raised during this command
-
-
-def _terminate(signum: int, _frame: Any) -> None:
-    _received.append(signum)
-    raise Terminated(signum)
+def _handler(sig: int, args: argparse.Namespace) -> Any:
+    """`interrupts.terminate`, except: a reloading command's SIGHUP is ignored until the command's own handler is
+    in place (never fatal), and a Ctrl-C this process was started to ignore stays ignored."""
+    if sig == signal.SIGHUP and getattr(args, "hangup_reloads", False):
+        return signal.SIG_IGN
+    if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+        return signal.SIG_IGN
+    return interrupts.terminate
 
 
 def _run(func: Handler, args: argparse.Namespace) -> int:
     try:
         return int(func(args))
     except Exception:
-        if _received:  # the signal became another error on its way out (an interrupted import: ImportError)
-            raise Terminated(_received[0]) from None
+        if interrupts.received:  # the signal became another error on its way out (an interrupted import)
+            raise interrupts.interruption(interrupts.received[0]) from None
         raise
 
 
@@ -84,11 +78,8 @@ def execute(prog: str, func: Handler, args: argparse.Namespace) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     main_thread = threading.current_thread() is threading.main_thread()
-    # a reloading command's SIGHUP is never fatal: ignored until the command's own handler is in place
-    handlers = [signal.SIG_IGN if sig == signal.SIGHUP and getattr(args, "hangup_reloads", False) else _terminate
-                for sig in _TERMINATING]
-    previous = [signal.signal(sig, handler) for sig, handler in zip(_TERMINATING, handlers)] if main_thread else []
-    _received.clear()
+    previous = [signal.signal(sig, _handler(sig, args)) for sig in _TERMINATING] if main_thread else []
+    interrupts.received.clear()
     try:
         return _run(func, args)
     except EdgeError as exc:
@@ -98,7 +89,7 @@ def execute(prog: str, func: Handler, args: argparse.Namespace) -> int:
         bad_path = exc.filename is not None and exc.errno not in _NOT_THE_PATH
         return _error(prog, "{}: {}".format(where, exc.strerror or first_line(exc)),
                       EXIT_BAD_INPUT if bad_path else EXIT_FAIL)
-    except Terminated as exc:
+    except interrupts.Terminated as exc:
         print("{}: terminated by {}".format(prog, signal.Signals(exc.signum).name), file=sys.stderr)
         return 128 + exc.signum
     except KeyboardInterrupt:

@@ -19,11 +19,10 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
-from edge.fileio import write_json_atomic
+from edge.fileio import temp_dir, write_json_atomic
 
 CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda")
 SOURCES = ("preprocess.cu", "preprocess.cuh")
@@ -87,8 +86,7 @@ def cubin_name(arch: str, cuda: str) -> str:
 def run_nvcc(nvcc: str, args: List[str], out: str) -> None:
     """nvcc `args` -> `out` (atomically), with TMPDIR in a private folder beside `out`."""
     folder = os.path.dirname(os.path.abspath(out))
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".nvcc-", dir=folder) as tmp:
+    with temp_dir(folder, ".nvcc-") as tmp:
         staged = os.path.join(tmp, os.path.basename(out))
         cmd = [nvcc, *_FLAGS, *args, "-I", CUDA_DIR, "-o", staged, os.path.join(CUDA_DIR, "preprocess.cu")]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
