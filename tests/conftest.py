@@ -2,7 +2,6 @@
 
 import fcntl
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,7 +9,8 @@ import tempfile
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 
 @pytest.fixture(scope="session")
@@ -23,22 +23,40 @@ def small_model(tmp_path_factory):
     return out
 
 
-def once_per_run(tmp_path_factory, name, make):
-    """`make(folder)` once per test run: under pytest-xdist the first worker that asks makes `folder`, the others
-    wait for it and use the same files. `make` returns what the fixture gives; it must be rebuildable from files."""
+def run_folder(tmp_path_factory):
+    """This test run's temporary folder, shared by its pytest-xdist workers."""
     base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the run's folder, shared by its workers
-    folder = base / name
-    with open(str(folder) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = folder / ".done"
-        if not done.exists():
-            shutil.rmtree(str(folder), ignore_errors=True)  # what a failed worker left
-            folder.mkdir()
-            make(str(folder))
-            done.touch()
-    return str(folder)
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once_per_run(tmp_path_factory, name, make):
+    """`make(folder)` once per test run (made_once.make_once); `make` returns what the fixture gives."""
+    from made_once import make_once
+
+    return make_once(str(run_folder(tmp_path_factory) / name), make)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files whose tests need the trained digits model run last, and a background process starts training it
+    now (one per run: the first worker to get here starts it), so no worker sits waiting for it."""
+    files = {item.nodeid.split("::")[0] for item in items if "digits" in getattr(item, "fixturenames", ())}
+    if not files:
+        return
+    items[:] = sorted(items, key=lambda item: item.nodeid.split("::")[0] in files)  # stable: same order within
+    try:
+        os.close(os.open(str(run_folder(config._tmp_path_factory) / "digits.started"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    config.digits_maker = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "trained_model.py"), str(run_folder(config._tmp_path_factory) / "digits")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_sessionfinish(session):
+    maker = getattr(session.config, "digits_maker", None)
+    if maker is not None and maker.poll() is None:  # not needed after all (a failed or interrupted run)
+        maker.kill()
+        maker.wait()
 
 
 @pytest.fixture(scope="session")

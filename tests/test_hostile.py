@@ -367,9 +367,10 @@ def test_metrics_on_all_interfaces_warns_and_logs_a_well_formed_url(small_model,
 
 # --- edge demo: dead and ending sources, hostile HTTP clients -----------------------------------------------
 
-def test_demo_on_a_dead_source_is_one_line_exit_2(small_model):
-    proc = run_edge("demo", "--headless", "--port", "0", "--model", small_model, "--source", "/dev/video99",
-                    "--backend", "onnxruntime", "--preprocess", "cpu", timeout=60)
+def test_demo_on_a_dead_source_is_one_line_exit_2(small_model, tmp_path):
+    cfg = sh.write_config(tmp_path / "c.yaml", {"source": {"start_timeout_s": 1.0}})
+    proc = run_edge("demo", "--headless", "--port", "0", "--config", cfg, "--model", small_model, "--source",
+                    "/dev/video99", "--backend", "onnxruntime", "--preprocess", "cpu", timeout=60)
     assert_refused(proc, "/dev/video99")
 
 

@@ -88,7 +88,7 @@ def test_a_password_uri_leaks_from_no_command_when_the_source_is_down(small_mode
     """The failure paths (the working ones: tests/test_gstreamer.py): every command, side by side."""
     uri = "rtsp://admin:{}@127.0.0.1:9/cam?token={}".format(PASSWORD, TOKEN)  # nothing listens on port 9
     config = tmp_path / "edge.yaml"
-    config.write_text("source:\n  uri: '{}'\nmodel:\n  path: {}\n".format(uri, small_model))
+    config.write_text("source:\n  uri: '{}'\n  start_timeout_s: 2\nmodel:\n  path: {}\n".format(uri, small_model))
     commands = (["run"], ["check", "--json", "report.json", "--plot", ""], ["demo", "--headless", "--port", "0"],
                 ["doctor"], ["calibrate", "capture", "set", "--frames", "5", "--every", "1", "--min-images", "1"],
                 ["rebuild", "--dry-run", "--no-reload"])

@@ -170,3 +170,11 @@ def load_digits_model(root: str) -> DigitsModel:
                        crop=SIZE), calibration=os.path.join(root, "calibration"),
                        regression=os.path.join(root, "regression"), grey_calibration=os.path.join(root, "grey"),
                        test_images=images[test], test_labels=labels[test], **trained)
+
+
+if __name__ == "__main__":  # tests/conftest.py starts this in the background as soon as a run needs the model
+    import sys
+
+    from made_once import make_once
+
+    make_once(sys.argv[1], train_digits_model)

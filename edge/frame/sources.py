@@ -43,9 +43,6 @@ from edge.uri import parse_source
 __all__ = ["IMAGE_EXTENSIONS", "Capture", "Frame", "SourceEnded",
            "SourceSupervisor", "SourceTimeout", "SyntheticCapture", "open_capture"]
 
-FIRST_FRAME_TIMEOUT_S = 10.0  # a source silent this long after start (or source.timeout_s if longer) is dead
-
-
 def open_capture(cfg: SourceConfig) -> Capture:
     """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError."""
     parsed = parse_source(cfg.uri)
@@ -72,9 +69,11 @@ class SourceSupervisor:
 
     def __init__(self, capture: Capture, timeout_s: float = 2.0, reconnect_initial_s: Optional[float] = None,
                  reconnect_max_s: float = 30.0, reopen: Optional[Callable[[], Capture]] = None,
-                 on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None, max_broken: int = 5):
+                 on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None, max_broken: int = 5,
+                 start_timeout_s: float = 10.0):
         self.reader = FrameReader(capture, timeout_s, reconnect_initial_s, reconnect_max_s, on_event, max_broken)
         self.timeout_s = timeout_s
+        self.start_timeout_s = max(start_timeout_s, timeout_s)  # a source silent this long after start is dead
         self.reopen = reopen  # builds a fresh Capture when a hung reader has to be abandoned
         self.timeouts = 0  # source_timeout events: `timeout_s` without a frame
         self._stopped = False
@@ -112,7 +111,7 @@ class SourceSupervisor:
         """The newest unseen frame within `wait_s`, else None: the caller serves its signals, then asks again.
 
         Each `timeout_s` without a frame is a `source_timeout` event (and a read hung that long is abandoned for a
-        fresh reader), no first frame within FIRST_FRAME_TIMEOUT_S (or `timeout_s` if longer) is an EdgeError
+        fresh reader), no first frame within `start_timeout_s` is an EdgeError
         naming the last fault, and the frame that ends an outage logs `source_recovered`. Raises SourceEnded at
         the end of a file or folder."""
         try:
@@ -130,11 +129,10 @@ class SourceSupervisor:
 
     def _quiet(self, now: float) -> None:
         quiet_s = now - self._last_frame_at
-        first_deadline = max(FIRST_FRAME_TIMEOUT_S, self.timeout_s)
-        if not self._seen_frame and now - self._started_at >= first_deadline:
-            last_fault = self.reader.last_fault
-            raise EdgeError("{}: no frame within {:.0f} s of start{}".format(
-                self.capture.description, first_deadline, " (last fault: {})".format(last_fault) if last_fault else ""))
+        if not self._seen_frame and now - self._started_at >= self.start_timeout_s:
+            fault = self.reader.last_fault
+            raise EdgeError("{}: no frame within {:g} s of start{}".format(
+                self.capture.description, self.start_timeout_s, " (last fault: {})".format(fault) if fault else ""))
         if quiet_s < self.timeout_s:
             return
         if self._down_since is None:

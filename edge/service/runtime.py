@@ -102,7 +102,7 @@ class Runtime:
         capture = self.capture_factory(cfg.source)
         self.source = SourceSupervisor(capture, cfg.source.timeout_s, cfg.service.reconnect_initial_s,
                                        cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(cfg.source),
-                                       on_event=self._source_event).start()
+                                       on_event=self._source_event, start_timeout_s=cfg.source.start_timeout_s).start()
         self._start_services(recorder)
         self._set_untrained_warning(stages)
         self.facts = dict(stages.facts(), source=capture.description, budget_ms=cfg.runtime.budget_ms)
