@@ -1,6 +1,8 @@
 """Shared fixtures: a real exported MobileNetV3, a trained digits model, real video files written with OpenCV."""
 
+import contextlib
 import fcntl
+import io
 import os
 import subprocess
 import sys
@@ -18,9 +20,11 @@ def small_model(tmp_path_factory):
     """MobileNetV3-Small with seeded random weights, exported by the real `edge export` code."""
     from edge.build.export import export_model
 
-    out = str(tmp_path_factory.mktemp("model") / "mobilenet_v3_small.onnx")
-    export_model("mobilenet_v3_small", "random", out, log=lambda *a: None)
-    return out
+    def make(folder):
+        export_model("mobilenet_v3_small", "random", os.path.join(folder, "mobilenet_v3_small.onnx"),
+                     log=lambda *a: None)
+
+    return os.path.join(once_per_run(tmp_path_factory, "small-model", make), "mobilenet_v3_small.onnx")
 
 
 def run_folder(tmp_path_factory):
@@ -115,6 +119,20 @@ def assert_refused(proc, *names, code=2):
     for name in names:
         assert str(name) in lines[0], lines[0]
     return lines[0]
+
+
+def edge_here(*args):
+    """The CLI run in this process (edge.commands.cli.main) for a command refused before it starts work: what
+    `run_edge` gives, without starting an interpreter (a traceback is an exception here: the test fails)."""
+    from edge.commands.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def run_edge(*args, timeout=120, env=None):

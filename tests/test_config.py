@@ -9,7 +9,7 @@ from edge.config import Config, as_dict, example_yaml, load_config
 from edge.errors import EdgeError
 from edge.fields import APPLY, add_flags, flag_values, leaves, lookup, reloaded
 
-from conftest import REPO, assert_refused, run_edge
+from conftest import REPO, assert_refused, edge_here, run_edge
 
 BAD_CONFIGS = [
     ("runtime:\n  budget_ms: 30\n  bugdet: 1\n", "unknown key 'runtime.bugdet'"),
@@ -84,11 +84,11 @@ def test_defaults_and_overrides():
 def test_cli_bad_config_exits_2_without_traceback(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("runtime:\n  budget: 30\n")
-    assert_refused(run_edge("run", "--config", path), "unknown key 'runtime.budget'")
+    assert_refused(edge_here("run", "--config", path), "unknown key 'runtime.budget'")
 
 
 def test_cli_missing_config_file(tmp_path):
-    assert_refused(run_edge("run", "--config", tmp_path / "nope.yaml"), "nope.yaml: config file not found")
+    assert_refused(edge_here("run", "--config", tmp_path / "nope.yaml"), "nope.yaml: config file not found")
 
 
 @pytest.mark.parametrize("case,expected", [

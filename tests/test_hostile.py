@@ -21,7 +21,7 @@ import pytest
 import service_helpers as sh
 import yaml
 
-from conftest import REPO, assert_refused, run_edge, write_video
+from conftest import REPO, assert_refused, edge_here, run_edge, write_video
 
 
 def nested(depth):
@@ -75,14 +75,13 @@ def test_hostile_config_is_one_line_exit_2(tmp_path, text, flags, expected):
         path.write_bytes(text)
     else:
         path.write_text(text)
-    proc = run_edge("run", "--config", path, "--model", tmp_path / "missing.onnx", *flags, timeout=60)
-    assert_refused(proc, path, expected)
+    assert_refused(edge_here("run", "--config", path, "--model", tmp_path / "missing.onnx", *flags), path, expected)
 
 
 def test_empty_section_with_a_flag_is_not_a_crash(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("runtime:\nsource:\n")
-    proc = run_edge("run", "--config", path, "--budget-ms", "20", "--model", tmp_path / "missing.onnx")
+    proc = edge_here("run", "--config", path, "--budget-ms", "20", "--model", tmp_path / "missing.onnx")
     assert_refused(proc, tmp_path / "missing.onnx")  # the config was accepted; the model is what is missing
 
 
