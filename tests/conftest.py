@@ -41,19 +41,17 @@ def once_per_run(tmp_path_factory, name, make):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The files whose tests need the trained digits model run last, and a background process starts training it
-    now (one per run: the first worker to get here starts it), so no worker sits waiting for it."""
-    files = {item.nodeid.split("::")[0] for item in items if "digits" in getattr(item, "fixturenames", ())}
-    if not files:
+    """When a test needs the trained digits model, a background process starts making it (and its Q/DQ model) now,
+    one per run (the first worker to get here starts it), instead of the first worker that needs it later."""
+    if not any("digits" in getattr(item, "fixturenames", ()) for item in items):
         return
-    items[:] = sorted(items, key=lambda item: item.nodeid.split("::")[0] in files)  # stable: same order within
+    run = run_folder(config._tmp_path_factory)
     try:
-        os.close(os.open(str(run_folder(config._tmp_path_factory) / "digits.started"), os.O_CREAT | os.O_EXCL))
+        os.close(os.open(str(run / "digits.started"), os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return
-    config.digits_maker = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "trained_model.py"), str(run_folder(config._tmp_path_factory) / "digits")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config.digits_maker = subprocess.Popen([sys.executable, os.path.join(HERE, "trained_model.py"), str(run)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def pytest_sessionfinish(session):
@@ -66,22 +64,18 @@ def pytest_sessionfinish(session):
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory):
     """A MobileNetV3-Small trained on scikit-learn's digits (tests/trained_model.py), exported with its sets."""
-    from trained_model import load_digits_model, train_digits_model
+    from trained_model import DIGITS, load_digits_model, train_digits_model
 
-    return load_digits_model(once_per_run(tmp_path_factory, "digits", train_digits_model))
+    return load_digits_model(once_per_run(tmp_path_factory, DIGITS, train_digits_model))
 
 
 @pytest.fixture(scope="session")
 def digits_qdq(digits, tmp_path_factory):
     """The digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
-    from edge.build.calibration import load_calibration_set
-    from edge.build.quantize import quantize_qdq
+    from trained_model import DIGITS_QDQ, QDQ_NAME, quantize_digits
 
-    def make(folder):
-        quantize_qdq(digits.onnx, os.path.join(folder, "digits.int8.onnx"), load_calibration_set(digits.calibration),
-                     digits.preprocess, "minmax", True, show_progress=False, log=lambda *a: None)
-
-    return os.path.join(once_per_run(tmp_path_factory, "digits-qdq", make), "digits.int8.onnx")
+    return os.path.join(once_per_run(tmp_path_factory, DIGITS_QDQ, lambda folder: quantize_digits(digits, folder)),
+                        QDQ_NAME)
 
 
 def write_video(path, frames=30, size=(320, 240), fps=30.0):

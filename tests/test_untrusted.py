@@ -12,7 +12,7 @@ import pytest
 from edge.errors import EdgeError, one_line
 from edge.uri import parse_source, redact
 
-from conftest import assert_refused, run_edge
+from conftest import assert_refused, edge_here, run_edge
 
 PASSWORD = "S3cretPass"
 TOKEN = "t0kenValue"
@@ -54,7 +54,7 @@ def test_the_injection_is_refused_by_every_command_before_anything_runs(small_mo
     injection = HOSTILE_URIS[0].replace("/tmp/pwn", str(tmp_path / "pwn"))
     for argv in (["run", "--model", small_model], ["check", "--json", "", "--plot", ""], ["doctor"],
                  ["calibrate", "capture", "set"], ["demo", "--headless"], ["rebuild", "--dry-run"]):
-        assert_refused(run_edge(*argv, "--source", injection), "source.uri")
+        assert_refused(edge_here(*argv, "--source", injection), "source.uri")
     assert not [name for name in os.listdir(str(tmp_path)) if name.startswith("pwn")]
 
 
@@ -130,14 +130,14 @@ def test_one_line_escapes_control_characters_and_bounds_the_length(text):
 def test_a_huge_or_hostile_path_gives_one_bounded_escaped_line(tmp_path):
     long_arg = str(tmp_path) + ("/" + "d" * 199) * 500 + "/c.yaml"  # 100 KB: one argument can be at most 128 KB
     for path in (long_arg, str(tmp_path / "a\nb\x1b[31m.yaml"), str(tmp_path / "nul\x7f.yaml")):
-        line = assert_refused(run_edge("run", "--config", path), "config file")
+        line = assert_refused(edge_here("run", "--config", path), "config file")
         assert "\x1b" not in line and "\x7f" not in line
     config = tmp_path / "huge.yaml"
     config.write_text("model:\n  path: " + "m/" * 450000 + "x.onnx\n")  # a 900 KB path, in a config
-    assert_refused(run_edge("run", "--config", str(config), "--backend", "onnxruntime"), "x.onnx")
-    assert_refused(run_edge("run", "--config", str(tmp_path)), str(tmp_path), "folder")
+    assert_refused(edge_here("run", "--config", str(config), "--backend", "onnxruntime"), "x.onnx")
+    assert_refused(edge_here("run", "--config", str(tmp_path)), str(tmp_path), "folder")
     (tmp_path / "sub.yaml").mkdir()
-    assert_refused(run_edge("check", "--config", str(tmp_path / "sub.yaml")), "sub.yaml")
+    assert_refused(edge_here("check", "--config", str(tmp_path / "sub.yaml")), "sub.yaml")
 
 
 def test_every_os_error_is_one_line_naming_the_file(small_model, tmp_path):

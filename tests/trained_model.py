@@ -27,6 +27,7 @@ WIDTH = 0.5
 SEED = 0
 CALIBRATION_IMAGES = 64
 TRAINED = "trained.json"  # written last: its presence means the folder is complete
+DIGITS, DIGITS_QDQ, QDQ_NAME = "digits", "digits-qdq", "digits.int8.onnx"  # folders in the run's shared folder
 
 
 @dataclass
@@ -172,9 +173,19 @@ def load_digits_model(root: str) -> DigitsModel:
                        test_images=images[test], test_labels=labels[test], **trained)
 
 
-if __name__ == "__main__":  # tests/conftest.py starts this in the background as soon as a run needs the model
+def quantize_digits(digits: DigitsModel, folder: str) -> None:
+    """`folder`/QDQ_NAME: the digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
+    from edge.build.calibration import load_calibration_set
+    from edge.build.quantize import quantize_qdq
+
+    quantize_qdq(digits.onnx, os.path.join(folder, QDQ_NAME), load_calibration_set(digits.calibration),
+                 digits.preprocess, "minmax", True, show_progress=False, log=lambda *a: None)
+
+
+if __name__ == "__main__":  # tests/conftest.py starts this in the background: ARGV[1] is the run's shared folder
     import sys
 
     from made_once import make_once
 
-    make_once(sys.argv[1], train_digits_model)
+    model = load_digits_model(make_once(os.path.join(sys.argv[1], DIGITS), train_digits_model))
+    make_once(os.path.join(sys.argv[1], DIGITS_QDQ), lambda folder: quantize_digits(model, folder))
