@@ -42,9 +42,12 @@ def once_per_run(tmp_path_factory, name, make):
 
 def pytest_collection_modifyitems(session, config, items):
     """When a test needs the trained digits model, a background process starts making it (and its Q/DQ model) now,
-    one per run (the first worker to get here starts it), instead of the first worker that needs it later."""
-    if not any("digits" in getattr(item, "fixturenames", ()) for item in items):
+    one per run (the first worker to get here starts it), and the files that need it run last (pytest.ini keeps
+    pytest-xdist from reordering files), so no worker waits for it."""
+    files = {item.nodeid.split("::")[0] for item in items if "digits" in getattr(item, "fixturenames", ())}
+    if not files:
         return
+    items[:] = sorted(items, key=lambda item: item.nodeid.split("::")[0] in files)  # last (stable): by then it is made
     run = run_folder(config._tmp_path_factory)
     try:
         os.close(os.open(str(run / "digits.started"), os.O_CREAT | os.O_EXCL))

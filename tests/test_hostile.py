@@ -148,9 +148,9 @@ def test_unreadable_sidecar_or_labels_is_one_line(small_model, tmp_path, name, c
 
 # --- edge check: output paths, --compare, sizes -------------------------------------------------------------
 
-def check(model, *args):
-    return run_edge("check", "--model", model, "--source", "synthetic", "--backend", "onnxruntime",
-                    "--preprocess", "cpu", "--warmup", "0", "--budget-ms", "1000", *args, timeout=120)
+def check(model, *args, run=run_edge):
+    return run("check", "--model", model, "--source", "synthetic", "--backend", "onnxruntime", "--preprocess", "cpu",
+               "--warmup", "0", "--budget-ms", "1000", *args)
 
 
 def test_check_output_paths_are_checked_before_running(small_model, tmp_path):
@@ -163,13 +163,15 @@ def test_check_output_paths_are_checked_before_running(small_model, tmp_path):
              ("--plot", tmp_path / "victim.txt" / "x.png", "cannot write the figure")]
     for flag, path, says in cases:
         other = "--plot" if flag == "--json" else "--json"
-        proc = check(small_model, "--frames", "3", flag, path, other, "")
+        proc = check(small_model, "--frames", "3", flag, path, other, "", run=edge_here)
         line = assert_refused(proc, path, says)
         assert "timed" not in proc.stdout, line  # refused before any frame ran
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert victim.read_text() == "precious\n" and os.listdir(str(tmp_path / "adir")) == []
-    assert_refused(check(small_model, "--frames", "100000000000", "--json", "", "--plot", ""), "--frames")
-    assert_refused(check(small_model, "--regression-pct", "nan", "--json", "", "--plot", ""), "--regression-pct")
+    assert_refused(check(small_model, "--frames", "100000000000", "--json", "", "--plot", "", run=edge_here),
+                   "--frames")
+    assert_refused(check(small_model, "--regression-pct", "nan", "--json", "", "--plot", "", run=edge_here),
+                   "--regression-pct")
 
 
 def test_check_writes_through_no_planted_temp_file_and_reads_hostile_reports(small_model, tmp_path):
@@ -221,15 +223,15 @@ def test_calibrate_import_replaces_only_a_set_it_wrote(tmp_path):
     for out, says in ((mydocs, "no manifest.json in it"), (tmp_path, "must not contain"),
                       (src, "must not contain"), (src / "sub", "must not contain"), (afile, "not a folder")):
         before = tree(tmp_path)
-        assert_refused(run_edge("calibrate", "import", src, out, "--min-images", "1"), out, says)
+        assert_refused(edge_here("calibrate", "import", src, out, "--min-images", "1"), out, says)
         assert tree(tmp_path) == before and (mydocs / "thesis.txt").read_text() == "years of work\n"
     out = tmp_path / "set"
-    assert run_edge("calibrate", "import", src, out, "--min-images", "1").returncode == 0
-    assert run_edge("calibrate", "import", src, out, "--min-images", "1").returncode == 0  # its own set: replaced
+    assert edge_here("calibrate", "import", src, out, "--min-images", "1").returncode == 0
+    assert edge_here("calibrate", "import", src, out, "--min-images", "1").returncode == 0  # its own set: replaced
     (out / "notes.txt").write_text("mine\n")  # a user file dropped into the set is not lost either
-    assert_refused(run_edge("calibrate", "import", src, out, "--min-images", "1"), out, "notes.txt")
+    assert_refused(edge_here("calibrate", "import", src, out, "--min-images", "1"), out, "notes.txt")
     (out / "manifest.json").write_text(nested(100000))
-    assert_refused(run_edge("calibrate", "import", src, out, "--min-images", "1"), out, "not one this tool wrote")
+    assert_refused(edge_here("calibrate", "import", src, out, "--min-images", "1"), out, "not one this tool wrote")
     assert (out / "notes.txt").read_text() == "mine\n"
 
 
