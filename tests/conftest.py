@@ -42,12 +42,19 @@ def once_per_run(tmp_path_factory, name, make):
 
 def pytest_collection_modifyitems(session, config, items):
     """When a test needs the trained digits model, a background process starts making it (and its Q/DQ model) now,
-    one per run (the first worker to get here starts it), and the files that need it run last (pytest.ini keeps
-    pytest-xdist from reordering files), so no worker waits for it."""
-    files = {item.nodeid.split("::")[0] for item in items if "digits" in getattr(item, "fixturenames", ())}
-    if not files:
+    one per run (the first worker to get here starts it), and the files that need it start mid-run: under load it
+    takes about a quarter of the run, so no worker waits for it, and the run ends on the short files (pytest.ini
+    keeps pytest-xdist from reordering files)."""
+    def file_of(item):
+        return item.nodeid.split("::")[0]
+
+    needing = {file_of(item) for item in items if "digits" in getattr(item, "fixturenames", ())}
+    if not needing:
         return
-    items[:] = sorted(items, key=lambda item: item.nodeid.split("::")[0] in files)  # last (stable): by then it is made
+    others = list(dict.fromkeys(file_of(item) for item in items if file_of(item) not in needing))
+    half = len(others) // 2
+    order = {name: i for i, name in enumerate(others[:half] + sorted(needing) + others[half:])}
+    items[:] = sorted(items, key=lambda item: order[file_of(item)])  # stable: each file's tests keep their order
     run = run_folder(config._tmp_path_factory)
     try:
         os.close(os.open(str(run / "digits.started"), os.O_CREAT | os.O_EXCL))
