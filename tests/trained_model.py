@@ -6,8 +6,8 @@ torchvision's mobilenet_v3_small(num_classes=10, width_mult=0.5) trained on scik
 edge.build.export.export_onnx. Its inputs come from the runtime's CpuPreprocessor with resize 64 / crop 64 (an
 identity resample of a 64x64 image), exactly as training normalised them.
 
-tests/conftest.py's session fixtures `digits` and `digits_qdq` train and quantize it once per test run (shared by
-pytest-xdist workers).
+tests/conftest.py's session fixtures `digits` and `digits_qdq` give it and its Q/DQ model, made once per test run
+and shared by the pytest-xdist workers; conftest starts this file in the background at collection to make both.
 """
 
 import json
