@@ -34,7 +34,7 @@ def run_folder(tmp_path_factory):
 
 
 def once_per_run(tmp_path_factory, name, make):
-    """`make(folder)` once per test run (made_once.make_once); `make` returns what the fixture gives."""
+    """The folder `name` in the run's shared folder, made by `make(folder)` once per run (made_once.make_once)."""
     from made_once import make_once
 
     return make_once(str(run_folder(tmp_path_factory) / name), make)

@@ -27,7 +27,8 @@ WIDTH = 0.5
 SEED = 0
 CALIBRATION_IMAGES = 64
 TRAINED = "trained.json"  # written last: its presence means the folder is complete
-DIGITS, DIGITS_QDQ, QDQ_NAME = "digits", "digits-qdq", "digits.int8.onnx"  # folders in the run's shared folder
+DIGITS, DIGITS_QDQ = "digits", "digits-qdq"  # the two folders in the run's shared folder
+QDQ_NAME = "digits.int8.onnx"  # the Q/DQ model in DIGITS_QDQ
 
 
 @dataclass

@@ -43,6 +43,7 @@ from edge.uri import parse_source
 __all__ = ["IMAGE_EXTENSIONS", "Capture", "Frame", "SourceEnded",
            "SourceSupervisor", "SourceTimeout", "SyntheticCapture", "open_capture"]
 
+
 def open_capture(cfg: SourceConfig) -> Capture:
     """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError."""
     parsed = parse_source(cfg.uri)
