@@ -4,14 +4,15 @@ broken INT8 must fail.
 
     python benchmarks/imagenet_gate.py [--arch efficientnet_lite0 mobilenet_v2] [--set calibration/imagenet]
 
-Per model (`edge export --arch A`, bundled ImageNet weights): Q/DQ INT8 made by the build's quantizer (minmax, the
-config's exclude_sensitive) from
+Per model (`edge export --arch A`, bundled ImageNet weights): Q/DQ INT8 made by the build's quantizer with the
+config's defaults (build.method auto: the method closest to FP32 on the calibration images; exclude_sensitive) from
   sound          calibration/default, the model's own preprocessing
   grey           32 uniform grey images (as tests/test_real_weights.py)
   un-normalised  calibration/default fed as 0-255 values (mean 0, std 1/255)
   saturated      the sound model with every activation scale divided by F (activations clip; --saturate F...)
-each judged by edge.build.gate.evaluate with GateConfig() (the defaults) against the FP32 model on the labelled set
-(scripts/make_imagenet_set.py), Q/DQ run by the build's runner (edge.build.plan.onnx_runner: TensorRT's arithmetic,
+each judged (without the build's float fallback: docs/build.md measures it with `edge build`) by
+edge.build.gate.evaluate with GateConfig() (the defaults) against the FP32 model on the labelled set
+(edge calibrate imagenet), Q/DQ run by the build's runner (edge.build.plan.onnx_runner: TensorRT's arithmetic,
 emulated). Prints one markdown row per candidate; docs/build.md (accuracy gate) has the table.
 """
 
@@ -25,12 +26,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from edge.build.auto_method import quantize  # noqa: E402
 from edge.build.calibration import import_calibration_set, load_calibration_set  # noqa: E402
 from edge.build.export import ARCHES, export_model  # noqa: E402
 from edge.build.gate import CONFIDENCE, evaluate  # noqa: E402
 from edge.build.imagenet_set import DEFAULT_OUT  # noqa: E402
 from edge.build.plan import onnx_runner  # noqa: E402
-from edge.build.quantize import quantize_qdq  # noqa: E402
 from edge.config import BuildConfig, GateConfig, PreprocessConfig  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,14 +68,15 @@ def candidates(fp32, pre, work, factors, only_saturated):
     os.makedirs(work, exist_ok=True)
     calibration = load_calibration_set(os.path.join(REPO, "calibration", "default"), 1)
     unnorm = PreprocessConfig(**dict(vars(pre), mean=[0.0] * 3, std=[1 / 255] * 3))
-    sensitive = BuildConfig().exclude_sensitive
+    defaults = BuildConfig()
     variants = [("sound", calibration, pre), ("grey", grey_set(work), pre), ("un-normalised", calibration, unnorm)]
     for name, images, p in variants[:1] if only_saturated else variants:
         started = time.monotonic()
-        quantize_qdq(fp32, os.path.join(work, name + ".onnx"), images, p, "minmax", sensitive, show_progress=False,
-                     log=quiet)
+        summary = quantize(fp32, os.path.join(work, name + ".onnx"), images, p, defaults.method,
+                           defaults.exclude_sensitive, show_progress=False, log=quiet)
         if not only_saturated:
-            yield name, os.path.join(work, name + ".onnx"), time.monotonic() - started
+            yield "{} ({})".format(name, summary["method"]), os.path.join(work, name + ".onnx"), \
+                time.monotonic() - started
     for factor in factors:
         started = time.monotonic()
         out = os.path.join(work, "saturated-{:g}.onnx".format(factor))

@@ -87,20 +87,21 @@ class RuntimeConfig:
 
 @dataclass
 class GateConfig:
-    min_agreement: float = setting(0.98, "top-1 agreement of INT8 with FP32 on the regression set", low=0.0,
-                                   high=1.0)
-    min_mean_cosine: float = setting(0.99, "mean cosine similarity of the logits", low=0.0, high=1.0)
-    max_top1_drop_pp: float = setting(1.0, "top-1 accuracy drop, percentage points (when labels exist)", low=0.0,
+    min_agreement: float = setting(0.98, "top-1 agreement of INT8 with FP32 on the unlabelled regression images",
+                                   low=0.0, high=1.0)
+    min_mean_cosine: float = setting(0.98, "mean cosine similarity of the logits", low=0.0, high=1.0)
+    max_top1_drop_pp: float = setting(3.0, "top-1 accuracy drop on the labelled images, percentage points", low=0.0,
                                       high=100.0)
 
 
 @dataclass
 class BuildConfig:
     calibration_dir: str = setting("calibration/default", "images INT8 calibration reads", flag="--calibration")
-    regression_dir: str = setting("calibration/regression", "images the accuracy gate compares on",
+    regression_dir: str = setting("calibration/imagenet", "images the accuracy gate compares on (labelled: "
+                                                          "<label>/<image>)",
                                   flag="--regression")
-    method: str = setting("minmax", "calibration method", choices=("minmax", "entropy", "percentile"),
-                          flag="--method")
+    method: str = setting("auto", "calibration method; auto: each, keeping the closest to FP32 on calibration "
+                                  "images", choices=("auto", "minmax", "entropy", "percentile"), flag="--method")
     quantizer: str = setting("onnxruntime", "modelopt: NVIDIA ModelOpt, extra [modelopt]; opset 19: TensorRT >= 10 "
                                             "only (docs/build.md)", choices=("onnxruntime", "modelopt"))
     exclude_sensitive: bool = setting(True, "keep MobileNetV3's squeeze-excite/hard-sigmoid, first conv, "

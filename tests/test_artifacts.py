@@ -338,14 +338,11 @@ def test_a_signal_between_the_renames_never_pairs_an_artifact_with_another_model
 
 
 @pytest.fixture(scope="module")
-def digits_onnx_pair(tmp_path_factory):
-    """Two different small valid ONNX models (random MobileNetV3-Small, two seeds), labels beside them."""
+def digits_onnx_pair(small_model, tmp_path_factory):
+    """Two different small valid ONNX models (random MobileNetV3-Small, two seeds), labels beside them: the run's
+    shared export (seed 0) and one exported here with seed 1."""
     from edge.build.export import export_model
 
-    folder = tmp_path_factory.mktemp("pair")
-    paths = []
-    for seed in (1, 2):
-        path = str(folder / "m{}.onnx".format(seed))
-        export_model("mobilenet_v3_small", "random", path, seed=seed, log=quiet)
-        paths.append(path)
-    return paths
+    second = str(tmp_path_factory.mktemp("pair") / "m1.onnx")
+    export_model("mobilenet_v3_small", "random", second, seed=1, log=quiet)
+    return [small_model, second]

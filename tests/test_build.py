@@ -21,6 +21,7 @@ from edge.commands.build import register
 from edge.config import load_config
 from edge.errors import EdgeError
 
+from conftest import REPO
 from fake_tensorrt import fake_tensorrt
 
 quiet = lambda *a: None  # noqa: E731
@@ -37,7 +38,7 @@ def cli(*argv):
 def write_config(folder, digits, **build):
     cfg = {"model": {"path": digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
            "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
-                          "engines_dir": os.path.join(str(folder), "engines")}, **build)}
+                          "method": "minmax", "engines_dir": os.path.join(str(folder), "engines")}, **build)}
     path = os.path.join(str(folder), "edge.yaml")
     with open(path, "w") as fh:
         yaml.safe_dump(cfg, fh)
@@ -199,7 +200,9 @@ def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
 def test_untrained_model_builds_with_gate_recorded_but_not_enforced(small_model, tmp_path, capsys):
     engines = tmp_path / "engines"
     config = tmp_path / "edge.yaml"
-    config.write_text(yaml.safe_dump({"model": {"path": small_model}, "build": {"engines_dir": str(engines)}}))
+    shipped_regression = os.path.join(REPO, "calibration", "regression")
+    config.write_text(yaml.safe_dump({"model": {"path": small_model}, "build": {
+        "engines_dir": str(engines), "method": "minmax", "regression_dir": shipped_regression}}))
     assert cli("build", "--config", config, "--no-progress") == 0
     manifest = read_model_info(str(engines / "mobilenet_v3_small.int8.onnx"))
     assert manifest["trained"] is False and manifest["gate"]["enforced"] is False

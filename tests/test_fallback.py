@@ -11,13 +11,13 @@ from onnx import numpy_helper
 from test_build import cli
 
 from edge.artifact import read_model_info
-from edge.build import fallback, steps
+from edge.build import fallback, fidelity, steps
 from edge.build.calibration import load_calibration_set
 from edge.build.fallback import quantized_inputs, without_quantization
 from edge.build.qdq_rules import validate_qdq
 from edge.errors import EdgeError
 
-BROKEN_SCALE = 1 / 40  # the input range of one layer shrunk 40x: most of its activations clip
+BROKEN_SCALE = 1 / 100  # the input range of one layer shrunk 100x: most of its activations clip
 
 
 def _middle_conv(model):
@@ -64,14 +64,14 @@ def test_without_quantization_removes_exactly_the_pairs_in_front_of_a_layer(digi
 def _config(tmp_path, digits, **build):
     cfg = {"model": {"path": digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
            "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
-                          "engines_dir": str(tmp_path / "engines")}, **build)}
+                          "method": "minmax", "engines_dir": str(tmp_path / "engines")}, **build)}
     path = tmp_path / "edge.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
 
 
 def test_build_leaves_the_broken_layer_in_float_and_passes(digits, tmp_path, monkeypatch, capsys):
-    real = steps.quantize_qdq
+    real = steps.quantize
     broken = {}
 
     def quantize_then_break(fp32, out, *args, **kwargs):
@@ -79,7 +79,7 @@ def test_build_leaves_the_broken_layer_in_float_and_passes(digits, tmp_path, mon
         broken["node"] = break_one_layer(out)
         return info
 
-    monkeypatch.setattr(steps, "quantize_qdq", quantize_then_break)
+    monkeypatch.setattr(steps, "quantize", quantize_then_break)
     assert cli("build", "--config", _config(tmp_path, digits), "--no-progress") == 0
     out = capsys.readouterr().out
     assert "fallback: gate failed with every quantised layer in INT8" in out
@@ -117,9 +117,23 @@ def test_expected_cost_counts_the_float_layers_share_of_the_work(digits):
     assert fallback.expected_cost(digits.onnx, [])["expected_engine_time_increase_pct"] == 0
 
 
-def test_the_ranking_uses_calibration_images_only(digits, digits_qdq, monkeypatch):
+def test_fidelity_reads_calibration_images_only(digits, digits_qdq, monkeypatch):
     read = []
     images = load_calibration_set(digits.calibration)
     monkeypatch.setattr(images, "read", lambda name: read.append(name) or np.zeros((64, 64, 3), np.uint8))
-    fallback._Scorer(digits.onnx, images, digits.preprocess)
-    assert read and set(read) <= set(images.files) and len(read) == fallback.SENSITIVITY_IMAGES
+    fidelity.Fidelity(digits.onnx, images, digits.preprocess)
+    assert read and set(read) <= set(images.files) and len(read) == fidelity.IMAGES
+
+
+def test_the_one_session_ranking_equals_leaving_each_layer_in_float_on_its_own(digits, digits_qdq):
+    images = load_calibration_set(digits.calibration)
+    model = onnx.load(digits_qdq)
+    ranked = fallback.rank_layers(digits.onnx, model, images, digits.preprocess)
+    pairs = quantized_inputs(model)
+    assert {r["node"] for r in ranked} == {n.name for n in model.graph.node if n.op_type in ("Conv", "Gemm")
+                                          and n.name in pairs}
+    scorer = fidelity.Fidelity(digits.onnx, images, digits.preprocess)
+    everything = scorer.damage(model)
+    for row in ranked[:2] + ranked[-1:]:
+        alone = everything - scorer.damage(without_quantization(model, [row["node"]]))
+        assert row["recovers"] == pytest.approx(alone, abs=5e-6)

@@ -27,7 +27,7 @@ def device(tmp_path, name, model, sets, precision="int8"):
     config.write_text(yaml.safe_dump({
         "model": {"path": model}, "backend": {"kind": "onnxruntime"},
         "build": {"engines_dir": str(tmp_path / name / "engines"), "calibration_dir": sets[0],
-                  "regression_dir": sets[1], "min_images": 1, "precision": precision}}))
+                  "regression_dir": sets[1], "min_images": 1, "precision": precision, "method": "minmax"}}))
     return str(config)
 
 

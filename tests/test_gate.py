@@ -49,7 +49,7 @@ def test_grey_calibration_fails_with_reasons_and_report(digits, reference, tmp_p
     r = result.report
     assert not result.passed
     assert r["agreement"] < 0.9 and r["mean_cosine"] < 0.95 and r["top1_drop_pp"] > 5
-    assert any(f.startswith("top-1 agreement") for f in r["failures"])
+    assert not any(f.startswith("top-1 agreement") for f in r["failures"])  # labelled: judged by the drop
     assert any(f.startswith("mean logit cosine") for f in r["failures"])
     assert any(f.startswith("top-1 accuracy drop") for f in r["failures"])
     flip = r["flips"][0]
@@ -59,7 +59,7 @@ def test_grey_calibration_fails_with_reasons_and_report(digits, reference, tmp_p
     write_report(report, result, {"artifact": "x"})
     saved = json.load(open(report))
     assert saved["passed"] is False and saved["artifact"] == "x" and len(saved["flips"]) == len(r["flips"])
-    with pytest.raises(EdgeError, match="accuracy gate failed: top-1 agreement") as err:
+    with pytest.raises(EdgeError, match="accuracy gate failed: mean logit cosine") as err:
         enforce(result, report)
     assert err.value.exit_code == 1 and report in str(err.value) and "\n" not in str(err.value)
 
@@ -73,17 +73,15 @@ def test_unnormalised_calibration_fails(digits, reference, tmp_path):
     assert not r["passed"] and r["agreement"] < 0.5
 
 
-def test_metrics_are_exact_on_a_known_candidate(digits, reference):
-    """A candidate that swaps the top-2 logits on exactly 3 images: agreement and flips must say 3."""
-    s = load_calibration_set(digits.regression)
-    targets = set(s.files[::100])
+def swapping_candidate(reference, images, targets):
+    """A candidate that swaps the top-2 logits on exactly the images named in `targets`."""
     current = {}
 
-    def read(name, _read=s.read):
+    def read(name, _read=images.read):
         current["name"] = name
         return _read(name)
 
-    s.read = read  # note which image each tensor came from
+    images.read = read  # note which image each tensor came from
 
     def candidate(tensor):
         out = reference(tensor).copy()
@@ -92,11 +90,33 @@ def test_metrics_are_exact_on_a_known_candidate(digits, reference):
             out[0, order[0]], out[0, order[1]] = out[0, order[1]], out[0, order[0]]
         return out
 
-    r = evaluate(reference, candidate, s, digits.preprocess, GateConfig(min_agreement=0.99), LABELS).report
-    assert len(targets) == 3 and len(r["flips"]) == 3
-    assert r["agreement"] == round(294 / 297, 6) and not r["passed"]
+    return candidate
+
+
+def test_metrics_are_exact_on_a_known_candidate(digits, reference):
+    """Swapping the top-2 logits on exactly 3 unlabelled images: agreement and flips must say 3."""
+    s = load_calibration_set(digits.calibration)
+    targets = set(s.files[::30])
+    candidate = swapping_candidate(reference, s, targets)
+    r = evaluate(reference, candidate, s, digits.preprocess, GateConfig(min_agreement=0.96)).report
+    assert len(targets) == 3 and len(r["flips"]) == 3 and r["labelled"] == 0
+    assert r["agreement"] == r["unlabelled_agreement"] == round(61 / 64, 6) and not r["passed"]
     assert {f["file"] for f in r["flips"]} == targets
-    assert "top-1 agreement 0.9899 < 0.99" in r["failures"]
+    assert "top-1 agreement 0.9531 < 0.96" in r["failures"]
+
+
+def test_labelled_images_are_judged_by_the_drop_not_the_agreement(digits, reference):
+    """The same swap on 3 labelled images: agreement 294/297 is reported, not judged; the flips count as
+    right->wrong or wrong->right by their labels, and a drop of at most 1 pp is within the default limit."""
+    s = load_calibration_set(digits.regression)
+    targets = set(s.files[::100])
+    r = evaluate(reference, swapping_candidate(reference, s, targets), s, digits.preprocess,
+                 GateConfig(min_agreement=0.99), LABELS).report
+    assert r["agreement"] == round(294 / 297, 6) and "unlabelled_agreement" not in r
+    assert len(r["flips"]) == 3
+    assert r["right_to_wrong"] == sum(flip["reference"] == flip["label"] for flip in r["flips"])
+    assert r["wrong_to_right"] == sum(flip["candidate"] == flip["label"] for flip in r["flips"])
+    assert r["passed"] and r["failures"] == []
 
 
 def test_unlabelled_set_judges_agreement_and_cosine_only(digits, reference, tmp_path):
@@ -165,7 +185,7 @@ def paired(images, wrong_reference, right_to_wrong, wrong_to_right):
     s = CalibrationSet(images.root, images.files, images.sha256)
     s.read = read
     return evaluate(logits(ref_pred), logits(cand_pred), s, PreprocessConfig(resize=32, crop=32),
-                    GateConfig(min_agreement=0.0, min_mean_cosine=-1.0))
+                    GateConfig(min_agreement=0.0, min_mean_cosine=-1.0, max_top1_drop_pp=1.0))
 
 
 def test_no_net_drop_passes_with_its_flips_counted_each_way(forty):

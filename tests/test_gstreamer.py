@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -270,26 +271,31 @@ def test_a_password_uri_leaks_from_no_command_while_the_stream_is_up(server, sma
     edge = [sys.executable, "-m", "edge"]
     commands = (["run", "--frames", "5"], ["check", "--frames", "5", "--warmup", "1", "--json", "r.json"],
                 ["calibrate", "capture", "set", "--frames", "10", "--every", "2", "--min-images", "1"])
-    seen = []
-    for argv in commands:  # one at a time: the test server serves a handful of clients
+
+    def output_of(argv):
         done = subprocess.run(edge + argv + ["--config", str(config)], cwd=str(tmp_path), capture_output=True,
                               text=True, timeout=180)
-        seen.append((argv, done.stdout + done.stderr))
-    demo = subprocess.Popen(edge + ["demo", "--headless", "--port", "0", "--config", str(config)], cwd=str(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        serving = json.loads(next(line for line in demo.stdout if '"serving"' in line))
-        base = serving["url"].rstrip("/")
-        deadline = time.monotonic() + 60
-        stats = _get(base + "/stats.json")
-        while json.loads(stats).get("size") is None and time.monotonic() < deadline:  # until a frame is out
-            time.sleep(0.1)
+        return argv, done.stdout + done.stderr
+
+    seen = []
+    with ThreadPoolExecutor(len(commands)) as pool:  # all four at once: the server's media is shared by its clients
+        outputs = pool.map(output_of, commands)
+        demo = subprocess.Popen(edge + ["demo", "--headless", "--port", "0", "--config", str(config)],
+                                cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            serving = json.loads(next(line for line in demo.stdout if '"serving"' in line))
+            base = serving["url"].rstrip("/")
+            deadline = time.monotonic() + 60
             stats = _get(base + "/stats.json")
-        seen += [(["demo", "/stats.json"], stats), (["demo", "/"], _get(base + "/"))]
-    finally:
-        demo.terminate()
-        out, err = demo.communicate(timeout=30)
-    seen.append((["demo"], out + err))
+            while json.loads(stats).get("size") is None and time.monotonic() < deadline:  # until a frame is out
+                time.sleep(0.1)
+                stats = _get(base + "/stats.json")
+            seen += [(["demo", "/stats.json"], stats), (["demo", "/"], _get(base + "/"))]
+        finally:
+            demo.terminate()
+            out, err = demo.communicate(timeout=30)
+        seen.append((["demo"], out + err))
+        seen += outputs
     for argv, text in seen:
         assert PASSWORD not in text and "Traceback" not in text, (argv, text[-3000:])
     assert '"frames": 5' in open(str(tmp_path / "r.json")).read()  # the check ran on the stream

@@ -75,7 +75,7 @@ def test_a_signal_during_build_leaves_no_staged_or_quantize_debris(small_model, 
     config = sh.write_config(tmp_path / "cfg.yaml", {
         "model": {"path": str(engines / "m.int8.onnx")},
         "build": {"engines_dir": str(engines), "calibration_dir": os.path.join(REPO, "calibration", "default"),
-                  "regression_dir": os.path.join(REPO, "calibration", "regression")}})
+                  "regression_dir": os.path.join(REPO, "calibration", "regression"), "method": "minmax"}})
     before = sorted(os.listdir(str(engines)))
     started = time.monotonic()
     rc, err = signalled_midway(["build", "--config", config, "--no-progress"], tmp_path,

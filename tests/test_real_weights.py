@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from edge.artifact import read_model_info
-from edge.build.calibration import CalibrationSet, import_calibration_set
+from edge.build.calibration import CalibrationSet, import_calibration_set, load_calibration_set
 from edge.build.export import ARCHES, export_model
 from edge.build.gate import enforce, evaluate
 from edge.build.plan import check_inputs, onnx_runner
@@ -32,10 +32,9 @@ EFFICIENTNET = "efficientnet_lite0"
 EXPECTED = {"chelsea": {"tabby", "tiger cat", "Egyptian cat"}, "coffee": {"espresso"},
             "rocket": {"missile", "projectile"}}
 quiet = lambda *a: None  # noqa: E731
-# The ImageNet settings docs/build.md (accuracy gate) derives from benchmarks/imagenet_gate.py on the labelled set.
-# Measured on this subset: sound INT8 0.94 / 0.9892, grey 0.86 / 0.9604 (un-normalised 0.89 / 0.9864: on this
-# network as accurate as sound INT8, docs/build.md).
-GATE = {"min_agreement": 0.83, "min_mean_cosine": 0.98, "max_top1_drop_pp": 3.0}
+# The gate is the default one (docs/build.md, accuracy gate). Measured on this subset with minmax: sound INT8
+# 0.94 / 0.9892, grey 0.86 / 0.9604 (un-normalised 0.89 / 0.9864: on this network as accurate as sound INT8).
+DEFAULT_GATE = GateConfig()
 
 
 @pytest.fixture(scope="session")
@@ -43,8 +42,12 @@ def labelled(tmp_path_factory):
     """The 20 ImageNet validation JPEGs and every 8th of the 500 Tiny-ImageNet photos: 83 labelled images."""
     from edge.build.imagenet_set import make_imagenet_set
 
+    try:  # scripts/bootstrap.sh made the set; the same bytes are made again where it did not run
+        full = load_calibration_set(os.path.join(REPO, "calibration", "imagenet"))
+    except EdgeError:
+        full = None
     try:
-        full = make_imagenet_set(str(tmp_path_factory.mktemp("imagenet") / "set"), log=quiet)
+        full = full or make_imagenet_set(str(tmp_path_factory.mktemp("imagenet") / "set"), log=quiet)
     except EdgeError as exc:
         pytest.skip("labelled ImageNet set unavailable: {} (scripts/bootstrap.sh installs it)".format(exc))
     raw = tmp_path_factory.mktemp("subset-raw")
@@ -63,8 +66,9 @@ def effnet(tmp_path_factory):
 
 
 def build_config(model, engines, regression, calibration="calibration/default", **preprocess):
+    # one calibration method (`auto`, the default, tries three: its choices are measured in docs/build.md)
     data = {"model": {"path": model}, "build": {"engines_dir": engines, "calibration_dir": calibration,
-                                                "regression_dir": regression, "gate": GATE}}
+                                                "regression_dir": regression, "method": "minmax"}}
     if preprocess:
         data["preprocess"] = preprocess
     path = os.path.join(engines, "config.yaml")
@@ -148,7 +152,7 @@ def test_int8_build_passes_the_enforced_gate_and_records_it(int8, labelled):
     assert round(83 * (r["reference_top1"] - r["candidate_top1"])) == r["right_to_wrong"] - r["wrong_to_right"]
     lo, hi = r["top1_drop_interval_pp"]
     assert lo <= r["top1_drop_pp"] <= hi and lo < 0 < hi
-    assert gate["agreement"] >= GATE["min_agreement"] and gate["mean_cosine"] >= GATE["min_mean_cosine"]
+    assert gate["mean_cosine"] >= DEFAULT_GATE.min_mean_cosine
     assert manifest["trained"] is True and manifest["preprocess"] == read_model_info(int8[0])["preprocess"]
     assert manifest["build"]["quantize"]["quantizer"] == "onnxruntime"
 
@@ -166,8 +170,8 @@ def test_grey_calibration_fails_the_gate(effnet, labelled, tmp_path):
     out = str(tmp_path / "grey.onnx")
     quantize_qdq(effnet, out, grey, right, show_progress=False, log=quiet)
     with onnx_runner(effnet) as reference, onnx_runner(out) as candidate:
-        result = evaluate(reference, candidate, labelled, right, GateConfig(**GATE))
-    assert result.report["verdict"] == "fail" and result.report["mean_cosine"] < GATE["min_mean_cosine"]
+        result = evaluate(reference, candidate, labelled, right, DEFAULT_GATE)
+    assert result.report["verdict"] == "fail" and result.report["mean_cosine"] < DEFAULT_GATE.min_mean_cosine
     with pytest.raises(EdgeError, match="accuracy gate failed: .*mean logit cosine") as err:
         enforce(result, "report.json")
     assert err.value.exit_code == 1

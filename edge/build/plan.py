@@ -212,8 +212,10 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
     if b.precision == "int8" and load_calibration:
         calibration = load_calibration_set(b.calibration_dir, b.min_images,
                                            what="calibration set (build.calibration_dir in {})".format(where))
-    regression = load_calibration_set(b.regression_dir, 1,
-                                      what="regression set (build.regression_dir in {})".format(where))
+    regression = load_calibration_set(
+        b.regression_dir, 1, what="regression set (build.regression_dir in {})".format(where),
+        hint="make the labelled ImageNet set with: edge calibrate imagenet {0}, or label your own images "
+             "(<label>/<image>): edge calibrate import IMAGES_DIR {0}".format(b.regression_dir))
     labels_file = os.path.splitext(source)[0] + ".labels.txt"
     labels = load_labels(labels_file) if os.path.isfile(labels_file) else None
     resolve_labels(regression, labels)

@@ -184,17 +184,19 @@ def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, s
              job.frames, uri, job.every, job.max_images, job.min_images, job.staged_set,
              shlex.quote(job.staged_set), conf, shlex.quote(uri), job.every, job.frames, job.max_images)),
         ("calibrate", "{} INT8 calibration of {} on the captured set -> staged Q/DQ ONNX beside {}{}".format(
-            b.method, plan.source, plan.artifact,
+            "minmax, percentile and entropy (auto: the closest to FP32 kept)" if b.method == "auto" else b.method,
+            plan.source, plan.artifact,
             "" if plan.quantizes else " (skipped: --calibrator calibrates inside TensorRT in step 3)")),
         ("fallback", "the Q/DQ model judged as TensorRT computes it; if an enforced gate fails, up to {} of the "
          "layers INT8 hurts most stay in float and it is judged again".format(b.max_float_layers)
          if plan.quantizes else "skipped: no Q/DQ model on this path"),
         ("build", "TensorRT {} engine -> staged beside {}".format(b.precision, plan.artifact) if plan.fmt.engine
          else "no TensorRT build on this path: the Q/DQ ONNX is the artifact (--engine on the device)"),
-        ("gate", "candidate vs FP32 {} on {}: agreement >= {}, mean cosine >= {}, top-1 drop <= {} pp ({}) -> {}"
-         .format(plan.source, b.regression_dir, gate.min_agreement, gate.min_mean_cosine, gate.max_top1_drop_pp,
-                 "enforced: trained weights" if plan.gate_enforced else "reported, not enforced: untrained weights",
-                 plan.report_path)),
+        ("gate", "candidate vs FP32 {} on {}: mean cosine >= {}, top-1 drop <= {} pp (labelled images), agreement "
+         ">= {} (unlabelled images) ({}) -> {}".format(
+             plan.source, b.regression_dir, gate.min_mean_cosine, gate.max_top1_drop_pp, gate.min_agreement,
+             "enforced: trained weights" if plan.gate_enforced else "reported, not enforced: untrained weights",
+             plan.report_path)),
         ("latency", "edge check with the candidate: {} frames of {} after {} warm-up, p99 end_to_end <= {:g} ms -> {}"
          .format(job.check_frames, redact(job.check_source), job.check_warmup, cfg.runtime.budget_ms,
                  latency_report(plan))),

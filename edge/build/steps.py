@@ -24,11 +24,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from edge.artifact import UNTRAINED_WARNING, install, make_manifest, remove_quietly, sha256_file, staging_path
 from edge.board import current_system
+from edge.build.auto_method import quantize
 from edge.build.calibration import CalibrationSet, warn_if_few
 from edge.build.fallback import expected_cost, search
 from edge.build.gate import GateResult, enforce, evaluate, write_report
 from edge.build.plan import BuildPlan, Log, onnx_runner
-from edge.build.quantize import quantize_qdq
 from edge.errors import EXIT_FAIL, EdgeError
 
 EXIT_INTERRUPTED = 130
@@ -153,9 +153,9 @@ def step_calibrate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     assert state.calibration is not None
     b = plan.cfg.build
     staged = state.stage(os.path.splitext(plan.artifact)[0] + ".qdq.onnx")
-    state.info["quantize"] = quantize_qdq(plan.source, staged, state.calibration, plan.cfg.preprocess, b.method,
-                                          b.exclude_sensitive, plan.show_progress, log, quantizer=b.quantizer,
-                                          tensorrt=plan.target_tensorrt)
+    state.info["quantize"] = quantize(plan.source, staged, state.calibration, plan.cfg.preprocess, b.method,
+                                      b.exclude_sensitive, plan.show_progress, log, quantizer=b.quantizer,
+                                      tensorrt=plan.target_tensorrt)
     state.candidate = staged
 
 

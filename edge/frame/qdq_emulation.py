@@ -122,11 +122,11 @@ def emulated_model(model: Any) -> Any:
     kept = [n for n in kept if n.op_type != "QuantizeLinear" or n.output[0] in still_read]
     del model.graph.node[:]
     model.graph.initializer.extend(added_inits)
-    model.graph.node.extend(_ordered(kept + added_nodes, model))
+    model.graph.node.extend(ordered_nodes(kept + added_nodes, model))
     return model
 
 
-def _ordered(nodes: List[Any], model: Any) -> List[Any]:
+def ordered_nodes(nodes: List[Any], model: Any) -> List[Any]:
     """Topological order (ONNX requires it), keeping the given order wherever it already is one: Kahn's algorithm
     taking the earliest ready node first (linear, for models with thousands of nodes)."""
     available = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
