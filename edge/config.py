@@ -90,7 +90,7 @@ class GateConfig:
     min_agreement: float = setting(0.98, "top-1 agreement of INT8 with FP32 on the unlabelled regression images",
                                    low=0.0, high=1.0)
     min_mean_cosine: float = setting(0.98, "mean cosine similarity of the logits", low=0.0, high=1.0)
-    max_top1_drop_pp: float = setting(3.0, "top-1 accuracy drop on the labelled images, percentage points", low=0.0,
+    max_top1_drop_pp: float = setting(1.0, "top-1 accuracy drop on the labelled images, percentage points", low=0.0,
                                       high=100.0)
 
 
