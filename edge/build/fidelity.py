@@ -1,6 +1,6 @@
 """How far a Q/DQ model's logits are from FP32's, run as TensorRT computes it (edge.frame.qdq_emulation), on a few
 calibration images — never the regression set the gate judges with. The build uses it to choose a calibration
-method (edge.build.quantize, `build.method: auto`) and to rank the layers to leave in float (edge.build.fallback).
+method (edge.build.auto_method, `build.method: auto`) and to rank the layers to leave in float (edge.build.fallback).
 """
 
 from typing import Any, Dict, List, Sequence

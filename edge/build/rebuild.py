@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from edge.artifact import labels_path, served_note, sha256_file
+from edge.build.auto_method import AUTO, CANDIDATES
 from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of
 from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
@@ -184,7 +185,8 @@ def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, s
              job.frames, uri, job.every, job.max_images, job.min_images, job.staged_set,
              shlex.quote(job.staged_set), conf, shlex.quote(uri), job.every, job.frames, job.max_images)),
         ("calibrate", "{} INT8 calibration of {} on the captured set -> staged Q/DQ ONNX beside {}{}".format(
-            "minmax, percentile and entropy (auto: the closest to FP32 kept)" if b.method == "auto" else b.method,
+            "{} (auto: the closest to FP32 kept)".format(", ".join(CANDIDATES[b.quantizer])) if b.method == AUTO
+            else b.method,
             plan.source, plan.artifact,
             "" if plan.quantizes else " (skipped: --calibrator calibrates inside TensorRT in step 3)")),
         ("fallback", "the Q/DQ model judged as TensorRT computes it; if an enforced gate fails, up to {} of the "
