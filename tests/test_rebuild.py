@@ -89,6 +89,8 @@ def ws(small_model, regression_set, tmp_path):
     config = {"model": {"path": "engines/m.int8.onnx"},
               "source": {"uri": str(tmp_path / "camera.avi"), "width": 320, "height": 240},
               "runtime": {"budget_ms": 1000, "warmup": 2, "report_every": 100000},
+              # ORT's spinning threads would hold a core for as long as a daemon serves beside the rebuild
+              "backend": {"intra_op_spinning": False},
               "build": {"calibration_dir": "cal/current", "regression_dir": regression_set, "engines_dir": "engines",
                         "min_images": 8, "method": "minmax"},
               "service": {"telemetry": {"enabled": False}, "metrics": {"enabled": True, "port": sh.free_port()}}}
