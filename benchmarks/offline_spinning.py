@@ -6,7 +6,11 @@ the idle one's threads busy-wait for work that goes to the other. Runs the real 
 regression set, spinning on and off interleaved round by round, with `--load` busy processes competing
 (default: one per core), and prints seconds per round and the ratio.
 
-    .venv/bin/python benchmarks/offline_spinning.py [--arch mobilenet_v3_small] [--rounds 3] [--load N]
+`--calibration` measures the calibrator instead (edge.build.quantize.compute_ranges, minmax, on the shipped
+calibration set): ONNX Runtime's own session (graph optimisations off, threads spinning) against
+edge.build.quantize.calibration_session, wall and CPU seconds, and the largest relative difference of the ranges.
+
+    .venv/bin/python benchmarks/offline_spinning.py [--arch mobilenet_v3_small] [--rounds 3] [--load N] [--calibration]
 """
 
 import argparse
@@ -16,11 +20,13 @@ import statistics
 import tempfile
 import time
 
+import numpy as np
+
+from edge.build import quantize
 from edge.build.calibration import load_calibration_set
 from edge.build.export import export_model
 from edge.build.gate import evaluate
 from edge.build.plan import _Inference
-from edge.build.quantize import quantize_qdq
 from edge.config import GateConfig, PreprocessConfig
 from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
@@ -40,37 +46,77 @@ def gate_seconds(fp32: str, qdq: str, regression, preprocess, spinning: bool) ->
     return time.monotonic() - started
 
 
+def calibration_run(fp32: str, images, preprocess, ours: bool):
+    """(wall s, CPU s, ranges) of one minmax calibration with our session or ONNX Runtime's own."""
+    own = quantize.calibration_session
+    if not ours:
+        quantize.calibration_session = lambda calibrator: calibrator.infer_session
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            wall, cpu = time.monotonic(), time.process_time()
+            ranges = quantize.compute_ranges(fp32, images, preprocess, "minmax", work, show_progress=False)
+            return time.monotonic() - wall, time.process_time() - cpu, ranges
+    finally:
+        quantize.calibration_session = own
+
+
+def compare_calibration(fp32: str, preprocess, rounds: int) -> None:
+    images = load_calibration_set(os.path.join(REPO, "calibration", "default"))
+    runs = {True: [], False: []}
+    for _ in range(rounds):
+        for ours in (False, True):
+            runs[ours].append(calibration_run(fp32, images, preprocess, ours))
+    theirs, mine = runs[False][-1][2], runs[True][-1][2]
+    diff = max(float(np.max(np.abs(np.subtract(mine[k].range_value, theirs[k].range_value))
+                            / (np.max(np.abs(theirs[k].range_value)) + 1e-12))) for k in theirs.data)
+    for ours, name in ((False, "ONNX Runtime's session"), (True, "calibration_session")):
+        print("  {:22s}: wall {:.2f} s, CPU {:.2f} s (medians of {})".format(
+            name, statistics.median(r[0] for r in runs[ours]), statistics.median(r[1] for r in runs[ours]), rounds))
+    print("  CPU ORT's / ours = {:.2f}x, wall = {:.2f}x; ranges differ by at most {:.1e} (relative)".format(
+        statistics.median(r[1] for r in runs[False]) / statistics.median(r[1] for r in runs[True]),
+        statistics.median(r[0] for r in runs[False]) / statistics.median(r[0] for r in runs[True]), diff))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="mobilenet_v3_small")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy processes competing")
+    parser.add_argument("--calibration", action="store_true", help="measure the calibrator's session instead")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="edge-spin-")
     fp32, qdq = os.path.join(work, args.arch + ".onnx"), os.path.join(work, args.arch + ".int8.onnx")
     info = export_model(args.arch, "random", fp32, log=lambda *a: None)
     preprocess = PreprocessConfig(**info["preprocess"])
-    quantize_qdq(fp32, qdq, load_calibration_set(os.path.join(REPO, "calibration", "default")), preprocess,
-                 show_progress=False, log=lambda *a: None)
-    regression = load_calibration_set(os.path.join(REPO, "calibration", "regression"))
+    if not args.calibration:
+        quantize.quantize_qdq(fp32, qdq, load_calibration_set(os.path.join(REPO, "calibration", "default")),
+                              preprocess, show_progress=False, log=lambda *a: None)
     hogs = [multiprocessing.Process(target=busy, daemon=True) for _ in range(args.load)]
     for hog in hogs:
         hog.start()
     try:
-        seconds = {True: [], False: []}
-        for _ in range(args.rounds):
-            for spinning in (True, False):
-                seconds[spinning].append(gate_seconds(fp32, qdq, regression, preprocess, spinning))
+        if args.calibration:
+            print("calibration of {}, {} busy processes".format(args.arch, args.load))
+            compare_calibration(fp32, preprocess, args.rounds)
+        else:
+            compare_gate(fp32, qdq, preprocess, args.load, args.rounds)
     finally:
         for hog in hogs:
             hog.terminate()
+
+
+def compare_gate(fp32: str, qdq: str, preprocess, load: int, rounds: int) -> None:
+    regression = load_calibration_set(os.path.join(REPO, "calibration", "regression"))
+    seconds = {True: [], False: []}
+    for _ in range(rounds):
+        for spinning in (True, False):
+            seconds[spinning].append(gate_seconds(fp32, qdq, regression, preprocess, spinning))
     on, off = statistics.median(seconds[True]), statistics.median(seconds[False])
-    print("gate on {} images, {} busy processes, median of {} rounds".format(len(regression), args.load, args.rounds))
+    print("gate on {} images, {} busy processes, median of {} rounds".format(len(regression), load, rounds))
     print("  spinning on : {:.2f} s  {}".format(on, " ".join("{:.2f}".format(s) for s in seconds[True])))
     print("  spinning off: {:.2f} s  {}".format(off, " ".join("{:.2f}".format(s) for s in seconds[False])))
     print("  on / off = {:.2f}x".format(on / off))
-
 
 if __name__ == "__main__":
     main()
