@@ -148,12 +148,22 @@ def test_unreadable_sidecar_or_labels_is_one_line(small_model, tmp_path, name, c
 
 # --- edge check: output paths, --compare, sizes -------------------------------------------------------------
 
-def check(model, *args, run=run_edge):
-    return run("check", "--model", model, "--source", "synthetic", "--backend", "onnxruntime", "--preprocess", "cpu",
-               "--warmup", "0", "--budget-ms", "1000", *args)
+# Nothing here is about ORT threading or frame size: ORT's idle threads do not spin (service_helpers) and synthetic
+# frames are small (1280x720 ones cost their making and resizing)
+QUIET = {"backend": sh.NO_SPINNING, "source": {"width": 96, "height": 72}}
 
 
-def test_check_output_paths_are_checked_before_running(small_model, tmp_path):
+@pytest.fixture(scope="module")
+def quiet(tmp_path_factory):
+    return sh.write_config(tmp_path_factory.mktemp("quiet") / "quiet.yaml", QUIET)
+
+
+def check(model, config, *args, run=run_edge):
+    return run("check", "--config", config, "--model", model, "--source", "synthetic", "--backend", "onnxruntime",
+               "--preprocess", "cpu", "--warmup", "0", "--budget-ms", "1000", *args)
+
+
+def test_check_output_paths_are_checked_before_running(small_model, quiet, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     os.symlink(str(victim), str(tmp_path / "link.json"))
@@ -163,18 +173,18 @@ def test_check_output_paths_are_checked_before_running(small_model, tmp_path):
              ("--plot", tmp_path / "victim.txt" / "x.png", "cannot write the figure")]
     for flag, path, says in cases:
         other = "--plot" if flag == "--json" else "--json"
-        proc = check(small_model, "--frames", "3", flag, path, other, "", run=edge_here)
+        proc = check(small_model, quiet, "--frames", "3", flag, path, other, "", run=edge_here)
         line = assert_refused(proc, path, says)
         assert "timed" not in proc.stdout, line  # refused before any frame ran
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert victim.read_text() == "precious\n" and os.listdir(str(tmp_path / "adir")) == []
-    assert_refused(check(small_model, "--frames", "100000000000", "--json", "", "--plot", "", run=edge_here),
+    assert_refused(check(small_model, quiet, "--frames", "100000000000", "--json", "", "--plot", "", run=edge_here),
                    "--frames")
-    assert_refused(check(small_model, "--regression-pct", "nan", "--json", "", "--plot", "", run=edge_here),
+    assert_refused(check(small_model, quiet, "--regression-pct", "nan", "--json", "", "--plot", "", run=edge_here),
                    "--regression-pct")
 
 
-def test_check_writes_through_no_planted_temp_file_and_reads_hostile_reports(small_model, tmp_path):
+def test_check_writes_through_no_planted_temp_file_and_reads_hostile_reports(small_model, quiet, tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("root-only\n")
     os.chmod(str(victim), 0o600)
@@ -183,12 +193,13 @@ def test_check_writes_through_no_planted_temp_file_and_reads_hostile_reports(sma
         os.symlink(str(victim), planted)
     deep, huge = tmp_path / "deep.json", tmp_path / "huge.json"
     deep.write_text(nested(100000))
-    assert_refused(check(small_model, "--compare", deep, "--json", report, "--plot", ""), deep, "nested too deeply")
+    assert_refused(check(small_model, quiet, "--compare", deep, "--json", report, "--plot", ""), deep,
+                   "nested too deeply")
     assert not report.exists()
     big = "1" + "0" * 400
     huge.write_text('{"schema_version": 1, "stages_ms": {"end_to_end": {"p50": %s, "p99": %s}, '
                     '"infer": {"p50": NaN, "p99": Infinity}}}' % (big, big))
-    proc = check(small_model, "--frames", "5", "--json", report, "--plot", figure, "--compare", huge)
+    proc = check(small_model, quiet, "--frames", "5", "--json", report, "--plot", figure, "--compare", huge)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert json.loads(report.read_text())["frames"] == 5 and figure.read_bytes()[:4] == b"\x89PNG"
     assert victim.read_text() == "root-only\n" and stat.S_IMODE(os.stat(str(victim)).st_mode) == 0o600
@@ -303,7 +314,8 @@ def start_run(config):
 
 
 def service_yaml(path, model, **extra):
-    data = {"model": {"path": str(model)}, "backend": {"kind": "onnxruntime"}, "preprocess": {"device": "cpu"},
+    data = {"model": {"path": str(model)}, "backend": dict(sh.NO_SPINNING, kind="onnxruntime"),
+            "preprocess": {"device": "cpu"},
             "source": {"uri": "synthetic", "width": 96, "height": 72, "fps": 50},
             "runtime": {"report_every": 10, "warmup": 2}, "service": {"telemetry": {"enabled": False}}}
     data.update(extra)
@@ -401,10 +413,13 @@ def read_all(sock):
         return data
 
 
-def test_demo_http_server_survives_rude_clients(small_model):
+def test_demo_http_server_survives_rude_clients(small_model, tmp_path):
+    # the frame loop runs all the while the idle clients time out (seconds): a few frames a second are a stream
+    config = sh.write_config(tmp_path / "c.yaml", dict(QUIET, source=dict(QUIET["source"], fps=5)))
     port = sh.free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "edge", "demo", "--headless", "--port", str(port), "--model",
-                             small_model, "--source", "synthetic", "--backend", "onnxruntime", "--preprocess", "cpu"],
+    proc = subprocess.Popen([sys.executable, "-m", "edge", "demo", "--headless", "--port", str(port), "--config",
+                             config, "--model", small_model, "--source", "synthetic", "--backend", "onnxruntime",
+                             "--preprocess", "cpu"],
                             cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     idle = []
     try:
@@ -460,23 +475,25 @@ def test_every_writer_goes_through_atomic_write():
         assert '+ ".tmp"' not in text and ".savefig(path" not in text, rel
 
 
-def test_a_one_frame_video_with_loop_keeps_looping(small_model, tmp_path):
+def test_a_one_frame_video_with_loop_keeps_looping(small_model, quiet, tmp_path):
     clip = tmp_path / "one.avi"
     write_video(clip, frames=1)
-    proc = check(small_model, "--source", str(clip), "--frames", "12", "--warmup", "2", "--json", "", "--plot", "")
+    proc = check(small_model, quiet, "--source", str(clip), "--frames", "12", "--warmup", "2", "--json", "",
+                 "--plot", "")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "12 frames after 2 warm-up" in proc.stdout, proc.stdout
 
 
-def test_the_folder_source_skips_odd_files_and_names_them_when_none_is_left(small_model, tmp_path):
+def test_the_folder_source_skips_odd_files_and_names_them_when_none_is_left(small_model, quiet, tmp_path):
     folder = photos(tmp_path / "frames", count=1)
     os.mkfifo(str(folder / "fifo.jpg"))  # would block a plain open() forever
     os.symlink(str(tmp_path / "gone.jpg"), str(folder / "dangling.jpg"))
     (folder / "bomb.png").write_bytes(png_header(20000, 20000))
-    proc = check(small_model, "--source", str(folder), "--frames", "6", "--warmup", "1", "--json", "", "--plot", "")
+    proc = check(small_model, quiet, "--source", str(folder), "--frames", "6", "--warmup", "1", "--json", "",
+                 "--plot", "")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "6 frames after 1 warm-up" in proc.stdout, proc.stdout
     os.remove(str(folder / "p0.png"))
-    line = assert_refused(check(small_model, "--source", str(folder), "--json", "", "--plot", ""), folder,
+    line = assert_refused(check(small_model, quiet, "--source", str(folder), "--json", "", "--plot", ""), folder,
                           "no readable image")
     assert "fifo.jpg: not a regular file" in line and "more than 100 megapixels" in line, line
