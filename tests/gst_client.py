@@ -8,13 +8,20 @@ python3-opencv is the OpenCV built with GStreamer; see the docstring there). Pri
       source event, until stdin closes
   open URI
       open_capture(uri) on the GStreamer path and one frame: its shape and the description, or the error line
+  serve PROBE
+      runs PROBE (the caller's check for the apt packages), prints {"ready": true}, then reads twin and open
+      commands from stdin, one JSON list a line, and answers each with its line plus "stderr" (what it wrote to
+      fd 2) and "traceback" if it raised: one process for many (each would import cv2 again, about a CPU-second)
 """
 
 import dataclasses
 import json
+import os
 import sys
+import tempfile
 import threading
 import time
+import traceback
 
 from edge.config import SourceConfig
 from edge.errors import EdgeError
@@ -52,8 +59,8 @@ def twin(kind, width, height, fps, frames, uri="", codec="auto"):
     shapes = {capture.read().shape for _ in range(frames)}
     seconds = time.monotonic() - start
     capture.close()
-    emit(description=capture.description, negotiated=capture.negotiated, pipeline=capture.target,
-         shapes=sorted(shapes), seconds=seconds)
+    return dict(description=capture.description, negotiated=capture.negotiated, pipeline=capture.target,
+                shapes=sorted(shapes), seconds=seconds)
 
 
 def grab(uri, codec, tcp):
@@ -82,16 +89,42 @@ def open_one(uri):
         image = capture.read()
         capture.close()
     except EdgeError as exc:
-        emit(error=str(exc))
-        return
-    emit(description=capture.description, shape=image.shape, pipeline=capture.target)
+        return dict(error=str(exc))
+    return dict(description=capture.description, shape=image.shape, pipeline=capture.target)
+
+
+def answer(command, args):
+    if command == "twin":
+        return twin(args[0], *map(int, args[1:5]), *args[5:])
+    return open_one(*args)
+
+
+def serve(probe):
+    exec(probe)  # so that "ready" promises what the caller's probe checks
+    emit(ready=True)
+    for line in sys.stdin:
+        command, *args = json.loads(line)
+        saved = os.dup(2)
+        with tempfile.TemporaryFile("w+", errors="replace") as err:
+            os.dup2(err.fileno(), 2)  # GStreamer's C code writes to fd 2 too
+            try:
+                out = answer(command, args)
+            except Exception:
+                out = dict(traceback=traceback.format_exc())
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+            err.seek(0)
+            out["stderr"] = err.read()
+        emit(**out)
 
 
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
-    if command == "twin":
-        twin(args[0], *map(int, args[1:5]), *args[5:])
-    elif command == "open":
-        open_one(*args)
+    if command in ("twin", "open"):
+        emit(**answer(command, args))
+    elif command == "serve":
+        serve(*args)
     else:
         grab(*args)

@@ -31,23 +31,32 @@ ENV = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _missing() -> str:
-    probe = ("import cv2, gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer; "
-             "import yaml, numpy; assert 'YES' in [l for l in cv2.getBuildInformation().splitlines() "
-             "if 'GStreamer' in l][0]")
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        return "no " + SYSTEM_PYTHON
-    done = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, text=True)
-    return done.stderr.strip().splitlines()[-1] if done.returncode else ""
+PROBE = ("import cv2, gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer; "
+         "import yaml, numpy; assert 'YES' in [l for l in cv2.getBuildInformation().splitlines() "
+         "if 'GStreamer' in l][0]")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def system_gstreamer():
-    """Probed by the worker that runs this file, not at every worker's collection (a second interpreter)."""
-    missing = _missing()
-    if missing:
-        pytest.skip("needs Debian's GStreamer, python3-opencv, python3-gi and gir1.2-gst-rtsp-server-1.0 "
-                    "(scripts/bootstrap.sh --dev as root): " + missing)
+def gst_worker():
+    """gst_client.py `serve` for the twin and open commands, started by the pytest-xdist worker that runs this file,
+    not at every worker's collection (a second interpreter). It runs PROBE first; when it does not come up, PROBE
+    alone tells a missing apt package (a skip) from a failure."""
+    needs = ("needs Debian's GStreamer, python3-opencv, python3-gi and gir1.2-gst-rtsp-server-1.0 "
+             "(scripts/bootstrap.sh --dev as root): ")
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(needs + "no " + SYSTEM_PYTHON)
+    worker = Worker()
+    try:
+        worker.wait_for(lambda x: x.get("ready"), 60)
+    except AssertionError:
+        worker.proc.kill()
+        worker.proc.wait()
+        done = subprocess.run([SYSTEM_PYTHON, "-c", PROBE], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(needs + done.stderr.strip().splitlines()[-1])
+        raise
+    yield worker
+    worker.close()
 
 
 def free_port() -> int:
@@ -93,12 +102,12 @@ def server(request):
         srv.stop()
 
 
-class Client:
-    """tests/gst_client.py `grab`: the JSON lines it prints, collected by a thread."""
+class Lines:
+    """tests/gst_client.py COMMAND ARGS: the JSON lines it prints, collected by a thread."""
 
-    def __init__(self, uri: str, codec: str = "auto", transport: str = "udp"):
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, os.path.join(HERE, "gst_client.py"), "grab", uri, codec,
-                                      transport], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([SYSTEM_PYTHON, os.path.join(HERE, "gst_client.py")] + list(args),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
         self.lines: "queue.Queue[dict]" = queue.Queue()
         self.seen = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -121,6 +130,37 @@ class Client:
                 return line
         raise AssertionError("not seen within {} s; last lines: {}".format(timeout, self.seen[-5:]))
 
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+class Worker(Lines):
+    """`serve`: one process answers every twin and open command (each would import cv2 again: ~1 CPU-second)."""
+
+    def __init__(self):
+        super().__init__("serve", PROBE)
+
+    def ask(self, *args: str) -> dict:
+        if self.proc.poll() is not None:  # an earlier command crashed or hung it (that test failed): a fresh one
+            self.__init__()
+            self.wait_for(lambda x: x.get("ready"), 60)
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        try:
+            return self.wait_for(lambda x: "stderr" in x, 60)
+        except AssertionError:
+            self.proc.kill()  # a late answer must not be taken for the next command's
+            self.proc.wait()
+            raise
+
+
+class Client(Lines):
+    """tests/gst_client.py `grab` in its own process (its RSS and exit status are asserted)."""
+
+    def __init__(self, uri: str, codec: str = "auto", transport: str = "udp"):
+        super().__init__("grab", uri, codec, transport)
+
     def frames(self, n: int, timeout: float = 15.0) -> dict:
         for _ in range(n):
             line = self.wait_for(lambda x: "frame" in x, timeout)
@@ -133,21 +173,16 @@ class Client:
         with open("/proc/{}/status".format(self.proc.pid)) as fh:
             return int(next(line.split()[1] for line in fh if line.startswith("VmRSS:")))
 
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(10)
 
-
-def run_twin(*args: str) -> dict:
-    done = subprocess.run([SYSTEM_PYTHON, os.path.join(HERE, "gst_client.py"), "twin"] + list(args),
-                          capture_output=True, text=True, env=ENV, timeout=60)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def run_twin(worker: Worker, *args: str) -> dict:
+    out = worker.ask("twin", *args)
+    assert "traceback" not in out, out.get("traceback", "") + out["stderr"][-2000:]
+    return out
 
 
 @pytest.mark.parametrize("kind, negotiated", [("csi", "NV12"), ("usb-mjpg", "MJPG"), ("usb-yuyv", "YUYV")])
-def test_camera_twins_negotiate_the_configured_size_and_rate(kind, negotiated):
-    out = run_twin(kind, "320", "240", "15", "15")
+def test_camera_twins_negotiate_the_configured_size_and_rate(gst_worker, kind, negotiated):
+    out = run_twin(gst_worker, kind, "320", "240", "15", "15")
     assert out["shapes"] == [[240, 320, 3]]
     assert out["negotiated"] == negotiated + " 320x240@15"
     assert out["description"].endswith("[{} 320x240@15, software]".format(negotiated))
@@ -158,9 +193,9 @@ def test_camera_twins_negotiate_the_configured_size_and_rate(kind, negotiated):
 
 @pytest.mark.parametrize("served, codec", [("h264", "h264"), ("h265", "h265"), ("mjpeg", "mjpeg"),
                                            ("h265", "auto"), ("mjpeg", "auto")])
-def test_rtsp_twin_decodes_each_codec(server, served, codec):
+def test_rtsp_twin_decodes_each_codec(gst_worker, server, served, codec):
     srv = server(served)
-    out = run_twin("rtsp", "320", "240", "30", "10", srv.uri, codec)
+    out = run_twin(gst_worker, "rtsp", "320", "240", "30", "10", srv.uri, codec)
     assert out["shapes"] == [[240, 320, 3]]
     assert out["description"] == "{} [{} 320x240, software]".format(srv.uri, codec)
 
@@ -215,14 +250,13 @@ def test_rss_is_flat_across_50_reconnects(server):
 PASSWORD = "S3cretPass"
 
 
-def open_one(uri: str) -> dict:
-    done = subprocess.run([SYSTEM_PYTHON, os.path.join(HERE, "gst_client.py"), "open", uri], capture_output=True,
-                          text=True, env=ENV, timeout=60)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def open_one(worker: Worker, uri: str) -> dict:
+    out = worker.ask("open", uri)
+    assert "traceback" not in out and "Traceback" not in out["stderr"], out.get("traceback", "") + out["stderr"]
+    return out
 
 
-def test_pipeline_injection_through_the_uri_is_refused_and_runs_nothing(server, tmp_path):
+def test_pipeline_injection_through_the_uri_is_refused_and_runs_nothing(gst_worker, server, tmp_path):
     srv = server("h264")
     pwn = str(tmp_path / "pwn-%d.png")
     injections = [  # the issue's, then variants: other separators, quotes, a pipeline in the password
@@ -238,15 +272,15 @@ def test_pipeline_injection_through_the_uri_is_refused_and_runs_nothing(server, 
         "/dev/video0 ! videotestsrc num-buffers=3 ! pngenc ! multifilesink location={}".format(pwn),
     ]
     for uri in injections:
-        out = open_one(uri)
+        out = open_one(gst_worker, uri)
         assert out.get("error", "").startswith("source.uri: "), (uri, out)
     assert os.listdir(str(tmp_path)) == []
 
 
-def test_a_password_uri_opens_quoted_and_is_masked_in_what_the_capture_shows(server):
+def test_a_password_uri_opens_quoted_and_is_masked_in_what_the_capture_shows(gst_worker, server):
     srv = server("h264")
     uri = srv.uri.replace("rtsp://", "rtsp://admin:{}%21@".format(PASSWORD))  # '!' percent-encoded
-    out = open_one(uri)
+    out = open_one(gst_worker, uri)
     assert out["shape"] == [240, 320, 3], out
     assert 'rtspsrc location="{}" '.format(uri) in out["pipeline"]  # the real URI, quoted, only where it is opened
     assert PASSWORD not in out["description"] and out["description"].startswith("rtsp://***@127.0.0.1")
