@@ -118,5 +118,6 @@ def compare_gate(fp32: str, qdq: str, preprocess, load: int, rounds: int) -> Non
     print("  spinning off: {:.2f} s  {}".format(off, " ".join("{:.2f}".format(s) for s in seconds[False])))
     print("  on / off = {:.2f}x".format(on / off))
 
+
 if __name__ == "__main__":
     main()
