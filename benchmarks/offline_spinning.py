@@ -1,5 +1,6 @@
 """Whether the build's offline ONNX Runtime sessions (accuracy gate, float-fallback ranking) should let idle
-threads spin, on a machine other work keeps busy (a shared build machine or CI runner).
+threads spin, and how many threads they should run, on a machine other work keeps busy (a shared build machine,
+a CI runner, a Jetson running its service).
 
 The gate alternates two sessions (FP32 reference, Q/DQ candidate emulated) image by image; with spinning on,
 the idle one's threads busy-wait for work that goes to the other. Runs the real `evaluate` on the shipped
@@ -10,7 +11,11 @@ regression set, spinning on and off interleaved round by round, with `--load` bu
 calibration set): ONNX Runtime's own session (graph optimisations off, threads spinning) against
 edge.build.quantize.calibration_session, wall and CPU seconds, and the largest relative difference of the ranges.
 
-    .venv/bin/python benchmarks/offline_spinning.py [--arch mobilenet_v3_small] [--rounds 3] [--load N] [--calibration]
+`--threads` measures the gate (neither spinning) with ONNX Runtime's default thread count (one per core) against
+one thread (edge.frame.onnxruntime_backend.OFFLINE_THREADS), wall and CPU seconds; `--load 0` runs it idle.
+
+    .venv/bin/python benchmarks/offline_spinning.py [--arch mobilenet_v3_small] [--rounds 3] [--load N]
+                                                    [--calibration | --threads]
 """
 
 import argparse
@@ -28,7 +33,7 @@ from edge.build.export import export_model
 from edge.build.gate import evaluate
 from edge.build.plan import _Inference
 from edge.config import GateConfig, PreprocessConfig
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.frame.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,12 +43,13 @@ def busy() -> None:
         pass
 
 
-def gate_seconds(fp32: str, qdq: str, regression, preprocess, spinning: bool) -> float:
-    started = time.monotonic()
-    with _Inference(OnnxRuntimeBackend(fp32, spinning=spinning)) as reference, \
-            _Inference(OnnxRuntimeBackend(qdq, spinning=spinning, emulate_int8=True)) as candidate:
+def gate_seconds(fp32: str, qdq: str, regression, preprocess, spinning: bool, threads: int = 0):
+    """(wall s, CPU s) of one gate run."""
+    wall, cpu = time.monotonic(), time.process_time()
+    with _Inference(OnnxRuntimeBackend(fp32, threads, spinning=spinning)) as reference, \
+            _Inference(OnnxRuntimeBackend(qdq, threads, spinning=spinning, emulate_int8=True)) as candidate:
         evaluate(reference, candidate, regression, preprocess, GateConfig())
-    return time.monotonic() - started
+    return time.monotonic() - wall, time.process_time() - cpu
 
 
 def calibration_run(fp32: str, images, preprocess, ours: bool):
@@ -82,7 +88,9 @@ def main() -> None:
     parser.add_argument("--arch", default="mobilenet_v3_small")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy processes competing")
-    parser.add_argument("--calibration", action="store_true", help="measure the calibrator's session instead")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--calibration", action="store_true", help="measure the calibrator's session instead")
+    mode.add_argument("--threads", action="store_true", help="measure the gate's thread count instead")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="edge-spin-")
@@ -99,6 +107,8 @@ def main() -> None:
         if args.calibration:
             print("calibration of {}, {} busy processes".format(args.arch, args.load))
             compare_calibration(fp32, preprocess, args.rounds)
+        elif args.threads:
+            compare_threads(fp32, qdq, preprocess, args.load, args.rounds)
         else:
             compare_gate(fp32, qdq, preprocess, args.load, args.rounds)
     finally:
@@ -111,12 +121,28 @@ def compare_gate(fp32: str, qdq: str, preprocess, load: int, rounds: int) -> Non
     seconds = {True: [], False: []}
     for _ in range(rounds):
         for spinning in (True, False):
-            seconds[spinning].append(gate_seconds(fp32, qdq, regression, preprocess, spinning))
+            seconds[spinning].append(gate_seconds(fp32, qdq, regression, preprocess, spinning)[0])
     on, off = statistics.median(seconds[True]), statistics.median(seconds[False])
     print("gate on {} images, {} busy processes, median of {} rounds".format(len(regression), load, rounds))
     print("  spinning on : {:.2f} s  {}".format(on, " ".join("{:.2f}".format(s) for s in seconds[True])))
     print("  spinning off: {:.2f} s  {}".format(off, " ".join("{:.2f}".format(s) for s in seconds[False])))
     print("  on / off = {:.2f}x".format(on / off))
+
+
+def compare_threads(fp32: str, qdq: str, preprocess, load: int, rounds: int) -> None:
+    regression = load_calibration_set(os.path.join(REPO, "calibration", "regression"))
+    runs = {0: [], OFFLINE_THREADS: []}
+    for _ in range(rounds):
+        for threads in runs:
+            runs[threads].append(gate_seconds(fp32, qdq, regression, preprocess, False, threads))
+    print("gate on {} images, {} busy processes, not spinning, median of {} rounds".format(
+        len(regression), load, rounds))
+    wall, cpu = ({t: statistics.median(r[i] for r in runs[t]) for t in runs} for i in (0, 1))
+    for threads in runs:
+        print("  threads {:4s}: wall {:.2f} s, CPU {:.2f} s".format(str(threads or "auto"), wall[threads],
+                                                                    cpu[threads]))
+    print("  auto / {}: CPU {:.2f}x, wall {:.2f}x".format(OFFLINE_THREADS, cpu[0] / cpu[OFFLINE_THREADS],
+                                                       wall[0] / wall[OFFLINE_THREADS]))
 
 
 if __name__ == "__main__":

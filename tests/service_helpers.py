@@ -103,17 +103,18 @@ def copy_model(model, dest_dir, stem):
     return os.path.join(str(dest_dir), stem + ".onnx")
 
 
-# ORT's idle threads spin by default and burn a core for as long as a frame loop runs: a test that is not about
-# ORT threading or speed has them block (backend.intra_op_spinning)
-NO_SPINNING = {"intra_op_spinning": False}
+# ORT's idle threads spin by default and burn a core for as long as a frame loop runs, and a batch-1 run of these
+# small models costs 2-3x the CPU on two threads: a test that is not about ORT threading or speed runs one thread
+# that blocks (backend.intra_op_threads, backend.intra_op_spinning)
+QUIET_ORT = {"intra_op_threads": 1, "intra_op_spinning": False}
 
 
 def service_config(model, **overrides):
-    """A fast in-process config: tiny synthetic frames, CPU stages (not spinning), quick reconnects, no
+    """A fast in-process config: tiny synthetic frames, CPU stages (QUIET_ORT), quick reconnects, no
     metrics/telemetry."""
     values = {"model.path": model, "source.uri": "synthetic", "source.width": 96, "source.height": 72,
               "source.fps": 100.0, "source.timeout_s": 0.5, "backend.kind": "onnxruntime",
-              "backend.intra_op_spinning": False,
+              **{"backend." + key: value for key, value in QUIET_ORT.items()},
               "preprocess.device": "cpu", "runtime.warmup": 2, "runtime.budget_ms": 1000.0,
               "service.metrics.enabled": False, "service.telemetry.enabled": False,
               "service.reconnect_initial_s": 0.05, "service.reconnect_max_s": 0.2}
@@ -239,7 +240,7 @@ class ControlledBackend(OnnxRuntimeBackend):
     """The real ONNX Runtime backend, with hooks: hang on an Event, fail or slow down chosen calls."""
 
     def __init__(self, model, slow_every=0, slow_s=0.0, fail_every=0):
-        super().__init__(model, spinning=False)
+        super().__init__(model, 1, spinning=False)
         self.calls = 0
         self.slow_every, self.slow_s, self.fail_every = slow_every, slow_s, fail_every
         self.hang = threading.Event()  # set: the next infer() blocks until `release` is set

@@ -31,10 +31,10 @@ def latency_check(*args, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def no_spinning(tmp_path_factory):
+def quiet_ort(tmp_path_factory):
     """No test here is about ORT threading, and no verdict depends on how fast a frame is (budgets of 1000 ms and
-    0.1 ms): ORT's idle threads do not spin (service_helpers)."""
-    return sh.write_config(tmp_path_factory.mktemp("config") / "no-spinning.yaml", {"backend": sh.NO_SPINNING})
+    0.1 ms): one ORT thread that does not spin (service_helpers.QUIET_ORT)."""
+    return sh.write_config(tmp_path_factory.mktemp("config") / "quiet-ort.yaml", {"backend": sh.QUIET_ORT})
 
 
 def colour_pixels(image, bgr, tol=12):
@@ -49,10 +49,10 @@ def hd_video(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def passed(small_model, hd_video, no_spinning, tmp_path_factory):
+def passed(small_model, hd_video, quiet_ort, tmp_path_factory):
     """One passing run (generous budget) shared by the tests that read its outputs."""
     out = tmp_path_factory.mktemp("pass")
-    proc = latency_check("--config", no_spinning, "--model", small_model, "--source", hd_video, "--frames", 40,
+    proc = latency_check("--config", quiet_ort, "--model", small_model, "--source", hd_video, "--frames", 40,
                          "--warmup", 3, "--budget-ms", 1000, "--json", out / "check.json", "--plot", out / "check.png")
     return proc, out
 
@@ -107,9 +107,9 @@ def test_figure_is_a_png_of_the_documented_size(passed):
     assert image.std() > 10  # not a blank canvas
 
 
-def test_over_budget_fails_with_exit_1(small_model, hd_video, no_spinning, tmp_path):
+def test_over_budget_fails_with_exit_1(small_model, hd_video, quiet_ort, tmp_path):
     cv2 = pytest.importorskip("cv2")
-    proc = latency_check("--config", no_spinning, "--model", small_model, "--source", hd_video, "--frames", 20,
+    proc = latency_check("--config", quiet_ort, "--model", small_model, "--source", hd_video, "--frames", 20,
                          "--warmup", 2, "--budget-ms", 0.1, "--json", tmp_path / "r.json", "--plot", tmp_path / "r.png")
     assert proc.returncode == 1, proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
@@ -130,12 +130,12 @@ def test_cannot_run_exits_2_with_one_line(case, small_model, tmp_path):
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "r.png").exists()
 
 
-def test_compare_flags_a_constructed_regression(passed, small_model, hd_video, no_spinning, tmp_path):
+def test_compare_flags_a_constructed_regression(passed, small_model, hd_video, quiet_ort, tmp_path):
     previous = json.loads((passed[1] / "check.json").read_text())
     previous["stages_ms"]["infer"].update(p50=0.001, p99=0.001)  # "it used to be instant": infer regressed
     previous["stages_ms"]["preprocess"].update(p50=1000.0, p99=1000.0)  # "it used to be slow": improved
     (tmp_path / "previous.json").write_text(json.dumps(previous))
-    proc = latency_check("--config", no_spinning, "--model", small_model, "--source", hd_video, "--frames", 20,
+    proc = latency_check("--config", quiet_ort, "--model", small_model, "--source", hd_video, "--frames", 20,
                          "--warmup", 2, "--budget-ms", 1000, "--json", tmp_path / "r.json", "--plot", "",
                          "--compare", tmp_path / "previous.json", "--fail-on-regression")
     assert proc.returncode == 1, proc.stderr  # within budget, but --fail-on-regression

@@ -110,7 +110,7 @@ def test_stop_is_served_quickly_while_the_source_is_down(small_model):
 
 def test_a_file_without_loop_ends_normally(small_model, video_file, tmp_path):
     cfg = sh.write_config(tmp_path / "cfg.yaml", {"source": {"uri": video_file, "loop": False, "fps": 30},
-                                                  "runtime": {"warmup": 2}, "backend": sh.NO_SPINNING,
+                                                  "runtime": {"warmup": 2}, "backend": sh.QUIET_ORT,
                                                   "service": {"telemetry": {"enabled": False}}})
     proc = run_edge("run", "--config", cfg, "--model", small_model, "--backend", "onnxruntime",
                     "--preprocess", "cpu")
@@ -155,7 +155,7 @@ def _bad_shape_model(path):
 def test_repeated_failures_exit_1_with_one_error_line(tmp_path):
     model = _bad_shape_model(tmp_path / "bad.onnx")
     cfg = sh.write_config(tmp_path / "cfg.yaml", {"runtime": {"max_consecutive_errors": 3},
-                                                  "source": {"width": 96, "height": 72}, "backend": sh.NO_SPINNING,
+                                                  "source": {"width": 96, "height": 72}, "backend": sh.QUIET_ORT,
                                                   "service": {"telemetry": {"enabled": False}}})
     proc = run_edge("run", "--config", cfg, "--model", model, "--backend", "onnxruntime", "--preprocess", "cpu")
     assert proc.returncode == 1, proc.stderr
@@ -241,7 +241,7 @@ def timed_frame_config(tmp_path, model):
     """`edge run` on synthetic frames with a summary line after every timed frame: the event a test waits for."""
     return sh.write_config(tmp_path / "run.yaml", {
         "model": {"path": model}, "source": {"uri": "synthetic", "width": 96, "height": 72},
-        "backend": dict(sh.NO_SPINNING, kind="onnxruntime"), "preprocess": {"device": "cpu"},
+        "backend": dict(sh.QUIET_ORT, kind="onnxruntime"), "preprocess": {"device": "cpu"},
         "runtime": {"report_every": 1, "warmup": 1}, "service": {"telemetry": {"enabled": False}}})
 
 
@@ -322,7 +322,7 @@ def test_sighup_swaps_to_a_new_model_and_keeps_the_old_one_when_the_new_one_fail
     broken.write_bytes(b"this is not an onnx model")
     (engines / "broken.labels.txt").write_text("x\n")
     base = {"source": {"uri": "synthetic", "width": 96, "height": 72, "fps": 50},
-            "backend": dict(sh.NO_SPINNING, kind="onnxruntime"), "preprocess": {"device": "cpu"},
+            "backend": dict(sh.QUIET_ORT, kind="onnxruntime"), "preprocess": {"device": "cpu"},
             "runtime": {"report_every": 20, "warmup": 2}, "service": {"telemetry": {"enabled": False}}}
     cfg = tmp_path / "config.yaml"
 

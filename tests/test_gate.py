@@ -8,10 +8,10 @@ import pytest
 
 from edge.build.calibration import CalibrationSet, load_calibration_set
 from edge.build.gate import clopper_pearson, enforce, evaluate, paired_drop, resolve_labels, write_report
+from edge.build.plan import onnx_runner
 from edge.build.quantize import quantize_qdq
 from edge.config import GateConfig, PreprocessConfig
 from edge.errors import EdgeError
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 
 LABELS = [str(i) for i in range(10)]
 quiet = lambda *a: None  # noqa: E731
@@ -19,13 +19,14 @@ quiet = lambda *a: None  # noqa: E731
 
 @pytest.fixture(scope="module")
 def reference(digits):
-    with OnnxRuntimeBackend(digits.onnx) as backend:
-        yield backend.infer
+    """The FP32 model run as the build's gate runs it (and each candidate below)."""
+    with onnx_runner(digits.onnx) as infer:
+        yield infer
 
 
 def gate(digits, reference, candidate_path, **thresholds):
-    with OnnxRuntimeBackend(candidate_path) as candidate:
-        return evaluate(reference, candidate.infer, load_calibration_set(digits.regression), digits.preprocess,
+    with onnx_runner(candidate_path) as candidate:
+        return evaluate(reference, candidate, load_calibration_set(digits.regression), digits.preprocess,
                         GateConfig(**thresholds), LABELS)
 
 

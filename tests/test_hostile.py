@@ -150,7 +150,7 @@ def test_unreadable_sidecar_or_labels_is_one_line(small_model, tmp_path, name, c
 
 # Nothing here is about ORT threading or frame size: ORT's idle threads do not spin (service_helpers) and synthetic
 # frames are small (1280x720 ones cost their making and resizing)
-QUIET = {"backend": sh.NO_SPINNING, "source": {"width": 96, "height": 72}}
+QUIET = {"backend": sh.QUIET_ORT, "source": {"width": 96, "height": 72}}
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +314,7 @@ def start_run(config):
 
 
 def service_yaml(path, model, **extra):
-    data = {"model": {"path": str(model)}, "backend": dict(sh.NO_SPINNING, kind="onnxruntime"),
+    data = {"model": {"path": str(model)}, "backend": dict(sh.QUIET_ORT, kind="onnxruntime"),
             "preprocess": {"device": "cpu"},
             "source": {"uri": "synthetic", "width": 96, "height": 72, "fps": 50},
             "runtime": {"report_every": 10, "warmup": 2}, "service": {"telemetry": {"enabled": False}}}

@@ -9,7 +9,7 @@ import pytest
 from edge.build.plan import check_inputs
 from edge.build.steps import judge
 from edge.config import load_config
-from edge.frame import qdq_emulation
+from edge.frame import onnxruntime_backend, qdq_emulation
 from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.qdq_emulation import emulated_model, fake_quantize, int8_kernels_saturate
@@ -61,14 +61,14 @@ def test_gate_verdict_is_identical_with_optimisations_forced_on_and_off(digits, 
 
     reports = []
     for level in ("ORT_ENABLE_ALL", "ORT_DISABLE_ALL"):
-        original = OnnxRuntimeBackend._options
+        original = onnxruntime_backend.session_options
 
-        def forced(self, module, level=level, original=original):
-            options = original(self, module)
+        def forced(module, *args, level=level, original=original):
+            options = original(module, *args)
             options.graph_optimization_level = getattr(module.GraphOptimizationLevel, level)
             return options
 
-        monkeypatch.setattr(OnnxRuntimeBackend, "_options", forced)
+        monkeypatch.setattr(onnxruntime_backend, "session_options", forced)
         reports.append(judge(plan, digits_qdq, plan.fmt.runner).report)
         monkeypatch.undo()
     on, off = reports
@@ -98,7 +98,8 @@ def test_qdq_model_served_on_this_cpu_keeps_the_fp32_top1(digits, digits_qdq):
     """Whatever this CPU's int8 kernels do, the served INT8 model answers like FP32 on the held-out digits."""
     assert isinstance(int8_kernels_saturate(), bool)
     tensors = _tensors(digits, 297)
-    with OnnxRuntimeBackend(digits.onnx) as fp32, OnnxRuntimeBackend(digits_qdq) as int8:
+    with OnnxRuntimeBackend(digits.onnx, 1, spinning=False) as fp32, \
+            OnnxRuntimeBackend(digits_qdq, 1, spinning=False) as int8:
         fp32_top1 = np.mean([np.argmax(fp32.infer(t)) == y for t, y in zip(tensors, digits.test_labels)])
         int8_top1 = np.mean([np.argmax(int8.infer(t)) == y for t, y in zip(tensors, digits.test_labels)])
     assert int8_top1 >= fp32_top1 - 0.01

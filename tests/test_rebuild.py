@@ -99,7 +99,7 @@ def ws(workspace, regression_set, tmp_path):
     config = {"model": {"path": "engines/m.int8.onnx"},
               "source": {"uri": str(tmp_path / "camera.avi"), "width": 320, "height": 240},
               "runtime": {"budget_ms": 1000, "warmup": 2, "report_every": 100000},
-              "backend": sh.NO_SPINNING,
+              "backend": sh.QUIET_ORT,
               "build": {"calibration_dir": "cal/current", "regression_dir": regression_set, "engines_dir": "engines",
                         "min_images": 8, "method": "minmax"},
               "service": {"telemetry": {"enabled": False}, "metrics": {"enabled": True, "port": sh.free_port()}}}

@@ -10,6 +10,7 @@ import numpy as np
 from edge.build.calibration import CalibrationSet
 from edge.config import PreprocessConfig
 from edge.errors import require
+from edge.frame.onnxruntime_backend import OFFLINE_THREADS, session_options
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.qdq_emulation import emulated_model
 
@@ -27,9 +28,7 @@ class Fidelity:
         self.reference = self._logits(require("onnx").load(fp32_path))
 
     def _session(self, model: Any) -> Any:
-        options = self.ort.SessionOptions()
-        options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as edge.build.plan.onnx_runner
+        options = session_options(self.ort, OFFLINE_THREADS, False)  # as edge.build.plan.onnx_runner
         return self.ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
     def _logits(self, model: Any) -> np.ndarray:

@@ -42,12 +42,12 @@ class _Inference:
 
 
 def onnx_runner(path: str) -> ContextManager[Infer]:
-    """ONNX Runtime; a Q/DQ model as TensorRT computes it (emulated), whatever this CPU's int8 kernels do. Idle
-    threads do not spin: the gate alternates two sessions, and on a busy build machine spinning made it 1.8x
-    slower (benchmarks/offline_spinning.py)."""
-    from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+    """ONNX Runtime; a Q/DQ model as TensorRT computes it (emulated), whatever this CPU's int8 kernels do. One
+    thread (OFFLINE_THREADS), not spinning: the gate alternates two sessions, and on a busy build machine spinning
+    made it 1.8x slower (benchmarks/offline_spinning.py)."""
+    from edge.frame.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
 
-    return _Inference(OnnxRuntimeBackend(path, spinning=False, emulate_int8=True))
+    return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=True))
 
 
 def _engine_runner(path: str) -> ContextManager[Infer]:

@@ -29,6 +29,7 @@ from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, node_consumers, opset_of,
 from edge.config import PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
 from edge.fileio import temp_dir
+from edge.frame.onnxruntime_backend import OFFLINE_THREADS, session_options
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.select import tensorrt_unavailable
 
@@ -143,15 +144,13 @@ def _quiet() -> Iterator[None]:
 
 
 def calibration_session(calibrator: Any) -> Any:
-    """The calibrator's session with graph optimisations on (ORT's own has them off) and idle threads not spinning,
-    as the gate's (edge.build.plan.onnx_runner): a rebuild calibrates beside the running service. Measured on
+    """The calibrator's session with graph optimisations on (ORT's own has them off), one thread not spinning, as
+    the gate's (edge.build.plan.onnx_runner): a rebuild calibrates beside the running service. Measured on
     EfficientNet-Lite0, the same ranges within 1e-6 for a third of the CPU per image (benchmarks/offline_spinning.py
     --calibration)."""
     ort = require("onnxruntime")
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
-    return ort.InferenceSession(calibrator.augmented_model_path, options, providers=calibrator.execution_providers)
+    return ort.InferenceSession(calibrator.augmented_model_path, session_options(ort, OFFLINE_THREADS, False),
+                                providers=calibrator.execution_providers)
 
 
 def compute_ranges(fp32_path: str, images: CalibrationSet, preprocess: PreprocessConfig, method: str,

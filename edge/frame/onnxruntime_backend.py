@@ -17,6 +17,22 @@ from edge.frame.qdq_emulation import emulated_model, int8_kernels_saturate, is_q
 
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 _EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
+# The build's sessions (calibrator, fidelity, gate) run batch-1 inference beside other work (a rebuild beside the
+# running service): one intra-op thread, not spinning. The gate of MobileNetV3-Large on 2 cores: 1.2x less CPU,
+# 10 % more wall time (benchmarks/offline_spinning.py --threads; docs/build.md).
+OFFLINE_THREADS = 1
+
+
+def session_options(ort: Any, threads: int, spinning: bool) -> Any:
+    """Every inference session of ours: all graph optimisations, `threads` intra-op threads (0: ONNX Runtime's
+    default, one per core), idle threads spinning or not, ONNX Runtime's warnings quiet."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.log_severity_level = 3
+    return options
 
 
 class OnnxRuntimeBackend(Backend):
@@ -52,7 +68,8 @@ class OnnxRuntimeBackend(Backend):
             if emulate:
                 model_bytes = emulated_model(model).SerializeToString()
         try:
-            self.session = ort.InferenceSession(model_bytes, self._options(ort), providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(model_bytes, session_options(ort, self.intra_op_threads, self.spinning),
+                                                providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own exception types for bad files
             raise EdgeError("{}: not a loadable ONNX model: {}".format(self.model_path, first_line(exc))) from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
@@ -60,15 +77,6 @@ class OnnxRuntimeBackend(Backend):
         self._output_names = [outputs[0].name]
         self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
         self._output_shape = tuple(d if isinstance(d, int) else 1 for d in outputs[0].shape)
-
-    def _options(self, ort: Any) -> Any:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.intra_op_num_threads = self.intra_op_threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
-        options.log_severity_level = 3
-        return options
 
     def _check_model(self, model: Any) -> None:
         """Refused at load, naming the file: what would otherwise fail every frame or read other bytes."""
