@@ -284,6 +284,9 @@ GAP_SCRIPT = textwrap.dedent("""
     from edge import artifact as af
     from edge.commands.common import execute
     first, second, dest, gap, sig = sys.argv[1:6]
+    # Ctrl-C as in a terminal: a process started with SIGINT ignored (under a non-interactive shell's background
+    # job) keeps ignoring it, by design, and the wait below would never end
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # a thread that does not hold signals, as ONNX Runtime's and OpenCV's: the kernel delivers there what the
     # main thread holds, and Python still runs the handler on the main thread
     threading.Thread(target=threading.Event().wait, daemon=True).start()
