@@ -103,6 +103,20 @@ def copy_model(model, dest_dir, stem):
     return os.path.join(str(dest_dir), stem + ".onnx")
 
 
+def first_images(set_dir, count, dest):
+    """The first `count` images of the calibration set `set_dir`, imported as a set of their own at `dest`: a
+    shipped set's images and format, for less work than all of them."""
+    from edge.build.calibration import import_calibration_set
+
+    raw = dest + ".raw"
+    os.makedirs(raw)
+    for name in sorted(n for n in os.listdir(set_dir) if n != "manifest.json")[:count]:
+        shutil.copy(os.path.join(set_dir, name), raw)
+    import_calibration_set(raw, dest, min_images=count, log=lambda *a: None)
+    shutil.rmtree(raw)
+    return dest
+
+
 # ORT's idle threads spin by default and burn a core for as long as a frame loop runs, and a batch-1 run of these
 # small models costs 2-3x the CPU on two threads: a test that is not about ORT threading or speed runs one thread
 # that blocks (backend.intra_op_threads, backend.intra_op_spinning)

@@ -36,7 +36,13 @@ def plan_of(config):
 
 
 @pytest.fixture(scope="module")
-def canary(small_model, tmp_path_factory):
+def model(tiny_models):
+    """The FP32 export every device builds from (the network does not matter here)."""
+    return tiny_models[0]
+
+
+@pytest.fixture(scope="module")
+def canary(model, tmp_path_factory):
     """A canary that built (the real CPU build) and published its artifact into a folder cache."""
     tmp = tmp_path_factory.mktemp("cache")
     images = sorted(f for f in os.listdir(os.path.join(REPO, "calibration", "default")) if f.endswith(".jpg"))
@@ -48,7 +54,7 @@ def canary(small_model, tmp_path_factory):
             shutil.copy(os.path.join(REPO, "calibration", "default", image), str(raw))
         sets.append(str(tmp / name))
         import_calibration_set(str(raw), sets[-1], 1, log=lambda *a: None)
-    config = device(tmp, "canary", small_model, sets)
+    config = device(tmp, "canary", model, sets)
     assert cli(["build", "--config", config, "--no-progress"]) == 0
     cache = str(tmp / "shared")
     folder = engine_cache.publish(plan_of(config), cache, log=lambda *a: None)
@@ -64,10 +70,10 @@ def test_publish_keys_the_artifact_by_its_identity(canary):
     assert [n for n in os.listdir(cache) if n.startswith(".")] == []  # no temporary folder left
 
 
-def test_hit_from_a_folder_installs_the_verified_artifact(canary, tmp_path, small_model):
+def test_hit_from_a_folder_installs_the_verified_artifact(canary, tmp_path, model):
     _, sets, config, cache, _ = canary
     logged = []
-    plan = plan_of(device(tmp_path, "jetson-07", small_model, sets))
+    plan = plan_of(device(tmp_path, "jetson-07", model, sets))
     assert engine_cache.fetch(plan, cache, log=logged.append) is True
     assert "engine cache: hit" in logged[-1]
     verify(plan.artifact, expected_manifest(plan))
@@ -76,18 +82,18 @@ def test_hit_from_a_folder_installs_the_verified_artifact(canary, tmp_path, smal
         os.path.basename(p) for p in companions(plan.artifact))  # the three files, no temporary left
 
 
-def test_miss_and_another_identity_install_nothing(canary, tmp_path, small_model):
+def test_miss_and_another_identity_install_nothing(canary, tmp_path, model):
     _, sets, _, cache, _ = canary
     logged = []
-    plan = plan_of(device(tmp_path, "empty", small_model, sets))
+    plan = plan_of(device(tmp_path, "empty", model, sets))
     assert engine_cache.fetch(plan, str(tmp_path / "no-cache"), log=logged.append) is False
     assert "engine cache: miss" in logged[-1] and not os.path.exists(plan.artifact)
-    other = plan_of(device(tmp_path, "other", small_model, sets[::-1]))  # other calibration: other identity
+    other = plan_of(device(tmp_path, "other", model, sets[::-1]))  # other calibration: other identity
     assert engine_cache.fetch(other, cache, log=logged.append) is False
     assert "miss" in logged[-1] and os.listdir(os.path.dirname(other.artifact)) == []
 
 
-def test_corrupt_entry_is_refused_and_nothing_installed(canary, tmp_path, small_model):
+def test_corrupt_entry_is_refused_and_nothing_installed(canary, tmp_path, model):
     _, sets, config, cache, folder = canary
     broken = str(tmp_path / "broken")
     shutil.copytree(cache, broken)
@@ -98,21 +104,21 @@ def test_corrupt_entry_is_refused_and_nothing_installed(canary, tmp_path, small_
         fh.seek(1000)
         fh.write(bytes([byte[0] ^ 0xFF]))
     logged = []
-    plan = plan_of(device(tmp_path, "jetson-08", small_model, sets))
+    plan = plan_of(device(tmp_path, "jetson-08", model, sets))
     assert engine_cache.fetch(plan, broken, log=logged.append) is False
     assert "corrupt entry" in logged[-1] and "sha256" in logged[-1]
     assert os.listdir(os.path.dirname(plan.artifact)) == []
 
 
-def test_hit_and_miss_over_http_and_the_cli_exit_codes(canary, tmp_path, small_model):
+def test_hit_and_miss_over_http_and_the_cli_exit_codes(canary, tmp_path, model):
     _, sets, _, cache, _ = canary
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=cache)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = "http://127.0.0.1:{}/".format(server.server_address[1])
-        config = device(tmp_path, "jetson-09", small_model, sets)
-        missed = run_edge("cache", "fetch", url, "--config", device(tmp_path, "x", small_model, sets[::-1]))
+        config = device(tmp_path, "jetson-09", model, sets)
+        missed = run_edge("cache", "fetch", url, "--config", device(tmp_path, "x", model, sets[::-1]))
         assert missed.returncode == 1 and "engine cache: miss" in missed.stdout, missed.stdout + missed.stderr
         hit = run_edge("cache", "fetch", url, "--config", config)
         assert hit.returncode == 0 and "engine cache: hit" in hit.stdout, hit.stdout + hit.stderr

@@ -57,24 +57,18 @@ def write_varied_video(path, frames, size=(320, 240), seed=0):
 
 @pytest.fixture(scope="module")
 def regression_set(tmp_path_factory):
-    """Four images of the shipped regression set, imported as a set of their own (a quick gate: each rebuild judges
-    both models on every image)."""
-    raw = tmp_path_factory.mktemp("raw")
-    for name in sorted(os.listdir(os.path.join(REPO, "calibration", "regression")))[:4]:
-        if name != "manifest.json":
-            shutil.copy(os.path.join(REPO, "calibration", "regression", name), str(raw))
-    out = str(tmp_path_factory.mktemp("sets") / "regression")
-    import_calibration_set(str(raw), out, min_images=1, log=lambda *a: None)
-    return out
+    """Four images of the shipped regression set (a quick gate: each rebuild judges both models on every image)."""
+    return sh.first_images(os.path.join(REPO, "calibration", "regression"), 4,
+                           str(tmp_path_factory.mktemp("sets") / "regression"))
 
 
 @pytest.fixture(scope="module")
-def workspace(small_model, tmp_path_factory):
+def workspace(tiny_models, tmp_path_factory):
     """The files every test's folder starts from, written once per module (each test gets its own copy)."""
     root = tmp_path_factory.mktemp("workspace")
     engines = root / "engines"
     engines.mkdir()
-    stem = os.path.splitext(small_model)[0]
+    stem = os.path.splitext(tiny_models[0])[0]
     for ext in (".onnx", ".labels.txt", ".json"):
         shutil.copy(stem + ext, str(engines / ("m" + ext)))
         shutil.copy(stem + ext, str(engines / ("m.int8" + ext)))  # the old artifact: here the FP32 bytes

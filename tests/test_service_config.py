@@ -5,7 +5,6 @@ shipped one, moved under a temporary root."""
 
 import json
 import os
-import shutil
 
 import service_helpers as sh
 import yaml
@@ -39,8 +38,11 @@ def test_build_and_run_with_the_shipped_service_config(small_model, tmp_path):
     cfg = load_config(str(config))
     engines = root / "var/lib/jetson-edge/engines"
     sh.copy_model(small_model, engines, "mobilenet_v3_large")  # the FP32 export, as the install puts it
-    for name, dest in (("default", cfg.build.calibration_dir), ("regression", cfg.build.regression_dir)):
-        shutil.copytree(os.path.join(REPO, "calibration", name), dest)  # the shipped sets
+    # the shipped sets' first images: build.min_images for calibration, a few to judge
+    for name, count, dest in (("default", cfg.build.min_images, cfg.build.calibration_dir),
+                              ("regression", 8, cfg.build.regression_dir)):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        sh.first_images(os.path.join(REPO, "calibration", name), count, dest)
     # one calibration method: `auto` calibrates three times (tests/test_auto_method.py covers it)
     build = run_edge("build", "--config", config, "--method", "minmax", "--no-progress", timeout=600)
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr
