@@ -172,6 +172,25 @@ def test_entropy_calibration_really_differs_from_minmax(tiny_model, tmp_path):
     assert all(abs(same[k] - minmax[k]) <= 1e-3 * minmax[k] for k in minmax if k in same)
 
 
+def test_the_builds_sessions_each_keep_to_one_core(tiny_model):
+    """A rebuild runs beside the service: the calibrator's, the fidelity's and the gate's sessions run one intra-op
+    thread that does not spin (docs/build.md, quantization)."""
+    from types import SimpleNamespace
+
+    from edge.build.fidelity import Fidelity
+    from edge.build.plan import onnx_runner
+
+    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 2)
+    calibrator = SimpleNamespace(augmented_model_path=tiny_model, execution_providers=["CPUExecutionProvider"])
+    with onnx_runner(tiny_model) as gate:
+        sessions = [quant.calibration_session(calibrator), gate.__self__.session,
+                    Fidelity(tiny_model, images, PreprocessConfig(resize=36, crop=32))._session(onnx.load(tiny_model))]
+        for session in sessions:
+            options = session.get_session_options()
+            assert options.intra_op_num_threads == 1
+            assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_quantization_writes_nothing_beside_the_fp32_model(tiny_model, tmp_path, monkeypatch):
     """ONNX Runtime's calibrator and quantize_static write <model>-inferred.onnx beside their input: a build must
     give them a copy, or a read-only model folder fails and two builds of one model race on that file."""
@@ -261,33 +280,36 @@ def test_unknown_quantizer_is_one_line(small_model, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def modelopt_qdq(small_model, tmp_path_factory):
-    """ModelOpt's Q/DQ model of MobileNetV3-Small, and whether the FP32 file stayed byte for byte the same."""
+def modelopt_qdq(tiny_models, tmp_path_factory):
+    """ModelOpt's Q/DQ model of a tiny exported classifier, and whether the FP32 file stayed byte for byte the
+    same."""
     pytest.importorskip("modelopt.onnx.quantization")
     work = tmp_path_factory.mktemp("modelopt")
-    before = open(small_model, "rb").read()
+    model = tiny_models[0]
+    before = open(model, "rb").read()
     from onnxruntime.quantization import calibrate
 
     original = (calibrate.create_calibrator, calibrate.MinMaxCalibrater.collect_data)
     images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
     out = str(work / "q.onnx")
-    info = quantize_qdq(small_model, out, images, PreprocessConfig(), "minmax", True, show_progress=False, log=quiet,
+    info = quantize_qdq(model, out, images, PreprocessConfig(), "minmax", True, show_progress=False, log=quiet,
                         quantizer="modelopt")
     # ModelOpt patches ONNX Runtime's quantizer for the whole process; quantize_qdq puts it back
     assert (calibrate.create_calibrator, calibrate.MinMaxCalibrater.collect_data) == original
-    return out, info, open(small_model, "rb").read() == before, sorted(os.listdir(str(work)))
+    return out, info, open(model, "rb").read() == before, sorted(os.listdir(str(work)))
 
 
-def test_modelopt_output_is_for_tensorrt_10_and_leaves_its_input_alone(modelopt_qdq):
+def test_modelopt_output_is_for_tensorrt_10_and_leaves_its_input_alone(modelopt_qdq, tiny_models):
     out, info, unchanged, files = modelopt_qdq
     assert unchanged, "ModelOpt rewrote the FP32 model in place"
     assert files == ["q.onnx"]  # no intermediate files left beside the output
-    assert info["quantizer"] == "modelopt" and info["opset"] == 19 and info["qdq_nodes"] > 100
+    assert info["quantizer"] == "modelopt" and info["opset"] == 19 and info["qdq_nodes"] > 0
     assert validate_qdq(out, "10.3.0") == []
     assert validate_qdq(out, "8.5.2") == ["opset 19 outside 13-17 (what TensorRT 8.5.2 parses)"]
     model = onnx.load(out)
     assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT  # not converted to fp16
-    assert info["excluded_nodes"]  # MobileNetV3's sensitive nodes, handed to ModelOpt as nodes_to_exclude
+    # the sensitive nodes (first Conv, classifier), handed to ModelOpt as nodes_to_exclude
+    assert info["excluded_nodes"] == sensitive_nodes(onnx.load(tiny_models[0])) == ["/0/Conv", "/6/Gemm"]
 
 
 def test_modelopt_refuses_percentile_in_one_line(small_model, tmp_path):
