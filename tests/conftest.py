@@ -188,13 +188,14 @@ def jtop_service():
     """jetson-stats' real jtop service in its testing mode (fake sysfs, private mount namespace, as root)."""
     import service_jtop as sj
 
-    why = sj.unavailable()
-    if why:
-        pytest.skip("real jtop service not runnable here: " + why)
-    service = sj.JtopService()
-    # one jtop service per machine (its socket is /run/jtop.sock): pytest-xdist workers take turns
+    # one jtop service per machine (its socket is /run/jtop.sock): pytest-xdist workers take turns, and each
+    # looks for a socket only in its turn (another worker's service is not "a real jtop service")
     with open(os.path.join(tempfile.gettempdir(), "jetson-edge-tests-jtop.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        why = sj.unavailable()
+        if why:
+            pytest.skip("real jtop service not runnable here: " + why)
+        service = sj.JtopService()
         try:
             service.setup()
             service.start()
