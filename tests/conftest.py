@@ -183,15 +183,32 @@ def run_edge(*args, timeout=120, env=None):
                           text=True, timeout=timeout, cwd=REPO, env=full_env)
 
 
+@contextlib.contextmanager
+def jtop_turn():
+    """A machine has one jtop socket (/run/jtop.sock): pytest-xdist workers that start a jtop service, or need none
+    running, take turns; each looks for a socket only in its turn (another worker's service is no real one)."""
+    with open(os.path.join(tempfile.gettempdir(), "jetson-edge-tests-jtop.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture
+def no_jtop_service():
+    """No jtop service runs while the test does (with a real one on this machine, the test is skipped)."""
+    import service_jtop as sj
+
+    with jtop_turn():
+        if os.path.exists(sj.SOCKET):
+            pytest.skip("{} exists here; the 'no service' path cannot be tested".format(sj.SOCKET))
+        yield
+
+
 @pytest.fixture(scope="module")
 def jtop_service():
     """jetson-stats' real jtop service in its testing mode (fake sysfs, private mount namespace, as root)."""
     import service_jtop as sj
 
-    # one jtop service per machine (its socket is /run/jtop.sock): pytest-xdist workers take turns, and each
-    # looks for a socket only in its turn (another worker's service is not "a real jtop service")
-    with open(os.path.join(tempfile.gettempdir(), "jetson-edge-tests-jtop.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with jtop_turn():
         why = sj.unavailable()
         if why:
             pytest.skip("real jtop service not runnable here: " + why)

@@ -87,13 +87,7 @@ def test_linux_reader_without_psutil_uses_proc_meminfo(tmp_path):
     assert snap.ram_fraction == pytest.approx(0.75) and snap.cpu_load is None
 
 
-def _no_socket():
-    if os.path.exists(sj.SOCKET):
-        pytest.skip("{} exists here; the 'no service' path cannot be tested".format(sj.SOCKET))
-
-
-def test_no_jtop_service_is_degraded_retried_with_backoff_and_never_fatal(tmp_path):
-    _no_socket()
+def test_no_jtop_service_is_degraded_retried_with_backoff_and_never_fatal(tmp_path, no_jtop_service):
     stale = tmp_path / "jtop.sock"  # a socket file left behind by a service that is not running
     stale.write_bytes(b"")
     logged = []
@@ -118,8 +112,7 @@ def test_no_jtop_service_is_degraded_retried_with_backoff_and_never_fatal(tmp_pa
     assert [e for e, _ in logged] == ["telemetry_degraded"]  # logged once, not on every retry
 
 
-def test_auto_mode_off_jetson_reads_linux_without_degrading():
-    _no_socket()
+def test_auto_mode_off_jetson_reads_linux_without_degrading(no_jtop_service):
     if os.path.exists("/etc/nv_tegra_release"):
         pytest.skip("this is a Jetson")
     telemetry = Telemetry(1.0)
