@@ -1,4 +1,5 @@
-"""Shared fixtures: a real exported MobileNetV3, a trained digits model, real video files written with OpenCV."""
+"""Shared fixtures: a real exported MobileNetV3, tiny exported classifiers, a trained digits model, real video files
+written with OpenCV."""
 
 import contextlib
 import fcntl
@@ -31,7 +32,7 @@ def small_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
+def tiny_classifiers(tmp_path_factory):
     """Two 10-class classifiers of two strided convolutions (224x224 input, random weights, seeds 0 and 1),
     exported by the real `edge export` code: an export like any other to the build, the rebuild and an install,
     quantised in a tenth of MobileNetV3-Small's time, for tests whose subject is not the network."""
@@ -48,7 +49,7 @@ def tiny_models(tmp_path_factory):
             export_onnx(net.eval(), os.path.join(folder, "tiny{}.onnx".format(seed)), [str(i) for i in range(10)],
                         "random(seed={})".format(seed), False, "tiny", log=lambda *a: None)
 
-    folder = once_per_run(tmp_path_factory, "tiny-models", make)
+    folder = once_per_run(tmp_path_factory, "tiny-classifiers", make)
     return [os.path.join(folder, "tiny{}.onnx".format(seed)) for seed in (0, 1)]
 
 

@@ -160,8 +160,8 @@ def _install(src, dest, tag, verify=verify_onnx, log=quiet):
     install(staged, dest, manifest_for(staged, src, tag=tag), labels, verify, log)
 
 
-def test_install_keeps_previous_and_rollback_swaps(tiny_models, tmp_path):
-    first, second = tiny_models
+def test_install_keeps_previous_and_rollback_swaps(tiny_classifiers, tmp_path):
+    first, second = tiny_classifiers
     engines = tmp_path / "engines"
     dest = str(engines / "m.int8.onnx")
     _install(first, dest, "one")
@@ -183,8 +183,8 @@ def test_install_keeps_previous_and_rollback_swaps(tiny_models, tmp_path):
         rollback(str(engines / "other.int8.onnx"), log=quiet)
 
 
-def test_every_file_of_an_artifact_is_0644_whatever_the_umask(tiny_models, tmp_path):
-    first, second = tiny_models
+def test_every_file_of_an_artifact_is_0644_whatever_the_umask(tiny_classifiers, tmp_path):
+    first, second = tiny_classifiers
     held = 0
     for umask in (0o077, 0o027, 0o002):
         engines = tmp_path / "u{:o}".format(umask) / "engines"
@@ -242,8 +242,8 @@ ROLLBACK_PLANTS = ("artifact is a symlink", "sha mismatch", "folder in place of 
                    "installed labels are a symlink")
 
 
-def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(tiny_models, tmp_path):
-    first, second = tiny_models
+def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(tiny_classifiers, tmp_path):
+    first, second = tiny_classifiers
     held = 0
     for n, plant in enumerate(ROLLBACK_PLANTS):
         engines = tmp_path / str(n) / "engines"
@@ -264,8 +264,8 @@ def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(tiny_
     assert_refused(proc, "m.int8.onnx", "symlink")
 
 
-def test_a_previous_that_is_a_symlink_is_never_written_through(tiny_models, tmp_path):
-    first, second = tiny_models
+def test_a_previous_that_is_a_symlink_is_never_written_through(tiny_classifiers, tmp_path):
+    first, second = tiny_classifiers
     engines = tmp_path / "engines"
     dest = str(engines / "m.int8.onnx")
     _install(first, dest, "one")

@@ -36,9 +36,9 @@ def plan_of(config):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_models):
+def model(tiny_classifiers):
     """The FP32 export every device builds from (the network does not matter here)."""
-    return tiny_models[0]
+    return tiny_classifiers[0]
 
 
 @pytest.fixture(scope="module")

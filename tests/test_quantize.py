@@ -280,12 +280,12 @@ def test_unknown_quantizer_is_one_line(small_model, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def modelopt_qdq(tiny_models, tmp_path_factory):
+def modelopt_qdq(tiny_classifiers, tmp_path_factory):
     """ModelOpt's Q/DQ model of a tiny exported classifier, and whether the FP32 file stayed byte for byte the
     same."""
     pytest.importorskip("modelopt.onnx.quantization")
     work = tmp_path_factory.mktemp("modelopt")
-    model = tiny_models[0]
+    model = tiny_classifiers[0]
     before = open(model, "rb").read()
     from onnxruntime.quantization import calibrate
 
@@ -299,7 +299,7 @@ def modelopt_qdq(tiny_models, tmp_path_factory):
     return out, info, open(model, "rb").read() == before, sorted(os.listdir(str(work)))
 
 
-def test_modelopt_output_is_for_tensorrt_10_and_leaves_its_input_alone(modelopt_qdq, tiny_models):
+def test_modelopt_output_is_for_tensorrt_10_and_leaves_its_input_alone(modelopt_qdq, tiny_classifiers):
     out, info, unchanged, files = modelopt_qdq
     assert unchanged, "ModelOpt rewrote the FP32 model in place"
     assert files == ["q.onnx"]  # no intermediate files left beside the output
@@ -309,7 +309,7 @@ def test_modelopt_output_is_for_tensorrt_10_and_leaves_its_input_alone(modelopt_
     model = onnx.load(out)
     assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT  # not converted to fp16
     # the sensitive nodes (first Conv, classifier), handed to ModelOpt as nodes_to_exclude
-    assert info["excluded_nodes"] == sensitive_nodes(onnx.load(tiny_models[0])) == ["/0/Conv", "/6/Gemm"]
+    assert info["excluded_nodes"] == sensitive_nodes(onnx.load(tiny_classifiers[0])) == ["/0/Conv", "/6/Gemm"]
 
 
 def test_modelopt_refuses_percentile_in_one_line(small_model, tmp_path):

@@ -63,12 +63,12 @@ def regression_set(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def workspace(tiny_models, tmp_path_factory):
+def workspace(tiny_classifiers, tmp_path_factory):
     """The files every test's folder starts from, written once per module (each test gets its own copy)."""
     root = tmp_path_factory.mktemp("workspace")
     engines = root / "engines"
     engines.mkdir()
-    stem = os.path.splitext(tiny_models[0])[0]
+    stem = os.path.splitext(tiny_classifiers[0])[0]
     for ext in (".onnx", ".labels.txt", ".json"):
         shutil.copy(stem + ext, str(engines / ("m" + ext)))
         shutil.copy(stem + ext, str(engines / ("m.int8" + ext)))  # the old artifact: here the FP32 bytes
