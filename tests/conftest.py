@@ -12,45 +12,26 @@ import tempfile
 import numpy as np
 import pytest
 
+import shared_models as sm
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # torch's OpenMP threads spin-wait for each other, which on a loaded 2-core machine makes one MobileNetV3 forward
-# pass 40x slower (1.3 s against 0.03 s); every worker, CLI subprocess and the digits maker inherits this
+# pass 40x slower (1.3 s against 0.03 s); every worker, CLI subprocess and the models maker inherits this
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
 def small_model(tmp_path_factory):
     """MobileNetV3-Small with seeded random weights, exported by the real `edge export` code."""
-    from edge.build.export import export_model
-
-    def make(folder):
-        export_model("mobilenet_v3_small", "random", os.path.join(folder, "mobilenet_v3_small.onnx"),
-                     log=lambda *a: None)
-
-    return os.path.join(once_per_run(tmp_path_factory, "small-model", make), "mobilenet_v3_small.onnx")
+    return os.path.join(once_per_run(tmp_path_factory, sm.SMALL, sm.make_small_model), sm.SMALL_NAME)
 
 
 @pytest.fixture(scope="session")
 def tiny_classifiers(tmp_path_factory):
-    """Two 10-class classifiers of two strided convolutions (224x224 input, random weights, seeds 0 and 1),
-    exported by the real `edge export` code: an export like any other to the build, the rebuild and an install,
-    quantised in a tenth of MobileNetV3-Small's time, for tests whose subject is not the network."""
-    from edge.build.export import export_onnx
-
-    def make(folder):
-        import torch
-
-        for seed in (0, 1):
-            torch.manual_seed(seed)
-            net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=4, padding=1), torch.nn.ReLU(),
-                                      torch.nn.Conv2d(8, 16, 3, stride=4, padding=1), torch.nn.ReLU(),
-                                      torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
-            export_onnx(net.eval(), os.path.join(folder, "tiny{}.onnx".format(seed)), [str(i) for i in range(10)],
-                        "random(seed={})".format(seed), False, "tiny", log=lambda *a: None)
-
-    folder = once_per_run(tmp_path_factory, "tiny-classifiers", make)
-    return [os.path.join(folder, "tiny{}.onnx".format(seed)) for seed in (0, 1)]
+    """Two 10-class classifiers of two strided convolutions (random weights, seeds 0 and 1), exported by the real
+    `edge export` code, for tests whose subject is not the network (shared_models.make_tiny_classifiers)."""
+    return sm.tiny_paths(once_per_run(tmp_path_factory, sm.TINY, sm.make_tiny_classifiers))
 
 
 def run_folder(tmp_path_factory):
@@ -74,11 +55,16 @@ LONGEST = ("test_real_weights.py", "test_hostile.py", "test_gstreamer.py", "test
            "test_fallback.py", "test_build.py", "test_auto_method.py", "test_quantize.py", "test_gate.py")
 
 
+# fixture -> its folder in the run's shared folder, in the order the background maker makes them
+SHARED = (("small_model", sm.SMALL), ("tiny_classifiers", sm.TINY), ("digits", sm.DIGITS),
+          ("digits_qdq", sm.DIGITS_QDQ))
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """When a test needs the trained digits model, a background process starts making it (and its Q/DQ model) now,
-    one per run (the first worker to get here starts it). Files start longest first (LONGEST), and those that
-    need the digits model after the other long ones: under load it takes about a quarter of the run to make, so
-    no worker waits for it."""
+    """A background process starts making the shared models the collected tests need now (shared_models), one per
+    run (the first worker to get here starts it). Files start longest first (LONGEST), and those that need the
+    trained digits model after all the others: under load it takes about half the run to make, so no worker waits
+    for it."""
     def file_of(item):
         return item.nodeid.split("::")[0]
 
@@ -86,24 +72,26 @@ def pytest_collection_modifyitems(session, config, items):
 
     def rank(name):
         base = os.path.basename(name)
-        return (name in needing, LONGEST.index(base)) if base in LONGEST else (True, len(LONGEST))
+        return name in needing, LONGEST.index(base) if base in LONGEST else len(LONGEST)
 
     files = list(dict.fromkeys(file_of(item) for item in items))
     order = {name: i for i, name in enumerate(sorted(files, key=rank))}  # stable: the rest keep their order
     items[:] = sorted(items, key=lambda item: order[file_of(item)])  # each file's tests keep their order
-    if not needing:
+    used = {name for item in items for name in getattr(item, "fixturenames", ())}
+    wanted = [folder for fixture, folder in SHARED if fixture in used]
+    if not wanted:
         return
     run = run_folder(config._tmp_path_factory)
     try:
-        os.close(os.open(str(run / "digits.started"), os.O_CREAT | os.O_EXCL))
+        os.close(os.open(str(run / "models.started"), os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return
-    config.digits_maker = subprocess.Popen([sys.executable, os.path.join(HERE, "trained_model.py"), str(run)],
+    config.models_maker = subprocess.Popen([sys.executable, os.path.join(HERE, "shared_models.py"), str(run)] + wanted,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def pytest_sessionfinish(session):
-    maker = getattr(session.config, "digits_maker", None)
+    maker = getattr(session.config, "models_maker", None)
     if maker is not None and maker.poll() is None:  # not needed after all (a failed or interrupted run)
         maker.kill()
         maker.wait()
@@ -112,18 +100,16 @@ def pytest_sessionfinish(session):
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory):
     """A MobileNetV3-Small trained on scikit-learn's digits (tests/trained_model.py), exported with its sets."""
-    from trained_model import DIGITS, load_digits_model, train_digits_model
+    from trained_model import load_digits_model
 
-    return load_digits_model(once_per_run(tmp_path_factory, DIGITS, train_digits_model))
+    return load_digits_model(once_per_run(tmp_path_factory, sm.DIGITS, sm.make_digits))
 
 
 @pytest.fixture(scope="session")
 def digits_qdq(digits, tmp_path_factory):
     """The digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
-    from trained_model import DIGITS_QDQ, QDQ_NAME, quantize_digits
-
-    return os.path.join(once_per_run(tmp_path_factory, DIGITS_QDQ, lambda folder: quantize_digits(digits, folder)),
-                        QDQ_NAME)
+    folder = once_per_run(tmp_path_factory, sm.DIGITS_QDQ, sm.make_digits_qdq(str(run_folder(tmp_path_factory))))
+    return os.path.join(folder, sm.QDQ_NAME)
 
 
 def write_video(path, frames=30, size=(320, 240), fps=30.0):

@@ -197,14 +197,14 @@ def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
     assert plan.target_tensorrt == "10.3"
 
 
-def test_untrained_model_builds_with_gate_recorded_but_not_enforced(small_model, tmp_path, capsys):
+def test_untrained_model_builds_with_gate_recorded_but_not_enforced(tiny_classifiers, tmp_path, capsys):
     engines = tmp_path / "engines"
     config = tmp_path / "edge.yaml"
     shipped_regression = os.path.join(REPO, "calibration", "regression")
-    config.write_text(yaml.safe_dump({"model": {"path": small_model}, "build": {
+    config.write_text(yaml.safe_dump({"model": {"path": tiny_classifiers[0]}, "build": {
         "engines_dir": str(engines), "method": "minmax", "regression_dir": shipped_regression}}))
     assert cli("build", "--config", config, "--no-progress") == 0
-    manifest = read_model_info(str(engines / "mobilenet_v3_small.int8.onnx"))
+    manifest = read_model_info(str(engines / "tiny0.int8.onnx"))
     assert manifest["trained"] is False and manifest["gate"]["enforced"] is False
     assert manifest["calibration"]["images"] == 64 and manifest["gate"]["samples"] == 100
     out = capsys.readouterr().out

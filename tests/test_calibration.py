@@ -19,7 +19,7 @@ from edge.build.default_sets import make_default_sets
 from edge.build.trt_cache import read_trt_calibration_cache
 from edge.errors import EdgeError
 
-from conftest import assert_refused, run_edge, write_video
+from conftest import assert_refused, edge_here, run_edge, write_video
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -248,10 +248,10 @@ def test_import_records_sizes_as_the_set_is_read_and_skips_names_that_are_not_ut
 
 
 def _set_cli(*args, mount=None):
-    """`edge calibrate ...` in a subprocess; `mount`: (folder, tmpfs options) in a private mount namespace."""
+    """`edge calibrate ...`; with `mount` (folder, tmpfs options), in a subprocess in a private mount namespace."""
     command = [sys.executable, "-m", "edge", "calibrate"] + [str(a) for a in args]
     if mount is None:
-        return run_edge("calibrate", *args)
+        return edge_here("calibrate", *args)
     script = "mount -t tmpfs -o {} tmpfs {} && exec {}".format(mount[1], shlex.quote(str(mount[0])),
                                                               " ".join(shlex.quote(c) for c in command))
     return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,

@@ -112,8 +112,8 @@ def test_cli_bad_inputs_exit_2(tmp_path, small_model, case, expected):
         "unknown scheme": (small_model, "ftp://cam"),
         "model is not ONNX": (garbage, "synthetic"),
     }[case]
-    assert_refused(run_edge("run", "--backend", "onnxruntime", "--preprocess", "cpu", "--frames", 1,
-                            "--model", model, "--source", source), expected)
+    assert_refused(edge_here("run", "--backend", "onnxruntime", "--preprocess", "cpu", "--frames", 1,
+                             "--model", model, "--source", source), expected)
 
 
 def test_missing_optional_dependency_names_the_extra(small_model):

@@ -106,9 +106,10 @@ def tiny_onnx(path, side=224, classes=1000, labels=None):
     return path
 
 
-def run_once(model, *extra):
-    return run_edge("run", "--model", model, "--source", "synthetic", "--backend", "onnxruntime",
-                    "--preprocess", "cpu", *extra, timeout=60)
+def refused_run(model, *extra):
+    """`edge run` on a model refused at load (in this process: conftest.edge_here)."""
+    return edge_here("run", "--model", model, "--source", "synthetic", "--backend", "onnxruntime", "--preprocess",
+                     "cpu", *extra)
 
 
 HOSTILE_MODELS = [  # (input side, output classes, label lines, the file the line names, what it says)
@@ -123,7 +124,7 @@ def test_a_model_that_does_not_fit_is_refused_at_load(tmp_path, side, classes, l
     model = tiny_onnx(tmp_path / "m.onnx", side, classes, labels)
     cfg = tmp_path / "c.yaml"
     sh.write_config(cfg, {"runtime": {"frames": 5, "warmup": 0}})
-    proc = run_once(model, "--config", cfg)
+    proc = refused_run(model, "--config", cfg)
     assert_refused(proc, tmp_path / named, says)
 
 
@@ -143,7 +144,7 @@ def test_unreadable_sidecar_or_labels_is_one_line(small_model, tmp_path, name, c
             fh.truncate(len(content))
     else:
         (tmp_path / name).write_bytes(content)
-    assert_refused(run_once(model, "--budget-ms", "1000"), tmp_path / name, says)
+    assert_refused(refused_run(model, "--budget-ms", "1000"), tmp_path / name, says)
 
 
 # --- edge check: output paths, --compare, sizes -------------------------------------------------------------

@@ -27,7 +27,7 @@ def test_the_shipped_service_config_names_the_engine_a_build_installs():
         assert path.startswith(STATE + "/"), path  # the unit's StateDirectory, whatever the working folder
 
 
-def test_build_and_run_with_the_shipped_service_config(small_model, tmp_path):
+def test_build_and_run_with_the_shipped_service_config(tiny_classifiers, tmp_path):
     root = tmp_path / "root"
     text = open(SHIPPED).read().replace(STATE, str(root) + STATE).replace(".int8.engine", ".int8.onnx")
     config = tmp_path / "etc" / "config.yaml"
@@ -37,7 +37,7 @@ def test_build_and_run_with_the_shipped_service_config(small_model, tmp_path):
     config.write_text(yaml.safe_dump(data))
     cfg = load_config(str(config))
     engines = root / "var/lib/jetson-edge/engines"
-    sh.copy_model(small_model, engines, "mobilenet_v3_large")  # the FP32 export, as the install puts it
+    sh.copy_model(tiny_classifiers[0], engines, "mobilenet_v3_large")  # an FP32 export, as the install puts it
     # the shipped sets' first images: build.min_images for calibration, a few to judge
     for name, count, dest in (("default", cfg.build.min_images, cfg.build.calibration_dir),
                               ("regression", 8, cfg.build.regression_dir)):

@@ -7,7 +7,7 @@ edge.build.export.export_onnx. Its inputs come from the runtime's CpuPreprocesso
 identity resample of a 64x64 image), exactly as training normalised them.
 
 tests/conftest.py's session fixtures `digits` and `digits_qdq` give it and its Q/DQ model, made once per test run
-and shared by the pytest-xdist workers; conftest starts this file in the background at collection to make both.
+and shared by the pytest-xdist workers (tests/shared_models.py).
 """
 
 import json
@@ -27,8 +27,7 @@ WIDTH = 0.5
 SEED = 0
 CALIBRATION_IMAGES = 64
 TRAINED = "trained.json"  # written last: its presence means the folder is complete
-DIGITS, DIGITS_QDQ = "digits", "digits-qdq"  # the two folders in the run's shared folder
-QDQ_NAME = "digits.int8.onnx"  # the Q/DQ model in DIGITS_QDQ
+HELD_OUT = "held-out.npz"  # the test images and labels: a worker reads them without importing scikit-learn
 
 
 @dataclass
@@ -157,6 +156,7 @@ def train_digits_model(root: str, epochs: int = EPOCHS, log: Callable[..., None]
     for name in ("calibration", "regression", "grey"):
         sets[name] = os.path.join(root, name)
         import_calibration_set(os.path.join(raw, name), sets[name], min_images=1, log=quiet)
+    np.savez(os.path.join(root, HELD_OUT), images=images[test], labels=labels[test])
     with open(os.path.join(root, TRAINED), "w") as fh:
         json.dump({"torch_top1": top1, "train_seconds": seconds}, fh)
     return load_digits_model(root)
@@ -166,27 +166,18 @@ def load_digits_model(root: str) -> DigitsModel:
     """The model `train_digits_model(root)` left in `root` (another pytest-xdist worker may have trained it)."""
     with open(os.path.join(root, TRAINED)) as fh:
         trained = json.load(fh)
-    images, labels = digit_images()
-    test = split(labels)[2]
+    with np.load(os.path.join(root, HELD_OUT)) as held_out:
+        images, labels = held_out["images"], held_out["labels"]
     return DigitsModel(root=root, onnx=os.path.join(root, "digits.onnx"), preprocess=PreprocessConfig(resize=SIZE,
                        crop=SIZE), calibration=os.path.join(root, "calibration"),
                        regression=os.path.join(root, "regression"), grey_calibration=os.path.join(root, "grey"),
-                       test_images=images[test], test_labels=labels[test], **trained)
+                       test_images=images, test_labels=labels, **trained)
 
 
-def quantize_digits(digits: DigitsModel, folder: str) -> None:
-    """`folder`/QDQ_NAME: the digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
+def quantize_digits(digits: DigitsModel, out_path: str) -> None:
+    """The digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
     from edge.build.calibration import load_calibration_set
     from edge.build.quantize import quantize_qdq
 
-    quantize_qdq(digits.onnx, os.path.join(folder, QDQ_NAME), load_calibration_set(digits.calibration),
-                 digits.preprocess, "minmax", True, show_progress=False, log=lambda *a: None)
-
-
-if __name__ == "__main__":  # tests/conftest.py starts this in the background: ARGV[1] is the run's shared folder
-    import sys
-
-    from made_once import make_once
-
-    model = load_digits_model(make_once(os.path.join(sys.argv[1], DIGITS), train_digits_model))
-    make_once(os.path.join(sys.argv[1], DIGITS_QDQ), lambda folder: quantize_digits(model, folder))
+    quantize_qdq(digits.onnx, out_path, load_calibration_set(digits.calibration), digits.preprocess, "minmax", True,
+                 show_progress=False, log=lambda *a: None)
