@@ -63,8 +63,8 @@ SHARED = (("small_model", sm.SMALL), ("tiny_classifiers", sm.TINY), ("digits", s
 def pytest_collection_modifyitems(session, config, items):
     """A background process starts making the shared models the collected tests need now (shared_models), one per
     run (the first worker to get here starts it). Files start longest first (LONGEST), and those that need the
-    trained digits model after all the others: under load it takes about half the run to make, so no worker waits
-    for it."""
+    trained digits model after all the others: under load it is ready about two thirds into the run, about when
+    those files start."""
     def file_of(item):
         return item.nodeid.split("::")[0]
 
