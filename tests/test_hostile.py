@@ -149,7 +149,7 @@ def test_unreadable_sidecar_or_labels_is_one_line(small_model, tmp_path, name, c
 
 # --- edge check: output paths, --compare, sizes -------------------------------------------------------------
 
-# Nothing here is about ORT threading or frame size: ORT's idle threads do not spin (service_helpers) and synthetic
+# Nothing here is about ORT threading or frame size: ORT runs one thread that does not spin (QUIET_ORT) and synthetic
 # frames are small (1280x720 ones cost their making and resizing)
 QUIET = {"backend": sh.QUIET_ORT, "source": {"width": 96, "height": 72}}
 
