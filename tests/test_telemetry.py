@@ -13,9 +13,6 @@ from prometheus_client import generate_latest
 from edge.service.metrics import MetricsSink
 from edge.service.telemetry import LinuxReader, Telemetry, TelemetrySnapshot, snapshot_from_jtop
 
-# jetson-stats 7.x calls distro.linux_distribution(), deprecated
-pytestmark = pytest.mark.filterwarnings("ignore:distro.linux_distribution:DeprecationWarning")
-
 XAVIER_STATS = {
     "time": None, "uptime": None, "CPU1": 12, "CPU2": 30, "CPU3": "OFF", "RAM": 0.41, "SWAP": 0.0, "EMC": 7,
     "GPU": 55.0, "NVENC": "OFF", "Fan pwmfan0": 30.0, "Temp CPU": 48.5, "Temp GPU": 46.0, "Temp PMIC": -256,

@@ -67,6 +67,7 @@ class Runtime:
         self._warmup = cfg.runtime.warmup  # frames still to time without recording
         self._last_image: Optional[np.ndarray] = None
         self._lock = threading.Lock()
+        self._reported = False  # the report line is written: nothing follows it
         self.notifier = Notifier(log=self.event)  # sd_notify; a no-op outside systemd
 
     @property
@@ -75,9 +76,13 @@ class Runtime:
         return self.pipeline.stages
 
     def event(self, name: str, level: str = "info", **fields: Any) -> None:
-        """A JSON log line; safe from the source and telemetry threads."""
+        """A JSON log line; safe from the source and telemetry threads. The report is the last line: what those
+        threads say while the runtime closes (a jtop connection failing late, a source fault) is dropped."""
         with self._lock:
+            if self._reported:
+                return
             self.log(name, level=level, **fields)
+            self._reported = name == "report"
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def __enter__(self) -> "Runtime":
