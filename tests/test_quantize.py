@@ -22,8 +22,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 quiet = lambda *a: None  # noqa: E731
 
 
+TINY_PRE = PreprocessConfig(resize=36, crop=32)  # the shipped images to tiny_model's 32x32 input
+
+
 def subset(s, n):
     return CalibrationSet(s.root, s.files[:n], s.sha256, s.manifest)
+
+
+def default_images(n):
+    """The first `n` images of the shipped default calibration set."""
+    return subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), n)
 
 
 def test_qdq_model_meets_every_tensorrt_requirement(digits, digits_qdq):
@@ -154,17 +162,16 @@ def _amax(ranges):
 def test_entropy_calibration_really_differs_from_minmax(tiny_model, tmp_path):
     from onnxruntime.quantization import CalibrationMethod, create_calibrator
 
-    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 16)
-    pre = PreprocessConfig(resize=36, crop=32)
-    minmax = _amax(compute_ranges(tiny_model, images, pre, "minmax", str(tmp_path), show_progress=False))
-    entropy = _amax(compute_ranges(tiny_model, images, pre, "entropy", str(tmp_path), show_progress=False))
+    images = default_images(16)
+    minmax = _amax(compute_ranges(tiny_model, images, TINY_PRE, "minmax", str(tmp_path), show_progress=False))
+    entropy = _amax(compute_ranges(tiny_model, images, TINY_PRE, "entropy", str(tmp_path), show_progress=False))
     assert minmax.keys() == entropy.keys()
     assert all(entropy[k] <= minmax[k] * (1 + 1e-6) for k in minmax)
     assert any(entropy[k] < 0.9 * minmax[k] for k in minmax), (minmax, entropy)
     # The pitfall this avoids: ONNX Runtime's default entropy bins (what quantize_static uses) give MinMax's ranges.
     default = create_calibrator(tiny_model, None, str(tmp_path / "aug.onnx"), CalibrationMethod.Entropy,
                                 extra_options={"symmetric": True})
-    reader = PreprocessedReader(images, pre, chunk=16)
+    reader = PreprocessedReader(images, TINY_PRE, chunk=16)
     reader.next_chunk()
     with quant._quiet():
         default.collect_data(reader)
@@ -180,11 +187,11 @@ def test_the_builds_sessions_each_keep_to_one_core(tiny_model):
     from edge.build.fidelity import Fidelity
     from edge.build.plan import onnx_runner
 
-    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 2)
+    images = default_images(2)
     calibrator = SimpleNamespace(augmented_model_path=tiny_model, execution_providers=["CPUExecutionProvider"])
     with onnx_runner(tiny_model) as gate:
         sessions = [quant.calibration_session(calibrator), gate.__self__.session,
-                    Fidelity(tiny_model, images, PreprocessConfig(resize=36, crop=32))._session(onnx.load(tiny_model))]
+                    Fidelity(tiny_model, images, TINY_PRE)._session(onnx.load(tiny_model))]
         for session in sessions:
             options = session.get_session_options()
             assert options.intra_op_num_threads == 1
@@ -198,27 +205,26 @@ def test_quantization_writes_nothing_beside_the_fp32_model(tiny_model, tmp_path,
     infer = onnx.shape_inference.infer_shapes_path
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes_path",
                         lambda src, dst="", *a, **k: written.append(dst or src) or infer(src, dst, *a, **k))
-    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
-    quantize_qdq(tiny_model, str(tmp_path / "tiny.int8.onnx"), images, PreprocessConfig(resize=36, crop=32),
+    images = default_images(8)
+    quantize_qdq(tiny_model, str(tmp_path / "tiny.int8.onnx"), images, TINY_PRE,
                  show_progress=False, log=lambda *a: None)
     assert written and not [p for p in written if os.path.dirname(p) == os.path.dirname(tiny_model)], written
 
 
 def test_older_onnxruntime_fallback_gives_the_same_minmax_model(tiny_model, tmp_path, monkeypatch):
-    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
-    pre = PreprocessConfig(resize=36, crop=32)
+    images = default_images(8)
     first = str(tmp_path / "cache-path.onnx")
-    quantize_qdq(tiny_model, first, images, pre, "minmax", True, show_progress=False, log=quiet)
+    quantize_qdq(tiny_model, first, images, TINY_PRE, "minmax", True, show_progress=False, log=quiet)
     monkeypatch.setattr(quant, "_quantize_static_has_cache", lambda: False)
     second = str(tmp_path / "fallback.onnx")
-    quantize_qdq(tiny_model, second, images, pre, "minmax", True, show_progress=False, log=quiet)
+    quantize_qdq(tiny_model, second, images, TINY_PRE, "minmax", True, show_progress=False, log=quiet)
     scales = [{i.name: numpy_helper.to_array(i) for i in onnx.load(p).graph.initializer if i.name.endswith("_scale")}
               for p in (first, second)]
     # conv2: its input, its output, its weights (conv1, the first Conv, stays float: sensitive)
     assert scales[0].keys() == scales[1].keys() == {"r1_scale", "logits_scale", "w2_scale"}
     assert all(np.allclose(scales[0][k], scales[1][k], rtol=1e-6) for k in scales[0])
     with pytest.raises(EdgeError, match="entropy needs onnxruntime"):
-        quantize_qdq(tiny_model, second, images, pre, "entropy", True, show_progress=False, log=quiet)
+        quantize_qdq(tiny_model, second, images, TINY_PRE, "entropy", True, show_progress=False, log=quiet)
 
 
 class _Terminal(io.StringIO):
@@ -228,15 +234,14 @@ class _Terminal(io.StringIO):
 
 def test_progress_bar_on_a_terminal_only_one_log_line_and_no_leftovers(tiny_model, tmp_path, capsys,
                                                                        monkeypatch):
-    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
-    pre = PreprocessConfig(resize=36, crop=32)
-    quantize_qdq(tiny_model, str(tmp_path / "a.onnx"), images, pre, "minmax", False, log=quiet)
+    images = default_images(8)
+    quantize_qdq(tiny_model, str(tmp_path / "a.onnx"), images, TINY_PRE, "minmax", False, log=quiet)
     assert capsys.readouterr().err == ""  # a log or the journal gets no carriage-return frames
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     lines = []
     out = str(tmp_path / "q.onnx")
-    info = quantize_qdq(tiny_model, out, images, pre, "percentile", False, show_progress=True, log=lines.append)
+    info = quantize_qdq(tiny_model, out, images, TINY_PRE, "percentile", False, show_progress=True, log=lines.append)
     os.remove(str(tmp_path / "a.onnx"))
     assert "calibrate (percentile)" in terminal.getvalue() and "/8" in terminal.getvalue()
     assert len(lines) == 1 and "(onnxruntime percentile, 8 images, 0 nodes kept in float, " in lines[0]
@@ -246,7 +251,7 @@ def test_progress_bar_on_a_terminal_only_one_log_line_and_no_leftovers(tiny_mode
 
 
 def test_percentile_on_random_weights_is_a_one_line_error(small_model, tmp_path):
-    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 4)
+    images = default_images(4)
     with pytest.raises(EdgeError, match="percentile calibration failed: Too many bins") as err:
         quantize_qdq(small_model, str(tmp_path / "q.onnx"), images, PreprocessConfig(), "percentile", True,
                      show_progress=False, log=quiet)
@@ -290,7 +295,7 @@ def modelopt_qdq(tiny_classifiers, tmp_path_factory):
     from onnxruntime.quantization import calibrate
 
     original = (calibrate.create_calibrator, calibrate.MinMaxCalibrater.collect_data)
-    images = subset(load_calibration_set(os.path.join(REPO, "calibration", "default")), 8)
+    images = default_images(8)
     out = str(work / "q.onnx")
     info = quantize_qdq(model, out, images, PreprocessConfig(), "minmax", True, show_progress=False, log=quiet,
                         quantizer="modelopt")
