@@ -4,6 +4,7 @@ written with OpenCV."""
 import contextlib
 import fcntl
 import io
+import json
 import os
 import subprocess
 import sys
@@ -168,6 +169,47 @@ def run_edge(*args, timeout=120, env=None):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "edge"] + [str(a) for a in args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=full_env)
+
+
+NOBODY = 65534
+
+
+def as_nobody(act, warm):
+    """`act()`'s JSON-able result, computed in a forked child that dropped to nobody (uid and gid 65534, no groups).
+
+    The interpreter and the checkout may lie in folders nobody cannot enter (a venv under a 0700 home, a clone in a
+    `mktemp -d` folder): nothing may be imported after the drop. The child runs `warm()` as root first (the same
+    work as `act`, plus what only `act`'s permission errors import) and fails the test naming any module `act` still
+    imported after the drop, on any machine, whether or not that import happened to work here."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to the user nobody")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest (no teardown, no second report)
+        try:
+            os.close(read_fd)
+            warm()
+            before = set(sys.modules)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            answer = {"result": act(), "late": sorted(set(sys.modules) - before)}
+        except BaseException as exc:  # reported to the parent, which fails the test with it
+            import traceback
+
+            answer = {"error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+        with os.fdopen(write_fd, "w") as out:
+            json.dump(answer, out)
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as reply:
+        text = reply.read()
+    os.waitpid(pid, 0)
+    answer = json.loads(text)
+    assert "error" not in answer, answer.get("error")
+    assert not answer["late"], ("imported after dropping to nobody: {} (import them in warm(): an interpreter or "
+                                "checkout nobody cannot read fails there)".format(", ".join(answer["late"])))
+    return answer["result"]
 
 
 @contextlib.contextmanager

@@ -17,17 +17,44 @@ from edge.build.fallback import quantized_inputs, without_quantization
 from edge.build.qdq_rules import validate_qdq
 from edge.errors import EdgeError
 
-BROKEN_SCALE = 1 / 100  # the input range of one layer shrunk 100x: most of its activations clip
+# One layer's input scale shrunk a million times: every activation saturates to a step a million times too small, so
+# the layer sees almost nothing whatever the image. Broken on the trunk (no residual path around it), the network
+# answers one class for every image: plain INT8 fails by construction, on any machine, whatever the trained numbers.
+BROKEN_SCALE = 1e-6
+
+
+def trunk_layers(model):
+    """The quantised convolutions every path from the input to the output runs through, in graph order."""
+    consumers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+
+    def reaches_output_without(skipped):
+        seen, tensors = set(), [i.name for i in model.graph.input]
+        while tensors:
+            tensor = tensors.pop()
+            if tensor in outputs:
+                return True
+            for node in consumers.get(tensor, []):
+                if node.name != skipped and node.name not in seen:
+                    seen.add(node.name)
+                    tensors.extend(node.output)
+        return False
+
+    pairs = quantized_inputs(model)
+    return [n.name for n in model.graph.node
+            if n.op_type == "Conv" and n.name in pairs and not reaches_output_without(n.name)]
 
 
 def _middle_conv(model):
-    pairs = quantized_inputs(model)
-    convs = [n.name for n in model.graph.node if n.op_type == "Conv" and n.name in pairs]
-    return convs[len(convs) // 2]
+    trunk = trunk_layers(model)
+    return trunk[len(trunk) // 2]
 
 
 def break_one_layer(path):
-    """Shrink the activation scale in front of one middle convolution: a layer INT8 breaks, the rest sound."""
+    """Shrink the activation scale in front of one convolution on the trunk: a layer INT8 breaks, the rest sound."""
     model = onnx.load(path)
     victim = _middle_conv(model)
     initializers = {i.name: i for i in model.graph.initializer}
