@@ -1,5 +1,6 @@
 """Telemetry: jtop key mapping, the Linux reader, degraded paths, and jetson-stats' real service in testing mode."""
 
+import functools
 import importlib
 import json
 import os
@@ -213,6 +214,10 @@ def test_real_service_without_the_jtop_group_is_degraded(jtop_service):
         return [snap.source, snap.degraded]
 
     def warm():  # a connection as root imports the jtop client and multiprocessing's managers
+        # jtop reads its own __init__.py at each connection (its version, and the service's auth key from it):
+        # read once here, as root
+        common, client_module = importlib.import_module("jtop.core.common"), importlib.import_module("jtop.jtop")
+        common.get_var = client_module.get_var = functools.lru_cache()(common.get_var)
         telemetry = Telemetry(0.5)
         assert telemetry.sample().source == "jtop"
         telemetry.stop()
