@@ -5,9 +5,11 @@ adds the lock, the reload and the command line).
 
 calibrate, build and gate are `edge build`'s steps (edge.build.steps) on the same BuildPlan and BuildState.
 The latency step runs `edge check` as a process on the candidate (the CLI's own check, with the service's
-config and its overrides). Install is edge build's, then the captured set replaces build.calibration_dir and
-the old set is kept as `<dir>.previous`; a `.previous` folder is only ever replaced when it is a set this
-tool wrote (its manifest lists every file in it): a user's file there stops the rebuild before any work.
+config and its overrides). Install is edge build's, then the captured set is exchanged with
+build.calibration_dir in one step and the old set kept as `<dir>.previous`; a `.previous` folder is only ever
+replaced when it is a set this tool wrote (its manifest lists every file in it): a user's file there stops the
+rebuild before any work. A rebuild killed after the exchange leaves the old set in `<dir>.rebuild-*`: the next
+rebuild makes it `.previous` (when there is none) or removes it.
 """
 
 import os
@@ -18,14 +20,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from edge.artifact import labels_path, served_note, sha256_file
+from edge.artifact import install, labels_file, served_note
 from edge.build.auto_method import AUTO, CANDIDATES
 from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of
 from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.config import Config, as_dict, with_overrides
 from edge.errors import EXIT_FAIL, EdgeError, first_line
-from edge.fileio import check_output, check_replaceable, load_json, temp_dir, write_json_atomic
+from edge.fileio import check_output, check_replaceable, exchange, load_json, temp_dir, write_json_atomic
 from edge.frame.sources import open_capture
 from edge.uri import redact
 
@@ -107,14 +109,11 @@ def step_capture(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
 
 def _run_check(job: RebuildJob, plan: BuildPlan, state: BuildState, work: str) -> Dict[str, Any]:
     """`edge check` on a link to the candidate (the backend is chosen by the extension); its JSON report."""
-    model = os.path.join(work, "candidate" + plan.fmt.suffix)
-    try:
-        os.link(state.candidate, model)
-    except OSError:
-        shutil.copyfile(state.candidate, model)
-    write_json_atomic(os.path.join(work, "candidate.json"), dict(plan.source_info, sha256=sha256_file(model)))
-    cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source,
-                                   "model.labels": labels_path(plan.source, job.cfg.model.labels)})
+    model = os.path.join(work, "candidate" + plan.fmt.suffix)  # a set of its own, as edge build installs one
+    labels = labels_file(plan.source)
+    install(model, artifact=state.candidate, info=plan.source_info, labels=labels if os.path.isfile(labels) else None,
+            keep_previous=False, log=lambda *a: None)
+    cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source})
     config = os.path.join(work, "check.yaml")
     write_json_atomic(config, as_dict(cfg))  # JSON is YAML
     command = [sys.executable, "-m", "edge", "check", "--config", config, "--frames", str(job.check_frames),
@@ -145,15 +144,20 @@ def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
 
 
 def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """edge build's install, then the captured set replaces build.calibration_dir (undone on a failed reload)."""
+    """edge build's install, then the captured set replaces build.calibration_dir in one exchange (undone on a
+    failed reload)."""
     step_install(plan, state, log)
     check_replaceable(job.previous_set, MANIFEST)  # still only a set this tool wrote
     if os.path.isdir(job.previous_set):
         shutil.rmtree(job.previous_set)
     had_set = os.path.exists(job.calibration_dir)
-    if had_set:
+    if not had_set:
+        os.rename(job.staged_set, job.calibration_dir)
+    elif exchange(job.staged_set, job.calibration_dir):
+        os.rename(job.staged_set, job.previous_set)  # now the old set
+    else:  # no RENAME_EXCHANGE here: the two renames, a crash between them settled by recover_sets
         os.rename(job.calibration_dir, job.previous_set)
-    os.rename(job.staged_set, job.calibration_dir)
+        os.rename(job.staged_set, job.calibration_dir)
 
     def restore_set() -> None:
         os.rename(job.calibration_dir, job.staged_set)  # the set this rebuild captured: removed by its cleanup
@@ -164,6 +168,27 @@ def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: L
     assert state.calibration is not None
     log("install: calibration set {} now in {} (previous in {})".format(
         state.calibration.sha256[:12], job.calibration_dir, job.previous_set))
+
+
+def recover_sets(job: RebuildJob, log: Log) -> None:
+    """What a killed rebuild left beside build.calibration_dir: a missing set comes back from `.previous`; a
+    `<dir>.rebuild-*` becomes `.previous` when there is none (it may be the old set), else it is removed."""
+    parent, name = os.path.split(job.calibration_dir)
+    if not os.path.exists(job.calibration_dir) and os.path.isdir(job.previous_set):
+        os.rename(job.previous_set, job.calibration_dir)
+        log("rebuild: {} restored from {} (a rebuild was killed mid-install)".format(job.calibration_dir,
+                                                                                      job.previous_set))
+    for left in sorted(n for n in os.listdir(parent) if n.startswith(name + ".rebuild-")):
+        path = os.path.join(parent, left)
+        if path == job.staged_set:
+            continue
+        if not os.path.exists(job.previous_set) and os.path.isfile(os.path.join(path, MANIFEST)):
+            os.rename(path, job.previous_set)
+            what = "kept as " + job.previous_set
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            what = "removed"
+        log("rebuild: {} (left by a killed rebuild) {}".format(path, what))
 
 
 def rebuild_steps(job: RebuildJob, reload: Step) -> List[Step]:
