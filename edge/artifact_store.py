@@ -176,9 +176,12 @@ def _flip(folder: str, name: str, target: str) -> None:
     fsync_path(folder)
 
 
-def _place(src: str, dest: str) -> None:
-    """`src` at `dest`: a hard link when possible (a staged file), else a copy; 0644 and on the disk."""
+def _place(src: str, dest: str, link: bool) -> None:
+    """`src` at `dest`, 0644 and on the disk: a copy (a caller's file may be rewritten in place later), or a hard
+    link of a file only this module will touch again (`link`: migrating today's layout)."""
     try:
+        if not link:
+            raise OSError("copy")
         os.link(src, dest, follow_symlinks=False)
     except OSError:
         shutil.copyfile(src, dest)
@@ -191,7 +194,7 @@ def _next_number(sets: str) -> str:
     return "{:04d}".format(max(numbers, default=0) + 1)
 
 
-def _new_set(dest: str, files: Dict[str, str], previous: Optional[str]) -> str:
+def _new_set(dest: str, files: Dict[str, str], previous: Optional[str], link: bool = False) -> str:
     """A complete set folder of `files` ({name: source path}) that replaced `previous`; returns its number."""
     sets = sets_dir(dest)
     os.makedirs(sets, exist_ok=True)
@@ -199,7 +202,7 @@ def _new_set(dest: str, files: Dict[str, str], previous: Optional[str]) -> str:
     os.mkdir(new, 0o755)
     try:
         for name, src in files.items():
-            _place(src, os.path.join(new, name))
+            _place(src, os.path.join(new, name), link)
         if previous is not None:
             os.symlink(os.path.join("..", previous), os.path.join(new, PREVIOUS))
         fsync_path(new)
@@ -290,8 +293,8 @@ def migrate(dest: str, names: Sequence[str]) -> bool:
         def files(base: str) -> Dict[str, str]:
             return {n: os.path.join(base, n) for n in names if os.path.isfile(os.path.join(base, n))}
 
-        kept = _new_set(dest, files(backup), None) if os.path.isfile(os.path.join(backup, names[0])) else None
-        _flip(sets_dir(dest), CURRENT, _new_set(dest, files(folder), kept))
+        kept = _new_set(dest, files(backup), None, True) if os.path.isfile(os.path.join(backup, names[0])) else None
+        _flip(sets_dir(dest), CURRENT, _new_set(dest, files(folder), kept, True))
     for path in flat:
         previous = os.path.dirname(path) == backup
         target = _link_target(dest, os.path.basename(path), previous)
@@ -301,5 +304,5 @@ def migrate(dest: str, names: Sequence[str]) -> bool:
                 raise EdgeError("{}: a file that is not part of the installed set {}; move it away".format(
                     path, os.path.relpath(os.path.realpath(in_set), folder)))
             _flip(os.path.dirname(path), os.path.basename(path), target)
-    ensure_links(dest, names)
+    ensure_links(dest, names, with_previous=os.path.isdir(backup))
     return True

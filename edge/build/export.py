@@ -28,7 +28,6 @@ from edge.artifact import (
     info_path,
     install,
     labels_file,
-    read_model_info,
     remove_quietly,
     sha256_file,
     staging_path,
@@ -37,6 +36,7 @@ from edge.artifact import (
 )
 from edge.config import IMAGENET_MEAN, IMAGENET_STD
 from edge.errors import EdgeError, first_line, require
+from edge.fileio import load_json
 from edge.frame.backend import INPUT_NAME, OUTPUT_NAME
 
 OPSET = 17
@@ -219,7 +219,7 @@ def check_replaceable(out_path: str, force: bool = False) -> None:
     if not os.path.lexists(info_file):
         _refuse(present[0], "no model info {} beside it".format(os.path.basename(info_file)))
     try:
-        info = read_model_info(out_path)
+        info = load_json(info_file, "model info")
     except EdgeError:
         info = None
     if not (isinstance(info, dict) and "exported_at" in info and "built_at" not in info):
