@@ -243,9 +243,10 @@ def make_model_info(artifact_path: str, source_info: Dict[str, Any], source_path
                     system: Dict[str, Any], build: Dict[str, Any]) -> Dict[str, Any]:
     """The model info of a built artifact: the source's info extended with what it was built from and on.
     `source.path` is relative to the artifact's folder: no absolute path is recorded. `install` adds the
-    artifact's name, its sha256 and its labels'."""
+    artifact's sha256 and its labels'."""
     info = dict(source_info)  # arch, weights, trained, input/output, preprocess ... from the FP32 model
     info.update({
+        "artifact": os.path.basename(artifact_path),
         "format": fmt,
         "precision": precision,
         "source": {"path": os.path.relpath(os.path.abspath(source_path),
@@ -291,17 +292,20 @@ def writable_set(dest: str, what: str) -> None:
 
 
 def _settle(dest: str) -> None:
-    """Under the lock: today's flat layout migrated, and what a killed writer left of `dest`'s sets removed."""
+    """Under the lock: today's flat layout migrated, and what a killed writer left of `dest`'s sets finished
+    (links) or removed."""
     writable_set(dest, "artifact")
-    store.migrate(dest, [os.path.basename(p) for p in reversed(companions(dest))])
+    names = [os.path.basename(p) for p in reversed(companions(dest))]
+    store.migrate(dest, names)
+    store.repair(dest, names)
     store.collect(dest)
 
 
 def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[str] = None,
             verify_staged: Optional[Verify] = None, keep_previous: bool = True, log: Log = print) -> Dict[str, Any]:
     """Install the file `artifact` as `dest`'s new set, with `labels` (a file) and `info` (completed with the
-    artifact's name and the sha256 of both), after `verify_staged` accepts it. The set it replaces stays as
-    previous (`keep_previous`). Returns the model info installed."""
+    sha256 of both, and `dest`'s name when it names one), after `verify_staged` accepts it. The set it replaces
+    stays as previous (`keep_previous`). Returns the model info installed."""
     if verify_staged is not None:
         verify_staged(artifact)
     label_bytes = None
@@ -310,9 +314,11 @@ def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[
         if label_bytes is None:
             raise EdgeError("{}: cannot read the labels: {}".format(labels, why))
         parse_labels(label_bytes, labels)
-    info = dict(info, artifact=os.path.basename(dest), sha256=sha256_file(artifact),
+    info = dict(info, sha256=sha256_file(artifact),
                 labels=os.path.basename(labels_file(dest)) if labels is not None else None,
                 labels_sha256=hashlib.sha256(label_bytes).hexdigest() if label_bytes is not None else None)
+    if "artifact" in info:  # a built artifact's info names it (a copy under another name is refused)
+        info["artifact"] = os.path.basename(dest)
     folder = os.path.dirname(os.path.abspath(dest))
     os.makedirs(folder, exist_ok=True)
     with store.lock(folder, "an install"):
@@ -347,10 +353,11 @@ def rollback(dest: str, *, verify_kept: Optional[Verify] = None, log: Log = prin
         raise EdgeError("{}: nothing to roll back to (no folder {})".format(dest, folder))
     with store.lock(folder, "edge rollback"):
         _settle(dest)
-        kept = os.path.join(folder, PREVIOUS, os.path.basename(dest))
         previous = store.previous_set(dest, store.current_set(dest))
-        if previous is None or not os.path.exists(kept):
-            raise EdgeError("{}: nothing to roll back to (no {})".format(dest, kept))
+        kept = store.set_file(dest, previous, os.path.basename(dest)) if previous else ""
+        if not os.path.lexists(kept):
+            raise EdgeError("{}: nothing to roll back to (no {})".format(
+                dest, os.path.join(folder, PREVIOUS, os.path.basename(dest))))
         model = read_set(kept, rebuild="edge build (previous/ holds no usable artifact)", required_info=True)
         if verify_kept is not None:
             verify_kept(kept)

@@ -156,11 +156,12 @@ def sweep(folder: str) -> List[str]:
 
     _require_lock(folder)
     removed = []
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if _TEMP.match(name) and (os.path.isfile(path) or is_abandoned(path)):
-            remove_path(path)
-            removed.append(name)
+    for base in (folder, os.path.join(folder, PREVIOUS)):
+        for name in sorted(os.listdir(base)) if os.path.isdir(base) and not os.path.islink(base) else []:
+            path = os.path.join(base, name)
+            if _TEMP.match(name) and (os.path.isfile(path) or os.path.islink(path) or is_abandoned(path)):
+                remove_path(path)
+                removed.append(os.path.relpath(path, folder))
     return removed
 
 
@@ -222,7 +223,7 @@ def commit(dest: str, files: Dict[str, str], *, keep_previous: bool) -> str:
     current = current_set(dest)
     number = _new_set(dest, files, current if keep_previous else None)
     _flip(sets_dir(dest), CURRENT, number)
-    ensure_links(dest, list(files), with_previous=keep_previous)
+    ensure_links(dest, list(files), with_previous=keep_previous and current is not None)
     collect(dest)
     return os.path.join(sets_dir(dest), number)
 
@@ -264,6 +265,18 @@ def ensure_links(dest: str, names: Sequence[str], *, with_previous: bool = True)
                 _flip(base, name, target)
 
 
+def set_file(dest: str, number: str, name: str) -> str:
+    """The file `name` of the set `number` (read as a plain path: no link to resolve)."""
+    return os.path.join(sets_dir(dest), number, name)
+
+
+def repair(dest: str, names: Sequence[str]) -> None:
+    """Under the lock: the links a writer killed after its flip did not make yet."""
+    current = current_set(dest)
+    if current is not None:
+        ensure_links(dest, names, with_previous=previous_set(dest, current) is not None)
+
+
 def collect(dest: str) -> List[str]:
     """Under the lock: remove the set folders `current` no longer reaches and what a killed writer left in the
     sets folder. Returns the names removed."""
@@ -273,6 +286,9 @@ def collect(dest: str) -> List[str]:
     current = current_set(dest)
     keep = {current, previous_set(dest, current), CURRENT}
     removed = [n for n in sorted(os.listdir(sets)) if n not in keep and (_NUMBER.match(n) or n.startswith("."))]
+    for number in (n for n in keep if n and n != CURRENT and os.path.isdir(os.path.join(sets, n))):
+        removed += [os.path.join(number, t) for t in sorted(os.listdir(os.path.join(sets, number)))
+                    if t.startswith(".")]  # a link a killed rollback was about to flip
     for name in removed:
         remove_path(os.path.join(sets, name))
     return removed
@@ -287,8 +303,8 @@ def migrate(dest: str, names: Sequence[str]) -> bool:
     flat = [os.path.join(base, n) for base in (folder, backup) for n in names]
     if not any(os.path.isfile(p) and not os.path.islink(p) for p in flat):
         return False
-    if current_set(dest) is None:  # a migration killed before its flip: start again
-        collect(dest)
+    if current_set(dest) is None:  # a migration killed before its flip, or a copy that resolved the links
+        remove_path(sets_dir(dest))
 
         def files(base: str) -> Dict[str, str]:
             return {n: os.path.join(base, n) for n in names if os.path.isfile(os.path.join(base, n))}

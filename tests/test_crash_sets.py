@@ -160,6 +160,7 @@ def test_build_killed_during_its_install_never_pairs_an_artifact_with_other_labe
                 af.rollback(dest, log=quiet)
         assert served(dest) == first
 
+    killed(0, "rename", "build", "--config", config, "--no-progress")  # the links previous/ needs, made once
     points = kill_points("build", "build", "--config", config, "--no-progress", prepare=reset)
     for kind, k in points:
         reset()
