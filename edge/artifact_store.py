@@ -32,7 +32,7 @@ import stat
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from edge.errors import EdgeError
-from edge.fileio import fsync_path, remove_path, temp_name
+from edge.fileio import fsync_path, held_here, remove_path, temp_name
 
 SETS = ".sets"
 CURRENT = "current"
@@ -119,12 +119,14 @@ def lock(folder: str, command: str) -> Iterator[None]:
     writer (build, rebuild, rollback, cache fetch, export) for its whole run. Taken already: one line (exit 2).
     Re-entrant within a process. A filesystem without flock (some network mounts) runs unlocked."""
     key = os.path.realpath(folder)
-    if key in _held:
-        _held[key][1] += 1
+    if key in _held or held_here(folder):  # a temporary folder of this process's (a candidate's) is its own
+        _held.setdefault(key, [-1, 0])[1] += 1
         try:
             yield
         finally:
             _held[key][1] -= 1
+            if _held[key] == [-1, 0]:
+                del _held[key]
         return
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))

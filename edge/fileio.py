@@ -29,6 +29,7 @@ from edge.uri import redact
 MAX_IMAGE_BYTES = 256 << 20  # an image file larger than this is not a photograph
 NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
 MAX_IMAGE_PIXELS = 100_000_000  # 100 MP (300 MB decoded BGR); decompression bombs are far larger
+_HELD: Set[str] = set()  # temporary folders this process holds (`_held_folder`)
 
 
 def _kind(mode: int) -> str:
@@ -74,12 +75,19 @@ def _held_folder(path: str) -> Iterator[None]:
     alone until its writer has ended, however it ended."""
     os.mkdir(path, 0o700)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    _HELD.add(os.path.realpath(path))
     try:
         with contextlib.suppress(OSError):  # a filesystem without flock: such a folder is never swept
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
     finally:
+        _HELD.discard(os.path.realpath(path))
         os.close(fd)
+
+
+def held_here(path: str) -> bool:
+    """True for a temporary folder this process made and holds (its flock is this process's already)."""
+    return os.path.realpath(path) in _HELD
 
 
 def is_abandoned(path: str) -> bool:
