@@ -40,6 +40,14 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def path_kind(path: str) -> str:
+    """What is at `path`, in words ("a FIFO", "a device", ...), for a one-line refusal."""
+    try:
+        return _kind(os.lstat(path).st_mode)
+    except OSError:
+        return "missing"
+
+
 def check_output(path: str, what: str = "output") -> None:
     """Refuse, before any work is done, an output path that is not a regular file or cannot be written."""
     try:

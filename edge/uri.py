@@ -19,9 +19,10 @@ MAX_URI_CHARS = 4096
 # as %XX. A password with one of them is percent-encoded (%21, %27).
 _URI_CHARS = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@$&()*+,;=]|%[0-9A-Fa-f]{2})*\Z")
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
-# userinfo: everything from :// to the last '@' before the next URI or the line's end, whatever it holds (a
-# password may have spaces, quotes, '<', '\' or '/'): masking too much is safe, too little is a leak
-_USERINFO = re.compile(r"(" + _SCHEME + r")(?:(?!" + _SCHEME + r")[^\n\r])*@")
+# userinfo: everything from :// to the last '@' before the next URI, the end of a quoted string (a quote then ',',
+# ':', a bracket, a space or the end: JSON fields, repr()) or the line's end, whatever it holds (a password may have
+# spaces, quotes, '<', '\' or '/'): masking too much is safe, too little is a leak
+_USERINFO = re.compile(r"(" + _SCHEME + r")(?:(?!" + _SCHEME + r")(?![\"'](?:[,:)}\]\s]|$))[^\n\r])*@")
 _FRAGMENT = re.compile(r"(" + _SCHEME + r"[^\s#\"'<>]*)#[^\s\"'<>]+")
 _HOST = re.compile(r"(?:[A-Za-z0-9.\-]+|[0-9A-Fa-f:.]+)\Z")  # a name, IPv4, or IPv6 (urlsplit drops [ ])
 _SECRET_PARAM = re.compile(r"([?&;][^=&#\s\"']*(?:pass|pwd|token|key|secret|auth|sig|cred)[^=&#\s\"']*=)"
