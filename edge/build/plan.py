@@ -142,7 +142,7 @@ class BuildPlan:
         return "tensorrt-entropy2" if self.calibrator else self.cfg.build.method
 
 
-def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, calibrator: bool) -> str:
+def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, *, calibrator: bool) -> str:
     parts = ["edge build"] + (["--config " + cfg.path] if cfg.path else []) + (["--model " + model] if model else [])
     return " ".join(parts + [p for p in (fmt.flag, "--calibrator" if calibrator else "") if p])
 
@@ -187,7 +187,7 @@ def check_source(source: str, crop: int, where: str, tensorrt: Optional[str] = N
             source, dims or "(not one input)", crop, where, crop, crop))
 
 
-def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False, calibrator: bool = False,
+def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = False, calibrator: bool = False,
                  show_progress: bool = True, load_calibration: bool = True) -> BuildPlan:
     """Validate every input before any work; each problem is one line naming the file or config field.
 
@@ -234,7 +234,7 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
     return BuildPlan(cfg=cfg, fmt=fmt, source=source, artifact=artifact_path(source, b.engines_dir, b.precision, fmt),
                      calibrator=calibrator, source_info=source_info, labels=labels,
                      calibration=calibration, regression=regression,
-                     command=rebuild_command(cfg, model, fmt, calibrator), target_tensorrt=tensorrt,
+                     command=rebuild_command(cfg, model, fmt, calibrator=calibrator), target_tensorrt=tensorrt,
                      show_progress=show_progress)
 
 
@@ -252,8 +252,8 @@ def expected_model_info(plan: BuildPlan, system: Optional[Dict[str, Any]] = None
     return expected
 
 
-def artifact_status(cfg: Config, model: Optional[str] = None, engine: bool = False,
+def artifact_status(cfg: Config, model: Optional[str] = None, *, engine: bool = False,
                     calibrator: bool = False) -> Tuple[bool, str]:
     """(current?, reason) for the artifact this config builds, from its inputs (for `edge doctor`)."""
-    plan = check_inputs(cfg, model, engine, calibrator, show_progress=False)
+    plan = check_inputs(cfg, model, engine=engine, calibrator=calibrator, show_progress=False)
     return is_current(plan.artifact, expected_model_info(plan), rebuild=plan.command)

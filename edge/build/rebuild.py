@@ -79,15 +79,15 @@ def _check_numbers(job: RebuildJob) -> None:
                         .format(job.frames, job.every, job.min_images))
 
 
-def preflight(job: RebuildJob, engine: bool, calibrator: bool, log: Log) -> BuildPlan:
+def preflight(job: RebuildJob, *, engine: bool, calibrator: bool, log: Log) -> BuildPlan:
     """Every input and output checked before any work; the BuildPlan the shared steps run on."""
     cfg, b = job.cfg, job.cfg.build
     if b.precision != "int8":
         raise EdgeError("build.precision {} in {}: rebuilding the calibration only makes sense for int8".format(
             b.precision, cfg.path or "<defaults>"))
     _check_numbers(job)
-    plan = check_inputs(with_overrides(cfg, {"build.calibration_dir": job.staged_set}), None, engine, calibrator,
-                        show_progress=False, load_calibration=False)
+    plan = check_inputs(with_overrides(cfg, {"build.calibration_dir": job.staged_set}), None, engine=engine,
+                        calibrator=calibrator, show_progress=False, load_calibration=False)
     for uri in (cfg.source.uri, job.check_source):
         open_capture(with_overrides(cfg, {"source.uri": uri}).source)  # maps the URI, checks files exist; opens nothing
     check_output(os.path.join(job.staged_set, MANIFEST), "captured calibration set")

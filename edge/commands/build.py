@@ -19,7 +19,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     started = time.monotonic()
-    plan = check_inputs(cfg, None, args.engine, args.calibrator, not args.no_progress)
+    plan = check_inputs(cfg, None, engine=args.engine, calibrator=args.calibrator, show_progress=not args.no_progress)
     print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
     note = served_note(cfg.model.path, plan.artifact) if cfg.model.path != plan.source else None
     if note:

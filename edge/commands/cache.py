@@ -19,7 +19,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from edge.build import engine_cache
     from edge.build.plan import check_inputs
 
-    plan = check_inputs(config_from_args(args), None, args.engine, show_progress=False)
+    plan = check_inputs(config_from_args(args), None, engine=args.engine, show_progress=False)
     if args.action == "publish":
         engine_cache.publish(plan, args.cache)
         return EXIT_OK

@@ -283,7 +283,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
                      DEFAULT_MIN_DIFF if args.min_diff is None else args.min_diff, args.check_frames,
                      args.check_warmup, args.check_source or cfg.source.uri, args.keep_work, _utc_stamp())
     log = functools.partial(print, flush=True)
-    plan = preflight(job, args.engine, args.calibrator, log)
+    plan = preflight(job, engine=args.engine, calibrator=args.calibrator, log=log)
     if args.dry_run:
         print(format_plan(job, plan, target.describe()), flush=True)
         return EXIT_OK
