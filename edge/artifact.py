@@ -30,7 +30,6 @@ from edge import artifact_store as store
 from edge.board import current_system
 from edge.errors import EdgeError
 from edge.fileio import check_folder, load_json, read_regular, temp_name, write_json_atomic
-from edge.frame.postprocess import MAX_LABELS_BYTES, parse_labels
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
 PREVIOUS = store.PREVIOUS
@@ -41,6 +40,8 @@ MAX_ARTIFACT_BYTES = 2 << 30  # an engine of a large model is hundreds of MB; mo
 ENGINE_SYSTEM_KEYS = ("board", "sm_count", "compute_capability", "tensorrt", "cuda")
 ENGINE_WARN_KEYS = ("l4t",)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+MAX_LABELS_BYTES = 16 << 20
+MAX_LABEL_CHARS = 256  # a class name; a longer "label" is not one (it would fill every log line and page)
 
 Log = Callable[..., None]
 Verify = Callable[[str], None]
@@ -70,6 +71,31 @@ def labels_path(model_path: str, configured: str = "") -> str:
 def companions(model_path: str) -> List[str]:
     """The set's files: labels, model info, the artifact."""
     return [labels_file(model_path), info_path(model_path), model_path]
+
+
+def parse_labels(data: bytes, path: str) -> List[str]:
+    """One label per line (UTF-8, a leading BOM dropped, any line ending). Labels reach logs, terminals and web
+    pages: a blank line, a control character (an ANSI escape, NUL, a line separator) or a label over
+    MAX_LABEL_CHARS is refused with its line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgeError("{}: labels file is not UTF-8 text (byte {})".format(path, exc.start)) from None
+    text = text[1:] if text.startswith("\ufeff") else text
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    labels = text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else []
+    if not labels:
+        raise EdgeError("{}: labels file must have one non-empty label per line".format(path))
+    for number, label in enumerate(labels, 1):
+        if not label.strip():
+            raise EdgeError("{}: line {}: labels file must have one non-empty label per line".format(path, number))
+        if not label.isprintable():
+            raise EdgeError("{}: line {}: control or invisible characters in a label ({})".format(
+                path, number, ascii(label)[:60]))
+        if len(label) > MAX_LABEL_CHARS:
+            raise EdgeError("{}: line {}: a label of {} characters; at most {}".format(
+                path, number, len(label), MAX_LABEL_CHARS))
+    return labels
 
 
 def _in_set(model_path: str) -> str:

@@ -5,9 +5,6 @@ whole set it puts back, today's flat layout read and migrated, and one lock per 
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -26,9 +23,8 @@ from edge.board import current_system, read_l4t
 from edge.build.artifacts import verify_onnx
 from edge.build.plan import FORMATS
 from edge.errors import EdgeError
-from edge.fileio import write_json_atomic
 
-from conftest import REPO, assert_refused, run_edge
+from conftest import assert_refused, run_edge
 
 quiet = lambda *a: None  # noqa: E731
 
@@ -128,7 +124,8 @@ def test_verify_hashes_the_bytes_and_names_the_rebuild_command(small_model, tmp_
     assert read_model_info(artifact)["trained"] is False  # the runtime's reader accepts it
     assert manifest["source"] == {"path": os.path.relpath(small_model, str(tmp_path)),
                                   "sha256": sha256_file(small_model)}
-    assert read_model_info(artifact)["sha256"] == sha256_file(artifact) and not os.path.isabs(manifest["source"]["path"])
+    assert read_model_info(artifact)["sha256"] == sha256_file(artifact)
+    assert not os.path.isabs(manifest["source"]["path"])
     ok = {"precision": "int8", "calibration.sha256": "c" * 64, "system.tensorrt": "10.3.0"}
     assert af.verify(artifact, ok, rebuild="edge build --config x.yaml")["precision"] == "int8"
     assert af.is_current(artifact, ok) == (True, "")
@@ -305,3 +302,90 @@ def test_a_previous_that_is_a_symlink_is_never_written_through(tiny_classifiers,
     assert {k: v for k, v in snapshot(tmp_path).items() if ".staged" not in k} == before
 
 
+
+
+def labelled(dest, model, tag):
+    """`model` installed at `dest` with labels of its own (tag0..tag9), as a build installs."""
+    _install(model, dest, tag, labels="".join("{}{}\n".format(tag, i) for i in range(10)))
+
+
+def test_one_writer_at_a_time_the_second_is_one_line_exit_2(tiny_classifiers, tmp_path):
+    """Two rollbacks at once once left artifact B with A's model info and labels, and no way back."""
+    dest = str(tmp_path / "engines" / "m.int8.onnx")
+    labelled(dest, tiny_classifiers[0], "a")
+    labelled(dest, tiny_classifiers[1], "b")
+    before = snapshot(tmp_path / "engines")
+    with af.writing(str(tmp_path / "engines"), "edge build"):  # a build (or rebuild, fetch, export) is running
+        proc = run_edge("rollback", "--artifact", dest)
+        assert_refused(proc, str(tmp_path / "engines"), "in use by another edge command")
+        assert snapshot(tmp_path / "engines") == before
+    assert run_edge("rollback", "--artifact", dest).returncode == 0  # once it has ended
+    assert af.read_set(dest).labels == ["a{}".format(i) for i in range(10)]
+
+
+def test_a_torn_or_stale_set_is_refused_at_load_on_every_path(tiny_classifiers, tmp_path):
+    """The ONNX path too: labels that are not the ones the model info records, or bytes it does not describe."""
+    dest = str(tmp_path / "engines" / "m.int8.onnx")
+    labelled(dest, tiny_classifiers[0], "a")
+    image = tmp_path / "a.png"
+    __import__("cv2").imwrite(str(image), __import__("numpy").zeros((32, 32, 3), "uint8"))
+    assert run_edge("classify", image, "--model", dest).returncode == 0
+    labels = os.path.realpath(dest[:-5] + ".labels.txt")
+    with open(labels) as fh:
+        names = fh.read().splitlines()
+    names[0], names[1] = names[1], names[0]  # two class names swapped: same count, wrong names
+    with open(labels, "w") as fh:
+        fh.write("\n".join(names) + "\n")
+    assert_refused(run_edge("classify", image, "--model", dest), dest, "labels are not the ones")
+    assert_refused(run_edge("run", "--model", dest, "--source", "synthetic"), dest, "labels are not the ones")
+    plain = tmp_path / "plain"  # an export's flat files: a model replaced by hand beside its old model info
+    plain.mkdir()
+    for ext in (".onnx", ".json", ".labels.txt"):
+        shutil.copyfile(tiny_classifiers[0][:-5] + ext, str(plain / ("m" + ext)))
+    shutil.copyfile(tiny_classifiers[1], str(plain / "m.onnx"))
+    assert_refused(run_edge("classify", image, "--model", plain / "m.onnx"), plain / "m.onnx",
+                   "differs from the sha256 in its model info")
+
+
+def test_todays_flat_layout_loads_as_is_and_the_first_writer_migrates_it(tiny_classifiers, tmp_path):
+    engines = tmp_path / "engines"
+    (engines / "previous").mkdir(parents=True)
+    for base, model, tag in ((engines / "previous", tiny_classifiers[0], "a"), (engines, tiny_classifiers[1], "b")):
+        shutil.copyfile(model, str(base / "m.int8.onnx"))  # what an install wrote before sets: files, no labels hash
+        (base / "m.int8.labels.txt").write_text("".join("{}{}\n".format(tag, i) for i in range(10)))
+        (base / "m.int8.json").write_text(json.dumps({"trained": False, "sha256": sha256_file(model),
+                                                      "artifact": "m.int8.onnx", "tag": tag}))
+    dest = str(engines / "m.int8.onnx")
+    model = af.read_set(dest)
+    assert model.labels[0] == "b0" and "not covered by a sha256" in model.notes[0]
+    proc = run_edge("rollback", "--artifact", dest)
+    assert proc.returncode == 0, proc.stderr
+    assert af.read_set(dest).labels[0] == "a0" and os.path.islink(dest)
+    assert sorted(os.listdir(str(engines / "m.int8.sets"))) == ["0001", "0002", "current"]
+    assert run_edge("rollback", "--artifact", dest).returncode == 0
+    assert af.read_set(dest).labels[0] == "b0" and af.read_set(str(engines / "previous" / "m.int8.onnx")).labels[0] \
+        == "a0"
+
+
+def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_path):
+    engines = tmp_path / "engines"
+    dest = str(engines / "m.int8.onnx")
+    labelled(dest, tiny_classifiers[0], "a")
+    labelled(dest, tiny_classifiers[1], "b")
+    kept = snapshot(engines)
+    left = [engines / ".m.int8.onnx.0123456789abcdef.staged", engines / ".m.int8.qdq.onnx.fedcba9876543210.staged",
+            engines / ".m.int8.gate.json.00112233445566aa.tmp", engines / "m.int8.sets" / ".new-0123456789abcdef",
+            engines / ".cache-0123456789abcdef.aabbccddeeff0011", engines / "m.int8.sets" / "0009"]
+    for path in left:
+        if path.name.startswith(".new") or path.name.startswith(".cache") or path.name == "0009":
+            path.mkdir()
+            (path / "m.int8.onnx").write_bytes(b"x" * 1000)  # a half-made set, an unfinished download
+        else:
+            path.write_bytes(b"x" * 1000)
+    (engines / "notes.txt").write_text("the user's own file\n")
+    with af.writing(str(engines), "test"):
+        af.rollback(dest, log=quiet)
+        af.rollback(dest, log=quiet)
+    assert [p for p in left if os.path.lexists(str(p))] == []
+    after = {k: v for k, v in snapshot(engines).items() if k != "m.int8.sets/0001/previous"}  # set by the rollback
+    assert after == dict(kept, **{"notes.txt": sha256_file(str(engines / "notes.txt"))})

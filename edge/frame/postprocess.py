@@ -7,11 +7,9 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from edge.artifact import MAX_LABELS_BYTES, parse_labels
 from edge.errors import EdgeError
 from edge.fileio import read_regular
-
-MAX_LABELS_BYTES = 16 << 20
-MAX_LABEL_CHARS = 256  # a class name; a longer "label" is not one (it would fill every log line and page)
 
 
 @dataclass
@@ -23,31 +21,6 @@ class Prediction:
     def as_dict(self) -> dict:
         return {"top": [{"index": i, "label": lab, "score": round(s, 4)}
                         for i, lab, s in zip(self.indices, self.labels, self.scores)]}
-
-
-def parse_labels(data: bytes, path: str) -> List[str]:
-    """One label per line (UTF-8, a leading BOM dropped, any line ending). Labels reach logs, terminals and web
-    pages: a blank line, a control character (an ANSI escape, NUL, a line separator) or a label over
-    MAX_LABEL_CHARS is refused with its line."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise EdgeError("{}: labels file is not UTF-8 text (byte {})".format(path, exc.start)) from None
-    text = text[1:] if text.startswith("\ufeff") else text
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    labels = text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else []
-    if not labels:
-        raise EdgeError("{}: labels file must have one non-empty label per line".format(path))
-    for number, label in enumerate(labels, 1):
-        if not label.strip():
-            raise EdgeError("{}: line {}: labels file must have one non-empty label per line".format(path, number))
-        if not label.isprintable():
-            raise EdgeError("{}: line {}: control or invisible characters in a label ({})".format(
-                path, number, ascii(label)[:60]))
-        if len(label) > MAX_LABEL_CHARS:
-            raise EdgeError("{}: line {}: a label of {} characters; at most {}".format(
-                path, number, len(label), MAX_LABEL_CHARS))
-    return labels
 
 
 def load_labels(path: str) -> List[str]:
