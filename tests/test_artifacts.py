@@ -188,6 +188,7 @@ def test_install_keeps_previous_and_rollback_swaps(tiny_classifiers, tmp_path):
     lines = []
     _install(second, dest, "two", log=lines.append)
     assert "previous kept in previous/" in lines[0]
+    assert read_model_info(dest)["labels"] == "m.int8.labels.txt"  # the installed name, never a staging name
     assert sha256_file(dest) == sha256_file(second)
     assert sha256_file(str(engines / "previous" / "m.int8.onnx")) == sha256_file(first)
     assert json.load(open(str(engines / "previous" / "m.int8.json")))["tag"] == "one"
