@@ -328,10 +328,13 @@ def _settle(dest: str) -> None:
 
 
 def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[str] = None,
-            verify_staged: Optional[Verify] = None, keep_previous: bool = True, log: Log = print) -> Dict[str, Any]:
+            verify_staged: Optional[Verify] = None, keep_previous: bool = True, files: bool = False,
+            log: Log = print) -> Dict[str, Any]:
     """Install the file `artifact` as `dest`'s new set, with `labels` (a file) and `info` (completed with the
     sha256 of both, and `dest`'s name when it names one), after `verify_staged` accepts it. The set it replaces
-    stays as previous (`keep_previous`). Returns the model info installed."""
+    stays as previous (`keep_previous`). `files`: three plain files, the model info renamed last (an export, which
+    travels: a crash between the renames leaves a set every reader refuses, not one it serves). Returns the model
+    info installed."""
     if verify_staged is not None:
         verify_staged(artifact)
     label_bytes = None
@@ -349,14 +352,17 @@ def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[
     os.makedirs(folder, exist_ok=True)
     with store.lock(folder, "an install"):
         _settle(dest)
-        had = store.current_set(dest) is not None and os.path.exists(dest)
+        had = store.current_set(dest) is not None and os.path.exists(dest) and not files
         info_tmp = staging_path(info_path(dest))
         try:
             write_json_atomic(info_tmp, info, "model info")
-            files = {os.path.basename(dest): artifact, os.path.basename(info_path(dest)): info_tmp}
+            named = {os.path.basename(dest): artifact, os.path.basename(info_path(dest)): info_tmp}
             if labels is not None:
-                files[os.path.basename(labels_file(dest))] = labels
-            store.commit(dest, files, keep_previous=keep_previous)
+                named[os.path.basename(labels_file(dest))] = labels
+            if files:
+                store.commit_files(dest, named, last=os.path.basename(info_path(dest)))
+            else:
+                store.commit(dest, named, keep_previous=keep_previous)
         finally:
             remove_quietly([info_tmp])
     log("install: {} ({:.1f} MB){}".format(dest, os.path.getsize(dest) / 1e6,

@@ -31,8 +31,9 @@ import shutil
 import stat
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from edge.durable import fsync_path, held_here, is_abandoned, remove_path
 from edge.errors import EdgeError
-from edge.fileio import fsync_path, held_here, remove_path, temp_name
+from edge.fileio import temp_name
 
 SETS = ".sets"
 CURRENT = "current"
@@ -154,8 +155,6 @@ def _require_lock(folder: str) -> None:
 def sweep(folder: str) -> List[str]:
     """Under the lock: remove the temporary files and folders a killed writer left in `folder` (staged files,
     unfinished downloads and work folders); a folder still flock'ed by a living process is left alone."""
-    from edge.fileio import is_abandoned
-
     _require_lock(folder)
     removed = []
     for base in (folder, os.path.join(folder, PREVIOUS)):
@@ -228,6 +227,22 @@ def commit(dest: str, files: Dict[str, str], *, keep_previous: bool) -> str:
     ensure_links(dest, list(files), with_previous=keep_previous and current is not None)
     collect(dest)
     return os.path.join(sets_dir(dest), number)
+
+
+def commit_files(dest: str, files: Dict[str, str], *, last: str) -> None:
+    """Install `files` ({name: path}) as plain files beside `dest` (an export: files that travel), `last` renamed
+    last: a reader checks the others against it, so a crash between the renames is refused, never served."""
+    folder = os.path.dirname(os.path.abspath(dest))
+    _require_lock(folder)
+    for name in sorted(files, key=lambda n: n == last):
+        tmp = temp_name(folder, "." + name + ".", ".staged")
+        try:
+            _place(files[name], tmp, False)
+            os.replace(tmp, os.path.join(folder, name))
+        finally:
+            remove_path(tmp)
+    fsync_path(folder)
+    remove_path(sets_dir(dest))  # a set layout these files replaced
 
 
 def swap_with_previous(dest: str) -> Tuple[str, str]:

@@ -6,15 +6,13 @@ then renamed over it: a reader sees the old file or the new one, never half of o
 nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
 
 A folder written whole (`atomic_dir`: a calibration set) is made under a temporary name, fsynced, and swapped with
-the old one in one step (renameat2 RENAME_EXCHANGE; where the filesystem cannot, two renames, and an old set a
-crash left aside is put back by the next writer: `recover_dir`). A temporary folder is flock'ed by its writer
-while it lives, so a sweep removes only what a killed writer left.
+the old one in one step (edge.durable.exchange; where the filesystem cannot, two renames, and an old set a crash
+left aside is put back by the next writer: `recover_dir`). A temporary folder is flock'ed by its writer while it
+lives, so a sweep removes only what a killed writer left.
 """
 
 import contextlib
-import ctypes
 import errno
-import fcntl
 import json
 import os
 import secrets
@@ -22,6 +20,7 @@ import shutil
 import stat
 from typing import IO, Any, Callable, Iterator, List, Optional, Set, Tuple
 
+from edge.durable import exchange, fsync_path, fsync_tree, held_folder, is_abandoned, remove_path
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
 from edge.image_header import image_size
 from edge.uri import redact
@@ -29,7 +28,6 @@ from edge.uri import redact
 MAX_IMAGE_BYTES = 256 << 20  # an image file larger than this is not a photograph
 NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
 MAX_IMAGE_PIXELS = 100_000_000  # 100 MP (300 MB decoded BGR); decompression bombs are far larger
-_HELD: Set[str] = set()  # temporary folders this process holds (`_held_folder`)
 
 
 def _kind(mode: int) -> str:
@@ -78,98 +76,16 @@ def temp_name(parent: str, prefix: str, suffix: str = "") -> str:
 
 
 @contextlib.contextmanager
-def _held_folder(path: str) -> Iterator[None]:
-    """Make the folder `path` and hold an flock on it while the block runs: a sweep (`is_abandoned`) leaves it
-    alone until its writer has ended, however it ended."""
-    os.mkdir(path, 0o700)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    _HELD.add(os.path.realpath(path))
-    try:
-        with contextlib.suppress(OSError):  # a filesystem without flock: such a folder is never swept
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        yield
-    finally:
-        _HELD.discard(os.path.realpath(path))
-        os.close(fd)
-
-
-def held_here(path: str) -> bool:
-    """True for a temporary folder this process made and holds (its flock is this process's already)."""
-    return os.path.realpath(path) in _HELD
-
-
-def is_abandoned(path: str) -> bool:
-    """True when no living writer holds the temporary folder (or file) `path`: it is a crash's leftover."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return os.path.islink(path)  # gone (nothing to do), or a link: never ours to follow
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def remove_path(path: str) -> None:
-    """Remove a file, link or folder tree; absent is fine."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-@contextlib.contextmanager
 def temp_dir(parent: str, prefix: str) -> Iterator[str]:
     """A new private folder in `parent` (made if missing), removed with its contents when the block ends, however
     it ends; flock'ed meanwhile, so no sweep takes it from a living writer."""
     os.makedirs(parent, exist_ok=True)
     path = temp_name(parent, prefix)
     try:
-        with _held_folder(path):
+        with held_folder(path):
             yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def fsync_path(path: str) -> None:
-    """Flush a file's or folder's contents to the disk (a folder: the names in it)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: str) -> None:
-    """Every file and folder under `root`, then `root`: what a power cut must not find half-written."""
-    for folder, _, files in os.walk(root, topdown=False):
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                fsync_path(os.path.join(folder, name))
-        fsync_path(folder)
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def exchange(a: str, b: str) -> bool:
-    """Swap the paths `a` and `b` in one step (renameat2 RENAME_EXCHANGE, Linux 3.15+); False where the C library,
-    kernel or filesystem cannot (the caller then renames twice)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)  # glibc 2.28+
-    if renameat2 is None:
-        return False
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), a)
 
 
 def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "file") -> None:
@@ -269,7 +185,7 @@ def _commit(tmp: str, out_dir: str, manifest: str) -> None:
 
 def _two_renames(tmp: str, out_dir: str) -> None:
     old = temp_name(os.path.dirname(out_dir), _temp_prefix(out_dir, "old"))
-    with _held_folder(old):
+    with held_folder(old):
         try:
             os.rename(out_dir, os.path.join(old, "set"))
             os.rename(tmp, out_dir)

@@ -30,7 +30,7 @@ import edge.fileio  # noqa: E402  (patched before any command module imports its
 
 if os.environ.get("EDGE_TEST_NO_EXCHANGE") == "1":
     edge.fileio.exchange = lambda a, b: False
-edge.fileio.exchange = counted(edge.fileio.exchange)
+edge.fileio.exchange = counted(edge.fileio.exchange)  # calibration sets swap through edge.fileio
 for name in ("replace", "rename") + (("symlink", "link", "unlink", "mkdir", "fsync", "rmdir") if kind == "any" else ()):
     setattr(os, name, counted(getattr(os, name)))
 

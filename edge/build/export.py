@@ -10,8 +10,10 @@ or a dict holding one under 'state_dict' or 'model').
 
 The export is checked against torch on the same input: max |ORT - torch| / max |torch| < 1e-4. The model info
 records the preprocessing the network was trained with (resize, crop, mean, std); edge.frame.stages feeds it that.
-The ONNX, labels and model info are installed as one set by edge.artifact.install (one flip, under the folder's
-lock); an existing set is replaced only when it is a previous export, or with `force`.
+The ONNX, labels and model info are installed by edge.artifact.install as three plain files (an export travels:
+into images, over scp), the model info last: it records the sha256 of the other two, so a crash between the
+renames leaves a set every reader refuses, never one it serves. An existing set is replaced only when it is a
+previous export, or with `force`.
 """
 
 import os
@@ -274,7 +276,7 @@ def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: 
         if preprocess is not None:
             info["preprocess"] = dict(preprocess)
         info = install(out_path, artifact=staged[out_path], info=info, labels=staged[labels_file(out_path)],
-                       keep_previous=False, log=lambda *a: None)
+                       files=True, log=lambda *a: None)
     finally:
         remove_quietly(list(staged.values()))
     log("export: {} ({:.1f} MB, {}, max relative error vs torch {:.2e}) in {:.1f} s{}".format(

@@ -26,8 +26,9 @@ from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of
 from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.config import Config, as_dict, with_overrides
+from edge.durable import exchange
 from edge.errors import EXIT_FAIL, EdgeError, first_line
-from edge.fileio import check_output, check_replaceable, exchange, load_json, temp_dir, write_json_atomic
+from edge.fileio import check_output, check_replaceable, load_json, temp_dir, write_json_atomic
 from edge.frame.sources import open_capture
 from edge.uri import redact
 

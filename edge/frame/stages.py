@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from edge.artifact import UNTRAINED_WARNING, read_set
+from edge.artifact import UNTRAINED_WARNING, read_model_info, read_set
 from edge.config import Config
 from edge.errors import EdgeError
 from edge.frame.backend import Backend
@@ -163,12 +163,16 @@ def config_for_model(cfg: Config, info: Dict[str, Any], model_path: str) -> Conf
 
 def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) -> Stages:
     """Choose, create and load the stages for `cfg`; they are closed again if loading or anything after fails.
-    The model's set is read once (edge.artifact.read_set: bytes, model info and labels checked together) and
-    its bytes handed to the backend. `factory` lets tests put a hanging or failing backend behind the same path."""
-    model = read_set(cfg.model.path, labels=cfg.model.labels)
-    cfg = config_for_model(cfg, model.info, cfg.model.path)
+    The stages are chosen first (with the model info's preprocessing), then the model's set is read once
+    (edge.artifact.read_set: bytes, model info and labels checked together) and its bytes handed to the backend.
+    `factory` lets tests put a hanging or failing backend behind the same path."""
+    info = read_model_info(cfg.model.path)
+    cfg = config_for_model(cfg, info, cfg.model.path)
     preprocessor, backend, reason, session = StageParts(*factory(cfg))
     try:
+        model = read_set(cfg.model.path, labels=cfg.model.labels)
+        if model.info != info:  # an install or rollback switched the set in between
+            raise EdgeError("{}: its set changed while it was being loaded; load it again".format(cfg.model.path))
         backend.load(model)
         write_as = getattr(preprocessor, "write_as", None)  # a GPU preprocessor writes the engine's input dtype
         if write_as is not None:
