@@ -235,10 +235,11 @@ def is_current(model_path: str, expected: Dict[str, Any], *, rebuild: str = "edg
     return True, ""
 
 
-def check_engine(engine: Union[str, ModelSet], *, system: Optional[Dict[str, Any]] = None,
-                 warn: Optional[Callable[[str], None]] = None) -> ModelSet:
-    """The TensorRT backend's load check: an engine runs only on the board model, SM count, compute capability,
-    TensorRT and CUDA it was built with (ENGINE_SYSTEM_KEYS). A changed L4T alone goes to `warn`."""
+def check_engine(engine: Union[str, ModelSet], system: Optional[Dict[str, Any]] = None,
+                 warn: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """The TensorRT backend's load check of an engine (a path, or its set already read): it runs only on the board
+    model, SM count, compute capability, TensorRT and CUDA it was built with (ENGINE_SYSTEM_KEYS). A changed L4T
+    alone goes to `warn`. Returns its model info."""
     system = system or current_system()
     model = read_set(engine, required_info=True) if isinstance(engine, str) else engine
     rebuild = "edge build --engine --model {}".format(lookup(model.info, "source.path") or "<fp32 .onnx>")
@@ -252,7 +253,7 @@ def check_engine(engine: Union[str, ModelSet], *, system: Optional[Dict[str, Any
         if warn is not None and lookup(model.info, "system." + key) != system.get(key):
             warn("{}: engine built on {} {!r}, this board runs {!r}: kept (same TensorRT, CUDA and GPU)".format(
                 model.path, key, lookup(model.info, "system." + key), system.get(key)))
-    return model
+    return model.info
 
 
 def served_note(model_path: str, artifact: str) -> Optional[str]:
@@ -268,12 +269,13 @@ def make_model_info(artifact_path: str, source_info: Dict[str, Any], source_path
                     calibration: Optional[Dict[str, Any]], gate: Optional[Dict[str, Any]],
                     system: Dict[str, Any], build: Dict[str, Any]) -> Dict[str, Any]:
     """The model info of a built artifact: the source's info extended with what it was built from and on.
-    `source.path` is relative to the artifact's folder: no absolute path is recorded. `install` adds the
-    artifact's sha256 and its labels'."""
+    `source.path` is relative to the artifact's folder: no absolute path is recorded. `install` names the file
+    it installs and adds its labels' sha256."""
     info = dict(source_info)  # arch, weights, trained, input/output, preprocess ... from the FP32 model
     info.update({
         "artifact": os.path.basename(artifact_path),
         "format": fmt,
+        "sha256": sha256_file(artifact_path),
         "precision": precision,
         "source": {"path": os.path.relpath(os.path.abspath(source_path),
                                            os.path.dirname(os.path.abspath(artifact_path))),

@@ -158,7 +158,7 @@ def test_engine_model_info_is_checked_against_this_system(tmp_path):
     here = engine_expectations()
     manifest["system"] = {k.split(".")[1]: v for k, v in here.items()}
     (tmp_path / "m.int8.json").write_text(json.dumps(manifest))
-    assert af.check_engine(str(engine)).info["trained"] is True
+    assert af.check_engine(str(engine))["trained"] is True
     assert FORMATS["tensorrt-engine"].tied_to_board and not FORMATS["onnx-qdq"].tied_to_board
 
 

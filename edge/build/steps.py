@@ -254,7 +254,7 @@ def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
                  "flips": len(result.report["flips"]) + result.report["flips_not_listed"]})
     build = {"command": plan.command, "quantize": state.info.get("quantize"), "engine": state.info.get("engine"),
              "seconds": round(time.monotonic() - state.started, 1)}
-    info = make_model_info(plan.artifact, plan.source_info, plan.source, fmt=plan.fmt.name, precision=b.precision,
+    info = make_model_info(state.candidate, plan.source_info, plan.source, fmt=plan.fmt.name, precision=b.precision,
                            calibration=calibration, gate=gate, system=current_system(), build=build)
     if plan.fmt.engine:  # an engine has no graph to read at load: whether it ends in Softmax is recorded
         from edge.frame.onnxruntime_backend import ends_in_softmax

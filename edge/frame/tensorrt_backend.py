@@ -101,8 +101,8 @@ class TensorRTBackend(Backend):
         try:
             require_tensorrt()
             self._warnings = []
-            model = check_engine(model or read_set(self.engine_path, required_info=True), warn=self._warnings.append)
-            self._info = model.info
+            model = model or read_set(self.engine_path, required_info=True)
+            self._info = check_engine(model, warn=self._warnings.append)
             self.runner.load(model.data)
             self.sha256 = model.sha256
             self.probabilities = lookup(model.info, "output.softmax") is True
