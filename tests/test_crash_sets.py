@@ -230,3 +230,47 @@ def test_cache_fetch_killed_at_any_moment_installs_whole_or_nothing(tiny_classif
         with af.writing(os.path.dirname(dest), "test"):
             pass
         assert debris(str(tmp_path / "device")) == [], (kind, k)
+
+
+def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_next(tmp_path):
+    """The rebuild installs the artifact, then swaps the captured set in (exchange, or two renames); killed in
+    between, its next run puts the set the installed artifact records back in build.calibration_dir."""
+    from types import SimpleNamespace
+
+    from edge.build.rebuild import RebuildJob, recover_sets
+    from edge.config import with_overrides
+
+    images = sorted(f for f in os.listdir(os.path.join(REPO, "calibration", "default")) if f.endswith(".jpg"))
+    raws = []
+    for n, chosen in (("old", images[:2]), ("new", images[2:5])):
+        raws.append(tmp_path / ("raw-" + n))
+        raws[-1].mkdir()
+        for image in chosen:
+            shutil.copy(os.path.join(REPO, "calibration", "default", image), str(raws[-1]))
+    cal, staged = str(tmp_path / "cal"), str(tmp_path / "cal.rebuild-20261201T000000Z")
+    job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
+    artifact = str(tmp_path / "engines" / "m.int8.onnx")
+    lines = []
+    for killed_at in ("between the two renames", "after the exchange", "before the swap"):
+        shutil.rmtree(str(tmp_path / "engines"), ignore_errors=True)
+        for path in (cal, staged, job.previous_set):
+            shutil.rmtree(path, ignore_errors=True)
+        import_calibration_set(str(raws[0]), cal, 1, log=quiet)
+        import_calibration_set(str(raws[1]), staged, 1, log=quiet)
+        old, new = load_calibration_set(cal).sha256, load_calibration_set(staged).sha256
+        staged_artifact = af.staging_path(artifact)
+        with open(staged_artifact, "wb") as fh:
+            fh.write(b"the rebuilt artifact")
+        af.install(artifact, artifact=staged_artifact, info={"trained": False, "calibration": {"sha256": new}},
+                   log=quiet)  # installed first: its model info records the captured set
+        af.remove_quietly([staged_artifact])
+        if killed_at == "between the two renames":
+            os.rename(cal, job.previous_set)
+        elif killed_at == "after the exchange":
+            os.rename(cal, cal + ".x")
+            os.rename(staged, cal)
+            os.rename(cal + ".x", staged)
+        recover_sets(job, SimpleNamespace(artifact=artifact), lines.append)
+        assert load_calibration_set(cal).sha256 == new, killed_at
+        assert load_calibration_set(job.previous_set).sha256 == old, killed_at
+        assert sorted(n for n in os.listdir(str(tmp_path)) if n.startswith("cal")) == ["cal", "cal.previous"]

@@ -8,8 +8,8 @@ The latency step runs `edge check` as a process on the candidate (the CLI's own 
 config and its overrides). Install is edge build's, then the captured set is exchanged with
 build.calibration_dir in one step and the old set kept as `<dir>.previous`; a `.previous` folder is only ever
 replaced when it is a set this tool wrote (its manifest lists every file in it): a user's file there stops the
-rebuild before any work. A rebuild killed after the exchange leaves the old set in `<dir>.rebuild-*`: the next
-rebuild makes it `.previous` (when there is none) or removes it.
+rebuild before any work. What a killed rebuild left is settled by the next one (`recover_sets`): the set the
+installed artifact's model info records goes to build.calibration_dir, a leftover becomes `.previous`.
 """
 
 import os
@@ -18,11 +18,11 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from edge.artifact import install, labels_file, served_note
+from edge.artifact import install, labels_file, lookup, read_model_info, served_note
 from edge.build.auto_method import AUTO, CANDIDATES
-from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of
+from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of, load_calibration_set
 from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.config import Config, as_dict, with_overrides
@@ -156,7 +156,7 @@ def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: L
         os.rename(job.staged_set, job.calibration_dir)
     elif exchange(job.staged_set, job.calibration_dir):
         os.rename(job.staged_set, job.previous_set)  # now the old set
-    else:  # no RENAME_EXCHANGE here: the two renames, a crash between them settled by recover_sets
+    else:  # no RENAME_EXCHANGE here: two renames, a crash between them settled by recover_sets
         os.rename(job.calibration_dir, job.previous_set)
         os.rename(job.staged_set, job.calibration_dir)
 
@@ -171,25 +171,38 @@ def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: L
         state.calibration.sha256[:12], job.calibration_dir, job.previous_set))
 
 
-def recover_sets(job: RebuildJob, log: Log) -> None:
-    """What a killed rebuild left beside build.calibration_dir: a missing set comes back from `.previous`; a
-    `<dir>.rebuild-*` becomes `.previous` when there is none (it may be the old set), else it is removed."""
+def recover_sets(job: RebuildJob, plan: BuildPlan, log: Log) -> None:
+    """What a killed rebuild left beside build.calibration_dir, settled by the installed artifact: the set its
+    model info records goes to build.calibration_dir (from a `<dir>.rebuild-*` or `.previous`, by exchange), and a
+    leftover becomes `.previous` when there is none, else it is removed."""
     parent, name = os.path.split(job.calibration_dir)
-    if not os.path.exists(job.calibration_dir) and os.path.isdir(job.previous_set):
-        os.rename(job.previous_set, job.calibration_dir)
-        log("rebuild: {} restored from {} (a rebuild was killed mid-install)".format(job.calibration_dir,
-                                                                                      job.previous_set))
-    for left in sorted(n for n in os.listdir(parent) if n.startswith(name + ".rebuild-")):
-        path = os.path.join(parent, left)
-        if path == job.staged_set:
-            continue
+    recorded = lookup(read_model_info(plan.artifact), "calibration.sha256") if os.path.exists(plan.artifact) else None
+    left = [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(name + ".rebuild-")
+            and os.path.join(parent, n) != job.staged_set]
+
+    def sha(path: str) -> Optional[str]:
+        try:
+            return load_calibration_set(path, verify=False).sha256
+        except EdgeError:
+            return None
+
+    match = next((p for p in left + [job.previous_set] if os.path.isdir(p) and sha(p) == recorded), None)
+    if match is not None and (not os.path.exists(job.calibration_dir) or sha(job.calibration_dir) != recorded):
+        if not os.path.exists(job.calibration_dir):
+            os.rename(match, job.calibration_dir)
+        elif not exchange(match, job.calibration_dir):
+            os.rename(job.calibration_dir, match + ".swap")
+            os.rename(match, job.calibration_dir)
+            os.rename(match + ".swap", match)
+        log("rebuild: {} holds the set {} records again (a rebuild was killed mid-install)".format(
+            job.calibration_dir, plan.artifact))
+    for path in (p for p in left if os.path.isdir(p)):
         if not os.path.exists(job.previous_set) and os.path.isfile(os.path.join(path, MANIFEST)):
             os.rename(path, job.previous_set)
-            what = "kept as " + job.previous_set
+            log("rebuild: {} (left by a killed rebuild) kept as {}".format(path, job.previous_set))
         else:
             shutil.rmtree(path, ignore_errors=True)
-            what = "removed"
-        log("rebuild: {} (left by a killed rebuild) {}".format(path, what))
+            log("rebuild: {} (left by a killed rebuild) removed".format(path))
 
 
 def rebuild_steps(job: RebuildJob, reload: Step) -> List[Step]:

@@ -233,7 +233,7 @@ def run_rebuild(job: "RebuildJob", plan: "BuildPlan", target: ReloadTarget, log:
     state = BuildState(candidate=plan.source)
     reload = Step("reload", functools.partial(step_reload, target), commit=True)
     with writing(os.path.dirname(os.path.abspath(plan.artifact)), "edge rebuild"):  # the engines folder's one lock
-        recover_sets(job, log)
+        recover_sets(job, plan, log)
         run_steps(rebuild_steps(job, reload), plan, state, log, chain="rebuild", cleanup=cleanup)
     log("rebuild: {} installed and {} in {:.0f} s".format(
         plan.artifact, "reloaded" if target.pid or target.unit else "not reloaded", time.monotonic() - state.started))
