@@ -11,7 +11,8 @@ An installed set is three files under one name:
     <stem>.labels.txt   one label per class
 
 kept as one folder per set and switched in one step (edge.artifact_store: the layout, the lock, the sweep, and
-today's flat layout migrated by the first writer). Paths recorded in a model info are relative to its folder.
+today's flat layout migrated by the first writer); an export, which travels, stays three plain files with its
+model info written last. Paths recorded in a model info are relative to its folder.
 
 Readers: `read_set` reads the artifact's bytes once, checks them and the labels against the model info (a stale
 or torn set is refused, one policy for every format) and hands them on; `verify` adds expected keys (a build's
@@ -33,7 +34,6 @@ from edge.fileio import check_folder, load_json, read_regular, temp_name, write_
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
 PREVIOUS = store.PREVIOUS
-MODE = store.MODE
 MAX_ARTIFACT_BYTES = 2 << 30  # an engine of a large model is hundreds of MB; more is not an artifact
 # What a TensorRT engine only runs on. Not the GPU name ("Orin" for 4 to 16 SMs) and not L4T: an L4T patch that
 # keeps TensorRT and CUDA keeps engines valid (a changed L4T is a warning).
