@@ -119,7 +119,7 @@ def test_the_one_reader_refuses_every_malformed_model_info_in_one_line(tmp_path)
 def test_verify_hashes_the_bytes_and_names_the_rebuild_command(small_model, tmp_path):
     artifact = str(tmp_path / "m.int8.onnx")
     staged = staged_copy(small_model, artifact)
-    manifest = info_for(artifact, small_model, system=dict(current_system(), tensorrt="10.3.0", gpu="Orin"))
+    manifest = info_for(staged, small_model, system=dict(current_system(), tensorrt="10.3.0", gpu="Orin"))
     install(artifact, artifact=staged, info=manifest, log=quiet)
     assert read_model_info(artifact)["trained"] is False  # the runtime's reader accepts it
     assert manifest["source"] == {"path": os.path.relpath(small_model, str(tmp_path)),
