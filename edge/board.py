@@ -74,26 +74,13 @@ def board_model(root: str = "/") -> Optional[str]:
 
 
 def current_system(root: str = "/") -> Dict[str, Any]:
-    """The running system's identity: what an engine is tied to (ENGINE_SYSTEM_KEYS), L4T, the CPU runtime."""
+    """The running system's identity: what an engine is tied to (edge.artifact.ENGINE_SYSTEM_KEYS), L4T, the CPU
+    runtime."""
     trt = tensorrt_version()
     system: Dict[str, Any] = {"tensorrt": trt, "board": board_model(root)}
     system.update(gpu_identity() if trt else dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda")))
     system.update({"l4t": read_l4t(root), "onnxruntime": package_version("onnxruntime"), "machine": platform.machine()})
     return system
-
-
-# --- what an engine is tied to (edge.artifact.check_engine compares a model info with it) -------------
-
-# What a TensorRT engine only runs on. Not the GPU name ("Orin" for 4 to 16 SMs) and not L4T: an L4T patch
-# that keeps TensorRT and CUDA keeps engines valid (a changed L4T is a warning, ENGINE_WARN_KEYS).
-ENGINE_SYSTEM_KEYS = ("board", "sm_count", "compute_capability", "tensorrt", "cuda")
-ENGINE_WARN_KEYS = ("l4t",)
-
-
-def engine_expectations(system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The model-info keys an engine must match here: {'system.tensorrt': '10.3.0', ...}."""
-    system = system or current_system()
-    return {"system." + key: system[key] for key in ENGINE_SYSTEM_KEYS}
 
 
 def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optional[int], Optional[bool], str]:

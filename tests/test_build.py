@@ -116,10 +116,12 @@ def _interrupt_calibration(monkeypatch):
 
 
 def _disk_full(monkeypatch):
-    def full(src, dst, temps):
+    from edge import artifact_store
+
+    def full(src, dst, link):
         raise OSError(errno.ENOSPC, "No space left on device", dst)
 
-    monkeypatch.setattr(artifact_files, "_copy_to_stage", full)
+    monkeypatch.setattr(artifact_store, "_place", full)  # writing the new set's files
 
 
 @pytest.mark.parametrize("case", ["bad onnx", "too few images", "gate failure", "disk full", "interrupted"])
@@ -189,7 +191,10 @@ def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
     model.opset_import[0].version = 18
     newer = str(tmp_path / "digits18.onnx")
     onnx.save(model, newer)
-    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".json", str(tmp_path / "digits18.json"))
+    info = json.load(open(os.path.splitext(digits.onnx)[0] + ".json"))
+    info["sha256"] = sha256_file(newer)  # the model info of the edited model (a stale one is refused first)
+    (tmp_path / "digits18.json").write_text(json.dumps(info))
+    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "digits18.labels.txt"))
     cfg = load_config(write_config(tmp_path, digits), {"build.target_tensorrt": "8.5"})
     with pytest.raises(EdgeError, match=r"digits18.onnx: opset 18, INT8 Q/DQ for TensorRT 8.5 needs 13-17"):
         check_inputs(cfg, newer)

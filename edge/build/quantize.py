@@ -243,7 +243,7 @@ def install_validated(staged: str, out_path: str, fp32_path: str, tensorrt: Opti
 
 def summarise(quantizer: str, fp32_path: str, out_path: str, method: str, images: int, exclude_sensitive: bool,
               excluded: List[str], seconds: float, log: Callable[..., None]) -> Dict[str, Any]:
-    """The one log line and the summary the manifest records (build.quantize)."""
+    """The one log line and the summary the model info records (build.quantize)."""
     model = require("onnx").load(out_path, load_external_data=False)
     qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
     log("quantize: {} -> {} ({} {}, {} images, {} nodes kept in float, {} Q/DQ nodes) in {:.1f} s".format(

@@ -15,21 +15,31 @@ reported but not enforced, and the artifact stays marked untrained.
 """
 
 import os
-import shutil
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from edge.artifact import UNTRAINED_WARNING, install, make_manifest, remove_quietly, sha256_file, staging_path
+from edge.artifact import (
+    UNTRAINED_WARNING,
+    install,
+    labels_file,
+    make_model_info,
+    remove_quietly,
+    rollback,
+    sha256_file,
+    staging_path,
+    withdraw,
+    writing,
+)
 from edge.board import current_system
 from edge.build.auto_method import quantize
 from edge.build.calibration import CalibrationSet, warn_if_few
 from edge.build.fallback import expected_cost, search
 from edge.build.gate import GateResult, enforce, evaluate, write_report
 from edge.build.plan import BuildPlan, Log, onnx_runner
-from edge.errors import EXIT_FAIL, EdgeError
+from edge.errors import EXIT_FAIL, EdgeError, require
 
 EXIT_INTERRUPTED = 130
 
@@ -42,10 +52,10 @@ class BuildState:
     calibration: Optional[CalibrationSet] = None
     staged: List[str] = field(default_factory=list)  # temporary files, removed at the end
     calibration_dir: Optional[str] = None  # where the set lives once installed, when a step moves it
-    info: Dict[str, Any] = field(default_factory=dict)  # quantize / engine / latency summaries for the manifest
+    info: Dict[str, Any] = field(default_factory=dict)  # quantize / engine / latency summaries for the model info
     gate: Optional[GateResult] = None
     judged: Optional[Tuple[str, GateResult]] = None  # (candidate path, its emulated gate result)
-    manifest: Dict[str, Any] = field(default_factory=dict)  # the installed artifact's, once installed
+    model_info: Dict[str, Any] = field(default_factory=dict)  # the installed artifact's, once installed
     undo: List[Tuple[str, Callable[[], None]]] = field(default_factory=list)  # (what it restores, how)
     started: float = field(default_factory=time.monotonic)
 
@@ -227,8 +237,8 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
         log("gate: not enforced - {} ({})".format(UNTRAINED_WARNING, plan.source_info.get("weights", "unknown")))
 
 
-def assemble_manifest(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
-    """The manifest for the candidate as it will be installed at `plan.artifact`."""
+def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
+    """The model info for the candidate as it will be installed at `plan.artifact`."""
     b, result = plan.cfg.build, state.gate
     assert result is not None
     calibration = None
@@ -244,31 +254,30 @@ def assemble_manifest(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
                  "flips": len(result.report["flips"]) + result.report["flips_not_listed"]})
     build = {"command": plan.command, "quantize": state.info.get("quantize"), "engine": state.info.get("engine"),
              "seconds": round(time.monotonic() - state.started, 1)}
-    manifest = make_manifest(state.candidate, plan.source_info, plan.source, plan.fmt.name, b.precision, calibration,
-                             gate, current_system(), build)
-    manifest["artifact"] = os.path.basename(plan.artifact)
+    info = make_model_info(state.candidate, plan.source_info, plan.source, fmt=plan.fmt.name, precision=b.precision,
+                           calibration=calibration, gate=gate, system=current_system(), build=build)
+    if plan.fmt.engine:  # an engine has no graph to read at load: whether it ends in Softmax is recorded
+        from edge.frame.onnxruntime_backend import ends_in_softmax
+
+        info["output"] = dict(info.get("output") or {}, softmax=ends_in_softmax(
+            require("onnx").load(plan.source, load_external_data=False).graph))
     if "latency" in state.info:
-        manifest["latency"] = state.info["latency"]
-    return manifest
+        info["latency"] = state.info["latency"]
+    return info
 
 
 def step_install(plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """Atomic install (the current artifact kept in previous/); registers its undo for the steps after it."""
-    from edge.artifact import info_path, rollback
-
-    labels_src = os.path.splitext(plan.source)[0] + ".labels.txt"
-    staged_labels = None
-    if os.path.isfile(labels_src):
-        staged_labels = state.stage(os.path.splitext(plan.artifact)[0] + ".labels.txt")
-        shutil.copyfile(labels_src, staged_labels)
-        os.chmod(staged_labels, 0o644)
+    """Atomic install (the current set kept as previous); registers its undo for the steps after it."""
+    labels = labels_file(plan.source)
     had_previous = os.path.exists(plan.artifact)
-    state.manifest = assemble_manifest(plan, state)
-    install(state.candidate, plan.artifact, state.manifest, staged_labels, plan.fmt.verify, log)
+    state.model_info = install(plan.artifact, artifact=state.candidate, info=assemble_model_info(plan, state),
+                               labels=labels if os.path.isfile(labels) else None, verify_staged=plan.fmt.verify,
+                               log=log)
     if had_previous:
-        state.undo.append(("previous artifact restored", lambda: rollback(plan.artifact, log)))
+        state.undo.append(("previous artifact restored",
+                           lambda: rollback(plan.artifact, verify_kept=plan.fmt.verify, log=log)))
     else:
-        state.undo.append(("new artifact removed", lambda: remove_quietly([plan.artifact, info_path(plan.artifact)])))
+        state.undo.append(("new artifact removed", lambda: withdraw(plan.artifact)))
 
 
 CALIBRATE = Step("calibrate", step_calibrate)
@@ -279,11 +288,13 @@ INSTALL = Step("install", step_install, commit=True)
 
 
 def run_build(plan: BuildPlan, log: Log = print) -> Dict[str, Any]:
-    """calibrate + quantize -> [engine] -> gate -> install; returns the installed artifact's manifest."""
+    """calibrate + quantize -> [engine] -> gate -> install, holding the engines folder's lock throughout;
+    returns the installed artifact's model info."""
     if plan.calibration is not None:
         warn_if_few(len(plan.calibration), log)
     steps = [CALIBRATE, FALLBACK] if plan.quantizes else []
     steps += ([ENGINE] if plan.fmt.engine else []) + [GATE, INSTALL]
     state = BuildState(candidate=plan.source, calibration=plan.calibration)
-    run_steps(steps, plan, state, log)
-    return state.manifest
+    with writing(os.path.dirname(os.path.abspath(plan.artifact)), "edge build"):
+        run_steps(steps, plan, state, log)
+    return state.model_info

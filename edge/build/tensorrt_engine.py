@@ -111,7 +111,7 @@ def _parse_error(parser: "trt.OnnxParser", onnx_path: str) -> EdgeError:
 
 def _set_precision(config: "trt.IBuilderConfig", precision: str, explicit: bool, version: str, onnx_path: str,
                    calibration: bool) -> str:
-    """Builder flags for `precision`; returns the build mode recorded in the manifest (the caller sets the
+    """Builder flags for `precision`; returns the build mode recorded in the model info (the caller sets the
     calibrator for int8-implicit-entropy2)."""
     import tensorrt as trt
 

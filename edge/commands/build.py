@@ -19,7 +19,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     started = time.monotonic()
-    plan = check_inputs(cfg, None, args.engine, args.calibrator, not args.no_progress)
+    plan = check_inputs(cfg, None, engine=args.engine, calibrator=args.calibrator, show_progress=not args.no_progress)
     print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
     note = served_note(cfg.model.path, plan.artifact) if cfg.model.path != plan.source else None
     if note:
@@ -50,14 +50,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from edge.artifact import rollback
+    import os
+
+    from edge.artifact import rollback, writing
     from edge.build.plan import artifact_path, format_for, source_model
 
     cfg = config_from_args(args)
     fmt = format_for(args.engine or bool(args.artifact and args.artifact.endswith(".engine")))
     target = args.artifact or artifact_path(source_model(cfg.model.path), cfg.build.engines_dir,
                                             cfg.build.precision, fmt)
-    rollback(target, fmt.verify)  # what is put back is verified as a build verifies what it installs
+    with writing(os.path.dirname(os.path.abspath(target)), "edge rollback"):
+        rollback(target, verify_kept=fmt.verify)  # what is put back is verified as a build verifies what it installs
     return EXIT_OK
 
 

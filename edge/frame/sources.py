@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Optional
 
 from edge.config import SourceConfig
 from edge.errors import EdgeError, require
+from edge.fileio import path_kind
 from edge.frame.capture import (
     IMAGE_EXTENSIONS,
     Capture,
@@ -56,7 +57,8 @@ def open_capture(cfg: SourceConfig) -> Capture:
         return ImageFolderCapture(uri, cfg.fps, cfg.loop)
     cv2 = require("cv2")
     if not os.path.isfile(uri):
-        raise EdgeError("{}: video file or image folder not found".format(uri))
+        raise EdgeError("{}: {}".format(uri, "video file or image folder not found" if not os.path.lexists(uri) else
+                                        "not a regular file or folder ({})".format(path_kind(uri))))
     if uri.lower().endswith(IMAGE_EXTENSIONS):
         raise EdgeError("{}: a single image is not a video source; put images in a folder".format(uri))
     return OpenCVCapture(uri, cv2.CAP_ANY, uri, fps=cfg.fps, loop=cfg.loop, is_file=True)

@@ -74,33 +74,35 @@ class EngineRunner:
         self._input_ptr = 0  # the device buffer the input tensor is bound to
         self.input: Optional[TensorSpec] = None
         self.output: Optional[TensorSpec] = None
-        self.sha256 = "unknown"  # of the engine bytes deserialised
+        self.sha256 = "unknown"  # of the engine bytes it read itself (load(data): the caller has it)
         self.context: Optional["trt.IExecutionContext"] = None
         self._device: Dict[str, Any] = {}  # tensor name -> pycuda DeviceAllocation
         self._host: List[np.ndarray] = []  # pinned input and output staging
         self._objects: List[Any] = []  # logger, runtime, engine, context: released in reverse
 
-    def load(self) -> None:
+    def load(self, data: Optional[bytes] = None) -> None:
+        """Deserialise `data` (an engine's bytes already read and checked), or the file's."""
         require_tensorrt()
         if self.session is None:
             self.session, self._own_session = CudaSession(), True
         assert self.session is not None
         try:
             with self.session:
-                self._load(self.session)
+                self._load(self.session, data)
         except BaseException:
             self.close()
             raise
 
-    def _load(self, session: CudaSession) -> None:
+    def _load(self, session: CudaSession, data: Optional[bytes]) -> None:
         import tensorrt as trt
 
         logger = trt.Logger(trt.Logger.WARNING)  # must outlive the runtime
         runtime = trt.Runtime(logger)
         self._objects = [logger, runtime]
-        with open(self.engine_path, "rb") as fh:
-            data = fh.read()
-        self.sha256 = hashlib.sha256(data).hexdigest()
+        if data is None:
+            with open(self.engine_path, "rb") as fh:
+                data = fh.read()
+            self.sha256 = hashlib.sha256(data).hexdigest()
         engine: Optional[trt.ICudaEngine] = runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise EdgeError("{}: TensorRT {} cannot deserialise it (built for another TensorRT version or GPU? "

@@ -158,10 +158,8 @@ class Runtime:
             self.log.extra.pop("warning", None)
 
     def _warn_stale_info(self, stages: Stages) -> None:
-        if stages.stale_info_sha256 is not None:
-            self.event("model_info_mismatch", level="warning", model=stages.model_path, sha256=stages.sha256,
-                       info_sha256=stages.stale_info_sha256,
-                       note="the model file is not the one its .json sidecar describes")
+        for note in stages.notes:  # a stale model info is refused at load (edge.artifact.read_set)
+            self.event("model_note", level="warning", model=stages.model_path, note=note)
 
     def _describe_engine(self, stages: Stages) -> None:
         if self.metrics is not None:

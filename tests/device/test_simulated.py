@@ -135,18 +135,19 @@ def test_float16_output(sim: sim_gpu.Sim) -> None:
     assert not sim_gpu.Allocation.live
 
 
-def write_engine(path: str, info: Optional[dict] = None) -> str:
-    from edge.artifact import info_path, make_manifest
+def write_engine(path: str, info: Optional[dict] = None, content: bytes = ENGINE_MAGIC) -> str:
+    from edge.artifact import info_path, make_model_info
     from edge.board import current_system
     from edge.fileio import write_json_atomic
 
     with open(path, "wb") as fh:
-        fh.write(ENGINE_MAGIC)
+        fh.write(content)
     onnx = path + ".onnx"
     with open(onnx, "wb") as fh:
         fh.write(b"onnx")
-    write_json_atomic(info_path(path), make_manifest(path, info or {"trained": False}, onnx, "tensorrt-engine", "fp16",
-                                                     None, None, current_system(), {}))
+    write_json_atomic(info_path(path), make_model_info(path, info or {"trained": False}, onnx, fmt="tensorrt-engine",
+                                                       precision="fp16", calibration=None, gate=None,
+                                                       system=current_system(), build={}))
     return path
 
 
@@ -276,9 +277,7 @@ def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pyte
     from edge.frame.tensorrt_backend import TensorRTBackend
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
-    engine = write_engine(str(tmp_path / "model.engine"))
-    with open(engine, "wb") as fh:
-        fh.write(b"garbage")
+    engine = write_engine(str(tmp_path / "model.engine"), content=b"garbage")  # its model info describes it
     monkeypatch.setattr("edge.frame.tensorrt_backend.check_engine", lambda path, **kw: {})
     owner = session()
     backend = TensorRTBackend(engine, owner)
@@ -411,19 +410,20 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     monkeypatch.setattr(board, "gpu_identity", lambda: {"gpu": "Orin", "compute_capability": "8.7", "sm_count": 16,
                                                         "cuda": "12.6"})
     built = board.current_system(str(root))
-    assert {k: built[k] for k in board.ENGINE_SYSTEM_KEYS} == {
+    assert {k: built[k] for k in artifact.ENGINE_SYSTEM_KEYS} == {
         "board": "NVIDIA Jetson AGX Orin Developer Kit", "sm_count": 16, "compute_capability": "8.7",
         "tensorrt": "10.3.0", "cuda": "12.6"} and built["l4t"] == "R36.4.3"
     engine = str(tmp_path / "m.engine")
     with open(engine, "wb") as fh:
         fh.write(b"engine")
-    from edge.artifact import info_path, make_manifest
+    from edge.artifact import info_path, make_model_info
     from edge.fileio import write_json_atomic
 
     with open(engine + ".onnx", "wb") as fh:
         fh.write(b"onnx")
-    write_json_atomic(info_path(engine), make_manifest(engine, {"trained": False}, engine + ".onnx", "tensorrt-engine",
-                                                       "fp16", None, None, built, {}))
+    write_json_atomic(info_path(engine), make_model_info(engine, {"trained": False}, engine + ".onnx",
+                                                         fmt="tensorrt-engine", precision="fp16", calibration=None,
+                                                         gate=None, system=built, build={}))
     warnings: list = []
     patched = dict(built, l4t="R36.4.4")  # an L4T patch with the same TensorRT and CUDA: kept, with a warning
     assert artifact.check_engine(engine, patched, warnings.append)["precision"] == "fp16"
