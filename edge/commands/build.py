@@ -19,7 +19,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     started = time.monotonic()
-    plan = check_inputs(cfg, None, args.engine, args.calibrator, not args.no_progress)
+    plan = check_inputs(cfg, None, args.engine, args.calibrator, not args.no_progress, untrained=args.untrained,
+                        accept_inconclusive=args.accept_inconclusive)
     print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
     note = served_note(cfg.model.path, plan.artifact) if cfg.model.path != plan.source else None
     if note:
@@ -68,6 +69,17 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrator", action="store_true",
                    help="with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT 8.5/10 only)")
     p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
+    add_gate_arguments(p)
+    p.add_argument("--untrained", action="store_true",
+                   help="the model has untrained (random) weights: the gate is reported, not enforced, and the "
+                        "artifact is marked untrained (a model without model info is otherwise gated as trained)")
+
+
+def add_gate_arguments(p: argparse.ArgumentParser) -> None:
+    """The gate's flag `edge build` and `edge rebuild` share."""
+    p.add_argument("--accept-inconclusive", action="store_true",
+                   help="install even when the gate cannot tell (too few images for its claim); the manifest and "
+                        "the log record it")
 
 
 def _add_calibrate_parser(subparsers: Any) -> None:
