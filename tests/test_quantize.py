@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.build import quantize as quant
 from edge.build.calibration import CalibrationSet, load_calibration_set
+from edge.build.placement import pairs_outside, residual_inputs, tensorrt_placement
 from edge.build.qdq_rules import max_opset, validate_qdq
 from edge.build.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes
 from edge.config import PreprocessConfig
@@ -63,6 +64,30 @@ def test_qdq_model_meets_every_tensorrt_requirement(digits, digits_qdq):
     # The only INT8 initializers are zero-points; nothing quantized is stored (weights stay FP32).
     zero_points = {n.input[2] for n in qdq}
     assert {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8} == zero_points
+
+
+def test_qdq_pairs_sit_where_tensorrt_fuses(digits, digits_qdq, tmp_path):
+    """Weighted-layer inputs and residual inputs only: every activation stays in the graph, the residual Adds read
+    their skip branch quantised and the convolution they fuse into in float. ONNX Runtime's own placement (pairs
+    on every quantisable op) is rewritten to the same rule."""
+    fp32, qdq = onnx.load(digits.onnx), onnx.load(digits_qdq)
+    residual = residual_inputs(fp32)
+    adds = [n for n in fp32.graph.node if n.op_type == "Add"]
+    assert adds and len(residual) == len(adds)  # MobileNetV3-Small's inverted residuals
+    assert pairs_outside(qdq, residual) == 0
+    for op in ("HardSwish", "Relu", "HardSigmoid", "Mul", "GlobalAveragePool"):
+        assert sum(n.op_type == op for n in qdq.graph.node) == sum(n.op_type == op for n in fp32.graph.node), op
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    for add in (n for n in qdq.graph.node if n.op_type == "Add"):
+        fed = [producers.get(i) is not None and producers[i].op_type == "DequantizeLinear" for i in add.input]
+        assert fed == [(add.name, i) in residual for i in range(2)] and sum(fed) == 1
+    everywhere = _ort_quantize(digits, str(tmp_path / "ort.onnx"))  # ONNX Runtime's placement
+    model = onnx.load(everywhere)
+    before = pairs_outside(model, residual)
+    placed = tensorrt_placement(model, residual)
+    assert before > 0 and placed["removed"] == before and pairs_outside(model, residual) == 0
+    onnx.save(model, everywhere)
+    assert validate_qdq(everywhere) == []
 
 
 def _ort_quantize(digits, out, **changes):
