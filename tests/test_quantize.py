@@ -137,6 +137,46 @@ def test_validator_rejects_nonzero_zero_point_opset_21_float_and_garbage(digits,
     assert validate_qdq(str(garbage))[0].startswith("not a readable ONNX model")
 
 
+def _one_layer(tmp_path, op, weight, axis, scale=None, **attributes):
+    """x -> Q/DQ -> `op`(x, Q/DQ(weight)) with the weight's scale per channel on `axis` (or `scale`)."""
+    channels = weight.shape[axis]
+    weight_scale = np.full(channels, 0.01, np.float32) if scale is None else np.asarray(scale, np.float32)
+    inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(weight_scale, "ws"),
+             numpy_helper.from_array(np.zeros(weight_scale.shape, np.int8), "wz"),
+             numpy_helper.from_array(np.float32(0.05), "xs"), numpy_helper.from_array(np.int8(0), "xz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="xq"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="xd"),
+             helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="wq", axis=axis),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="wd", axis=axis),
+             helper.make_node(op, ["xd", "wd"], ["y"], name="layer", **attributes)]
+    shape = [1, weight.shape[0], 4, 4] if op.startswith("Conv") else [1, weight.shape[1 if attributes else 0]]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = str(tmp_path / "{}-{}.onnx".format(op, axis))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return validate_qdq(path)
+
+
+def test_validator_knows_each_weighted_layers_output_channel_axis_and_refuses_bad_scales(tmp_path):
+    deconv = np.ones((4, 6, 3, 3), np.float32)  # ConvTranspose: (C_in, C_out, kH, kW)
+    assert _one_layer(tmp_path, "ConvTranspose", deconv, 1) == []
+    assert "ConvTranspose weight scale must be per-channel on axis 1 (6 channels), got 4 values on axis 0" in \
+        _one_layer(tmp_path, "ConvTranspose", deconv, 0)[0]
+    gemm = np.ones((5, 3), np.float32)  # Gemm B (N, K) with transB=1: output channels on axis 0
+    assert _one_layer(tmp_path, "Gemm", gemm, 0, transB=1) == []
+    assert "Gemm weight scale must be per-channel on axis 0" in _one_layer(tmp_path, "Gemm", gemm, 1, transB=1)[0]
+    matmul = np.ones((3, 5), np.float32)  # MatMul (K, N): the last axis
+    assert _one_layer(tmp_path, "MatMul", matmul, 1) == []
+    assert _one_layer(tmp_path, "MatMul", matmul, 1, scale=[0.01]) == []  # per-tensor weights are fine there
+    assert "MatMul weight scale must be per-channel on axis 1" in _one_layer(tmp_path, "MatMul", matmul, 0)[0]
+    conv = np.ones((6, 4, 3, 3), np.float32)
+    for bad in (0.0, -0.01, np.inf, np.nan):
+        scale = np.full(6, 0.01, np.float32)
+        scale[2] = bad
+        problems = _one_layer(tmp_path, "Conv", conv, 0, scale=scale)
+        assert any("DequantizeLinear wd: scale must be positive and finite" in p for p in problems), (bad, problems)
+
+
 def test_sensitive_nodes_cover_mobilenet_v3_and_the_legacy_hardswish_form(digits, digits_qdq):
     model = onnx.load(digits.onnx)
     names = sensitive_nodes(model)
