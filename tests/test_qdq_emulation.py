@@ -118,3 +118,24 @@ def test_probe_model_detects_the_saturating_product_it_was_built_for():
 def test_a_float_model_passes_through_unchanged(digits):
     model = onnx.load(digits.onnx)
     assert emulated_model(model).SerializeToString() == model.SerializeToString()
+
+
+@pytest.mark.parametrize("dq_scale, activation_scale", [(0.1, [0.05]), (0.05, [0.05, 0.05])])
+def test_a_pair_it_cannot_rewrite_is_refused_not_left_to_the_fused_kernels(dq_scale, activation_scale):
+    """A DequantizeLinear with another scale than its QuantizeLinear, or a per-channel activation scale: TensorRT's
+    arithmetic is undefined there, so the emulation names the node instead of handing it to ONNX Runtime."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge.errors import EdgeError
+
+    q_scale = np.asarray(activation_scale, np.float32).reshape(-1 if len(activation_scale) > 1 else ())
+    inits = [numpy_helper.from_array(q_scale, "qs"), numpy_helper.from_array(np.zeros(q_scale.shape, np.int8), "qz"),
+             numpy_helper.from_array(np.full(q_scale.shape, dq_scale, np.float32), "ds")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "qs", "qz"], ["xq"], name="xq", axis=1),
+             helper.make_node("DequantizeLinear", ["xq", "ds", "qz"], ["y"], name="xd", axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(EdgeError, match="^(QuantizeLinear xq|DequantizeLinear xd): cannot be computed as TensorRT "
+                                        "computes it"):
+        emulated_model(model)
