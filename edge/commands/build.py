@@ -33,7 +33,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, frames_of, import_calibration_set
 
     if args.calibrate_command == "import":
-        import_calibration_set(args.src, args.out, args.min_images)
+        from edge.build.calibration import class_index_of
+        from edge.build.imagenet_set import imagenet1k_wordnet
+        from edge.frame.postprocess import load_labels
+
+        relabel = class_index_of(load_labels(args.labels) if args.labels else None, imagenet1k_wordnet, args.src)
+        import_calibration_set(args.src, args.out, args.min_images, relabel=relabel)
         return EXIT_OK
     if args.calibrate_command == "imagenet":
         from edge.build.imagenet_set import DEFAULT_OUT, make_imagenet_set
@@ -86,9 +91,14 @@ def _add_calibrate_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("calibrate", help="make a calibration set (a folder of images + manifest.json)")
     sub = p.add_subparsers(dest="calibrate_command", metavar="{import,capture,imagenet}")
     sub.required = True
-    imp = sub.add_parser("import", help="take existing images (odd files are skipped and listed in one line)")
-    imp.add_argument("src", help="folder of images (subfolders are kept: they are labels for a regression set)")
+    imp = sub.add_parser("import", help="take existing images (odd files are skipped and listed in one line)",
+                         description="A folder of images, or an ImageFolder tree (a folder per class) that becomes a "
+                                     "labelled regression set: each class folder named by a class index, a line of "
+                                     "--labels or an ImageNet WordNet id (n01440764) is stored as its class index. "
+                                     "A top-1 claim of +-1 pp needs ~2,400-4,700 labelled images (docs/build.md).")
+    imp.add_argument("src", help="folder of images; a folder per class makes them labelled")
     imp.add_argument("out", help="new set folder (replaced atomically)")
+    imp.add_argument("--labels", help="the model's labels file (<model>.labels.txt): class folders may be its lines")
     imp.add_argument("--min-images", type=int, default=32, help="fewer usable images is an error (default 32)")
     cap = sub.add_parser("capture", help="keep every k-th frame of a source, skipping near-duplicates")
     cap.add_argument("out", nargs="?", help="set folder (default build.calibration_dir)")
