@@ -87,6 +87,10 @@ def test_build_installs_validated_qdq_model_with_manifest(built, digits):
     assert open(os.path.join(engines, "digits.int8.labels.txt")).read().split() == [str(i) for i in range(10)]
     report = json.load(open(os.path.join(engines, "digits.int8.gate.json")))
     assert report["passed"] is True and report["artifact"] == artifact
+    assert manifest["gate"]["claims"] == report["claims"] and report["claims"][0].startswith("top-1 drop <= ")
+    assert manifest["gate"]["looks"] == len(report["looks"]) == 1
+    kernels = report["this_cpu_int8_kernels"]  # what this CPU's fused int8 kernels would serve, beside the verdict
+    assert kernels["images"] == 32 and 0 <= kernels["top1_agreement"] <= 1 and kernels["max_relative_difference"] >= 0
     assert [n for n in os.listdir(engines) if n.startswith(".")] == []
 
 

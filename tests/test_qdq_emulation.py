@@ -15,10 +15,12 @@ from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.qdq_emulation import emulated_model, fake_quantize, int8_kernels_saturate
 
 
-def _session(model, level):
+def _session(model, level, prepacking=True):
     options = ort.SessionOptions()
     options.graph_optimization_level = level
     options.log_severity_level = 3
+    if not prepacking:  # a constant weight is prepacked (another summation order); a dequantized one never is
+        options.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -41,8 +43,8 @@ def test_emulated_model_is_the_exact_fake_quantisation_at_every_optimisation_lev
     emulated = emulated_model(qdq)
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in emulated.graph.node)
     onnx.checker.check_model(emulated)
-    unfused = _session(qdq, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)  # Q/DQ run as float ops, one by one
-    same_order = _session(emulated, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    unfused = _session(qdq, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, prepacking=False)  # Q/DQ one by one
+    same_order = _session(emulated, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, prepacking=False)
     optimised = _session(emulated, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     for tensor in _tensors(digits):
         want = unfused.run(None, {"input": tensor})[0]
@@ -139,3 +141,9 @@ def test_a_pair_it_cannot_rewrite_is_refused_not_left_to_the_fused_kernels(dq_sc
     with pytest.raises(EdgeError, match="^(QuantizeLinear xq|DequantizeLinear xd): cannot be computed as TensorRT "
                                         "computes it"):
         emulated_model(model)
+
+
+def test_every_session_asks_for_int8_kernels_that_do_not_saturate():
+    """session.x64quantprecision: u8u8 products on x86 without VNNI (a no-op elsewhere), in every session of ours."""
+    options = onnxruntime_backend.session_options(ort, 1, False)
+    assert options.get_session_config_entry(onnxruntime_backend.X64_QUANT_PRECISION) == "1"

@@ -311,13 +311,12 @@ def _relabelled(rel: str, relabel: Optional[Callable[[str], str]]) -> str:
 def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, source: Optional[str] = None,
                            log: Callable[..., None] = print,
                            relabel: Optional[Callable[[str], str]] = None) -> CalibrationSet:
-    """Copy the usable images under `src_dir` (subfolders kept: they are labels) into a new set at `out_dir`.
-    `relabel`: what a top-level folder's name becomes (class_index_of: ImageFolder labels as class indices).
+    """Copy the usable images under `src_dir` (subfolders kept: they are labels, renamed by `relabel`, e.g.
+    class_index_of) into a new set at `out_dir`.
 
     3-channel 8-bit images are copied byte for byte; grey, 4-channel and 16-bit ones are converted to BGR PNG.
-    Sizes are recorded as the set is read (EXIF orientation applied); names that are not UTF-8 are skipped.
-    Zero-byte, unreadable, non-image and too-small (< MIN_SIDE px) files are skipped and listed in one line.
-    """
+    Sizes are recorded as the set is read (EXIF orientation applied); names that are not UTF-8 are skipped. Zero-byte,
+    unreadable, non-image and too-small (< MIN_SIDE px) files are skipped and listed in one line."""
     cv2 = require("cv2")
     if not os.path.isdir(src_dir):
         raise EdgeError("{}: source folder not found".format(src_dir))
@@ -351,9 +350,8 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
                 if not ok:
                     raise EdgeError("{}: could not encode as PNG".format(rel))
                 data = encoded.tobytes()
-            rel = _relabelled(rel, relabel)
-            base, ext = os.path.splitext(rel)
-            n = 1
+            base, ext = os.path.splitext(_relabelled(rel, relabel))
+            n, rel = 1, base + ext
             while rel in hashes:
                 rel = "{}-{}{}".format(base, n, ext)
                 n += 1

@@ -253,6 +253,29 @@ def evaluate(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
     return GateResult(report)
 
 
+KERNEL_IMAGES = 32  # regression images the fused-kernel comparison runs on
+
+
+def kernel_distance(judged: Infer, fused: Infer, images: CalibrationSet,
+                    preprocess: PreprocessConfig) -> Dict[str, Any]:
+    """How far this CPU's fused ONNX Runtime int8 kernels (what `edge run` serves where they do not saturate) are
+    from the arithmetic the gate judged, on the first KERNEL_IMAGES images: top-1 agreement and the largest logit
+    difference relative to the largest judged logit."""
+    prep = CpuPreprocessor(preprocess)
+    same, worst = 0, 0.0
+    names = images.files[:KERNEL_IMAGES]
+    for name in names:
+        tensor = prep(images.read(name))
+        a = np.asarray(judged(tensor), np.float64).reshape(-1)
+        b = np.asarray(fused(tensor), np.float64).reshape(-1)
+        same += int(np.argmax(a) == np.argmax(b))
+        scale = float(np.max(np.abs(a))) or 1.0
+        difference = float(np.max(np.abs(a - b))) / scale
+        worst = max(worst, difference if np.isfinite(difference) else math.inf)
+    return {"images": len(names), "top1_agreement": round(same / max(len(names), 1), 4),
+            "max_relative_difference": round(worst, 6) if math.isfinite(worst) else None}
+
+
 def _json_safe(value: Any) -> Any:
     """The report as strict JSON: a non-finite float (never expected, but a NaN must not make it unreadable) is null."""
     if isinstance(value, float) and not math.isfinite(value):

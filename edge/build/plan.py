@@ -50,6 +50,14 @@ def onnx_runner(path: str) -> ContextManager[Infer]:
     return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=True))
 
 
+def fused_runner(path: str) -> ContextManager[Infer]:
+    """The Q/DQ model on this CPU's fused ONNX Runtime int8 kernels (session.x64quantprecision on), as `edge run`
+    serves it where they do not saturate."""
+    from edge.frame.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
+
+    return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=False))
+
+
 def _engine_runner(path: str) -> ContextManager[Infer]:
     from edge.frame.tensorrt_runner import EngineRunner
 

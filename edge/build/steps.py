@@ -31,9 +31,10 @@ from edge.build.auto_method import quantize
 from edge.build.calibration import CalibrationSet, warn_if_few
 from edge.build.fallback import expected_cost, search
 from edge.build.fidelity import Fidelity, split
-from edge.build.gate import GateResult, enforce, evaluate, record_look, write_report
-from edge.build.plan import BuildPlan, Log, onnx_runner
+from edge.build.gate import GateResult, enforce, evaluate, kernel_distance, record_look, write_report
+from edge.build.plan import BuildPlan, Log, fused_runner, onnx_runner
 from edge.errors import EXIT_FAIL, EdgeError, require
+from edge.frame.qdq_emulation import int8_kernels_saturate
 
 EXIT_INTERRUPTED = 130
 
@@ -221,6 +222,10 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     record_look(result, plan.report_path, os.path.basename(plan.artifact) + " ({} candidate)".format(
         "float fallback" if "float_layers" in (state.info.get("quantize") or {}) else plan.fmt.name))
     extra = {k: v for k, v in (state.info.get("quantize") or {}).items() if k.startswith("float_layers")}
+    if not plan.fmt.engine:
+        with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
+            extra["this_cpu_int8_kernels"] = dict(kernel_distance(judged, fused, plan.regression, plan.cfg.preprocess),
+                                                  served="emulated" if int8_kernels_saturate() else "these kernels")
     write_report(plan.report_path, result, {"artifact": plan.artifact, "source": plan.source,
                                             "enforced": plan.gate_enforced, "evaluator": plan.fmt.evaluator,
                                             "accept_inconclusive": plan.accept_inconclusive, **extra})

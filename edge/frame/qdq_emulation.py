@@ -166,7 +166,8 @@ def ordered_nodes(nodes: List[Any], model: Any) -> List[Any]:
 
 @functools.lru_cache(maxsize=1)
 def int8_kernels_saturate() -> bool:
-    """Whether this CPU's fused ONNX Runtime int8 kernels lose precision on a product they must get right.
+    """Whether this CPU's fused ONNX Runtime int8 kernels lose precision on a product they must get right, with
+    session.x64quantprecision on (edge.frame.onnxruntime_backend.session_options: u8u8 products on x86 without VNNI).
 
     A 1x1 convolution of 64 channels at the top of the int8 range (x = w = 127 in int8, exact result 64 after
     requantisation) runs once fused (default optimisations) and once emulated; VNNI and ARM kernels agree, the
@@ -178,6 +179,7 @@ def int8_kernels_saturate() -> bool:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.x64quantprecision", "1")  # as every session of ours: where it fixes
     fused = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     emulated = ort.InferenceSession(emulated_model(model).SerializeToString(), options,
                                     providers=["CPUExecutionProvider"])
