@@ -90,10 +90,10 @@ def qdq_pairs(fp32, candidate):
     """(inputs fed through a Q/DQ pair, how many of them lie outside TensorRT's fusion placement)."""
     import onnx
 
-    from edge.build.placement import _pairs_by_consumer, pairs_outside, residual_inputs
+    from edge.build.placement import pairs_by_consumer, pairs_outside, residual_inputs
 
     model = onnx.load(candidate)
-    return len(_pairs_by_consumer(model)), pairs_outside(model, residual_inputs(onnx.load(fp32)))
+    return len(pairs_by_consumer(model)), pairs_outside(model, residual_inputs(onnx.load(fp32)))
 
 
 def row(arch, name, r, quantize_s, pairs):

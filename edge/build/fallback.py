@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edge.build.fidelity import Fidelity
+from edge.build.placement import drop_unread_pairs, pairs_by_consumer
 from edge.config import GateConfig
 from edge.errors import require
 from edge.frame.qdq_emulation import emulated_model, ordered_nodes
@@ -27,15 +28,9 @@ SWITCH = "edge_float_layer"  # the ranking model's extra input
 
 def quantized_inputs(model: Any) -> Dict[str, List[Tuple[Any, Any]]]:
     """Consumer node name -> the (QuantizeLinear, DequantizeLinear) pairs feeding it."""
-    producers = {out: node for node in model.graph.node for out in node.output}
     pairs: Dict[str, List[Tuple[Any, Any]]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            dq = producers.get(name)
-            if dq is not None and dq.op_type == "DequantizeLinear":
-                q = producers.get(dq.input[0])
-                if q is not None and q.op_type == "QuantizeLinear":
-                    pairs.setdefault(node.name, []).append((q, dq))
+    for node, _, q, dq in pairs_by_consumer(model):
+        pairs.setdefault(node.name, []).append((q, dq))
     return pairs
 
 
@@ -49,17 +44,7 @@ def without_quantization(model: Any, nodes: Sequence[str]) -> Any:
         if node.name in set(nodes):
             for i, name in enumerate(node.input):
                 node.input[i] = rewire.get(name, name)
-    read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
-    for _ in range(2):  # the DequantizeLinear nodes nothing reads, then their QuantizeLinear nodes
-        keep = [n for n in model.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
-                or n.output[0] in read]
-        del model.graph.node[:]
-        model.graph.node.extend(keep)
-        read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
-    used = read | {n.output[0] for n in model.graph.node}
-    kept = [i for i in model.graph.initializer if i.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    drop_unread_pairs(model)
     return model
 
 

@@ -38,7 +38,7 @@ def residual_inputs(model: Any) -> Set[Tuple[str, int]]:
     return found
 
 
-def _pairs_by_consumer(model: Any) -> List[Tuple[Any, int, Any, Any]]:
+def pairs_by_consumer(model: Any) -> List[Tuple[Any, int, Any, Any]]:
     """(consumer, input index, QuantizeLinear, DequantizeLinear) for every input fed through a Q -> DQ pair."""
     producers = {out: node for node in model.graph.node for out in node.output}
     found = []
@@ -60,17 +60,24 @@ def _outside(consumer: Any, index: int, residual: Set[Tuple[str, int]]) -> bool:
 
 def pairs_outside(model: Any, residual: Set[Tuple[str, int]]) -> int:
     """How many Q/DQ-fed inputs lie outside TensorRT's fusion placement (pairs it would have to keep)."""
-    return sum(_outside(c, i, residual) for c, i, _, _ in _pairs_by_consumer(model))
+    return sum(_outside(c, i, residual) for c, i, _, _ in pairs_by_consumer(model))
 
 
 def tensorrt_placement(model: Any, residual: Set[Tuple[str, int]]) -> Dict[str, int]:
     """Rewire, in place, every input fed through a Q/DQ pair outside the placement to the pair's float input, and
     drop the Q and DQ nodes nothing reads any more. Returns {"pairs": kept, "removed": rewired inputs}."""
     removed = 0
-    for consumer, index, q, _ in _pairs_by_consumer(model):
+    for consumer, index, q, _ in pairs_by_consumer(model):
         if _outside(consumer, index, residual):
             consumer.input[index] = q.input[0]
             removed += 1
+    drop_unread_pairs(model)
+    return {"pairs": len(pairs_by_consumer(model)), "removed": removed}
+
+
+def drop_unread_pairs(model: Any) -> None:
+    """Remove, in place, the DequantizeLinear nodes nothing reads, then their QuantizeLinear nodes, then the
+    initializers nothing reads any more (after inputs were rewired to float)."""
     graph_outputs = {o.name for o in model.graph.output}
     for _ in range(2):  # the DequantizeLinear nodes nothing reads, then their QuantizeLinear nodes
         read = {name for node in model.graph.node for name in node.input} | graph_outputs
@@ -78,11 +85,10 @@ def tensorrt_placement(model: Any, residual: Set[Tuple[str, int]]) -> Dict[str, 
                 or n.output[0] in read]
         del model.graph.node[:]
         model.graph.node.extend(keep)
-    used = {name for node in model.graph.node for name in node.input}
+    used = {name for node in model.graph.node for name in node.input} | graph_outputs
     kept = [i for i in model.graph.initializer if i.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
-    return {"pairs": len(_pairs_by_consumer(model)), "removed": removed}
 
 
 def apply_placement(fp32_path: str, qdq_path: str) -> Dict[str, int]:
