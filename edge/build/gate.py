@@ -64,8 +64,7 @@ class GateResult:
         text = "mean cosine {} (p5 {}), {} of {} confident images flipped, agreement {}".format(
             _shown(r["mean_cosine"]), _shown(r["p5_cosine"]), r["confident_flips"], r["confident_images"],
             _shown(r["agreement"]))
-        text += "".join("; " + claim for claim in r["claims"])
-        return text + "".join("; inconclusive: " + reason for reason in r["inconclusive"])
+        return text + "".join("; " + claim for claim in r["claims"])  # an inconclusive claim says "cannot tell"
 
 
 def _shown(value: Optional[float]) -> str:
