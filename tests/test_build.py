@@ -243,6 +243,28 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_acce
     assert "gate: INCONCLUSIVE, installed because --accept-inconclusive was given" in capsys.readouterr().out
 
 
+def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_path):
+    """`edge rebuild --accept-inconclusive` reaches the BuildPlan the shared gate step reads; the dry run says so."""
+    from edge.build.rebuild import RebuildJob, format_plan, preflight
+    from edge.commands import rebuild
+
+    parser = argparse.ArgumentParser()
+    rebuild.add_arguments(parser)
+    assert parser.parse_args(["--accept-inconclusive", "--no-reload"]).accept_inconclusive is True
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    for ext in (".onnx", ".labels.txt", ".json"):
+        shutil.copy(os.path.splitext(tiny_classifiers[0])[0] + ext, str(engines / ("m" + ext)))
+    config = tmp_path / "edge.yaml"
+    config.write_text(yaml.safe_dump({"model": {"path": str(engines / "m.int8.onnx")}, "source": {"uri": "synthetic"},
+                                      "build": {"engines_dir": str(engines), "calibration_dir": str(tmp_path / "cal"),
+                                                "regression_dir": os.path.join(REPO, "calibration", "regression")}}))
+    job = RebuildJob(load_config(str(config)), accept_inconclusive=True, stamp="x")
+    plan = preflight(job, False, False, quiet)
+    assert plan.accept_inconclusive is True
+    assert "inconclusive installs (--accept-inconclusive)" in format_plan(job, plan, "no reload")
+
+
 def test_a_model_without_model_info_is_gated_and_untrained_must_be_declared(digits, tmp_path):
     """A user's trained ONNX without its .json: a grey calibration of it fails the gate (not 'untrained, not
     enforced'); --untrained installs it, marked untrained."""
