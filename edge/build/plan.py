@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
-from edge.artifact import engine_expectations, is_current, read_set, sha256_file
+from edge.artifact import engine_expectations, info_path, is_current, read_set, sha256_file
 from edge.board import tensorrt_version
 from edge.build.artifacts import verify_onnx
 from edge.build.calibration import CalibrationSet, load_calibration_set
@@ -48,6 +48,14 @@ def onnx_runner(path: str) -> ContextManager[Infer]:
     from edge.frame.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
 
     return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=True))
+
+
+def fused_runner(path: str) -> ContextManager[Infer]:
+    """The Q/DQ model on this CPU's fused ONNX Runtime int8 kernels (session.x64quantprecision on), as `edge run`
+    serves it where they do not saturate."""
+    from edge.frame.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
+
+    return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=False))
 
 
 def _engine_runner(path: str) -> ContextManager[Infer]:
@@ -123,6 +131,7 @@ class BuildPlan:
     command: str  # what rebuilds it
     target_tensorrt: Optional[str] = None  # the TensorRT the artifact is for (limits the Q/DQ opset)
     show_progress: bool = True
+    accept_inconclusive: bool = False  # --accept-inconclusive: a gate that cannot tell still installs, recorded
 
     @property
     def report_path(self) -> str:
@@ -130,7 +139,9 @@ class BuildPlan:
 
     @property
     def gate_enforced(self) -> bool:
-        return self.source_info.get("trained") is True
+        """Always, unless the model is declared untrained (--untrained, or its model info says so): a model without
+        model info is gated, and untrained weights are recognised from their outputs (edge.build.gate)."""
+        return self.source_info.get("trained") is not False
 
     @property
     def quantizes(self) -> bool:
@@ -142,9 +153,11 @@ class BuildPlan:
         return "tensorrt-entropy2" if self.calibrator else self.cfg.build.method
 
 
-def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, *, calibrator: bool) -> str:
+def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, *, calibrator: bool,
+                    untrained: bool = False) -> str:
     parts = ["edge build"] + (["--config " + cfg.path] if cfg.path else []) + (["--model " + model] if model else [])
-    return " ".join(parts + [p for p in (fmt.flag, "--calibrator" if calibrator else "") if p])
+    return " ".join(parts + [p for p in (fmt.flag, "--calibrator" if calibrator else "",
+                                         "--untrained" if untrained else "") if p])
 
 
 def target_tensorrt(cfg: Config) -> Optional[str]:
@@ -187,11 +200,25 @@ def check_source(source: str, crop: int, where: str, tensorrt: Optional[str] = N
             source, dims or "(not one input)", crop, where, crop, crop))
 
 
+def source_model_info(source: str, info: Dict[str, Any], *, untrained: bool = False) -> Dict[str, Any]:
+    """The source's model info (`info`, read with its set). None beside it (a user's own ONNX): of unknown
+    provenance, gated as trained. `untrained` (--untrained): declared untrained, so the gate is reported and not
+    enforced."""
+    if not os.path.lexists(info_path(source)):
+        info = {"weights": "unknown (no {}): gated as trained".format(os.path.basename(info_path(source))),
+                "trained": True}
+    if untrained:
+        info = dict(info, trained=False, weights="{} (declared untrained: --untrained)".format(info.get("weights")))
+    return info
+
+
 def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = False, calibrator: bool = False,
-                 show_progress: bool = True, load_calibration: bool = True) -> BuildPlan:
+                 show_progress: bool = True, load_calibration: bool = True, untrained: bool = False,
+                 accept_inconclusive: bool = False) -> BuildPlan:
     """Validate every input before any work; each problem is one line naming the file or config field.
 
-    `load_calibration=False`: the calibration set is made later by a step (edge rebuild's capture)."""
+    `load_calibration=False`: the calibration set is made later by a step (edge rebuild's capture). `untrained`,
+    `accept_inconclusive`: the build's --untrained and --accept-inconclusive."""
 
     b, fmt = cfg.build, format_for(engine)
     where = cfg.path or "<defaults>"
@@ -202,7 +229,7 @@ def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = Fal
     # the source's set read once: its model info, labels and bytes checked together; its own preprocessing
     # constants drive calibration and the gate, as at run time
     source_set = read_set(source, rebuild="edge export")
-    source_info = source_set.info
+    source_info = source_model_info(source, source_set.info, untrained=untrained)
     cfg = config_for_model(cfg, source_info, source)
     if b.precision not in fmt.precisions:
         raise EdgeError("build.precision {} in {}: the CPU build makes INT8 Q/DQ models only; fp16/fp32 engines "
@@ -234,8 +261,8 @@ def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = Fal
     return BuildPlan(cfg=cfg, fmt=fmt, source=source, artifact=artifact_path(source, b.engines_dir, b.precision, fmt),
                      calibrator=calibrator, source_info=source_info, labels=labels,
                      calibration=calibration, regression=regression,
-                     command=rebuild_command(cfg, model, fmt, calibrator=calibrator), target_tensorrt=tensorrt,
-                     show_progress=show_progress)
+                     command=rebuild_command(cfg, model, fmt, calibrator=calibrator, untrained=untrained),
+                     target_tensorrt=tensorrt, show_progress=show_progress, accept_inconclusive=accept_inconclusive)
 
 
 def expected_model_info(plan: BuildPlan, system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

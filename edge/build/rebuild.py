@@ -48,6 +48,7 @@ class RebuildJob:
     check_source: str = "synthetic"
     keep_work: bool = False
     stamp: str = ""
+    accept_inconclusive: bool = False  # --accept-inconclusive: the gate's inconclusive verdict still installs
 
     @property
     def calibration_dir(self) -> str:
@@ -88,7 +89,8 @@ def preflight(job: RebuildJob, *, engine: bool, calibrator: bool, log: Log) -> B
             b.precision, cfg.path or "<defaults>"))
     _check_numbers(job)
     plan = check_inputs(with_overrides(cfg, {"build.calibration_dir": job.staged_set}), None, engine=engine,
-                        calibrator=calibrator, show_progress=False, load_calibration=False)
+                        calibrator=calibrator, show_progress=False, load_calibration=False,
+                        accept_inconclusive=job.accept_inconclusive)
     for uri in (cfg.source.uri, job.check_source):
         open_capture(with_overrides(cfg, {"source.uri": uri}).source)  # maps the URI, checks files exist; opens nothing
     check_output(os.path.join(job.staged_set, MANIFEST), "captured calibration set")
@@ -228,16 +230,18 @@ def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, s
             else b.method,
             plan.source, plan.artifact,
             "" if plan.quantizes else " (skipped: --calibrator calibrates inside TensorRT in step 3)")),
-        ("fallback", "the Q/DQ model judged as TensorRT computes it; if an enforced gate fails, up to {} of the "
-         "layers INT8 hurts most stay in float and it is judged again".format(b.max_float_layers)
+        ("fallback", "the Q/DQ model judged as TensorRT computes it on held-out captured images; if it misses the "
+         "gate's cosine thresholds there, up to {} of the layers INT8 hurts most stay in float".format(
+             b.max_float_layers)
          if plan.quantizes else "skipped: no Q/DQ model on this path"),
         ("build", "TensorRT {} engine -> staged beside {}".format(b.precision, plan.artifact) if plan.fmt.engine
          else "no TensorRT build on this path: the Q/DQ ONNX is the artifact (--engine on the device)"),
-        ("gate", "candidate vs FP32 {} on {}: mean cosine >= {}, top-1 drop <= {} pp (labelled images), agreement "
-         ">= {} (unlabelled images) ({}) -> {}".format(
+        ("gate", "candidate vs FP32 {} on {}, once: mean cosine >= {}, top-1 drop's 95 % upper bound <= {} pp "
+         "(labelled images), agreement >= {} (unlabelled images) ({}{}) -> {}".format(
              plan.source, b.regression_dir, gate.min_mean_cosine, gate.max_top1_drop_pp, gate.min_agreement,
-             "enforced: trained weights" if plan.gate_enforced else "reported, not enforced: untrained weights",
-             plan.report_path)),
+             "enforced" if plan.gate_enforced else "reported, not enforced: declared untrained",
+             "; inconclusive installs (--accept-inconclusive)" if plan.accept_inconclusive else
+             "; inconclusive installs nothing", plan.report_path)),
         ("latency", "edge check with the candidate: {} frames of {} after {} warm-up, p99 end_to_end <= {:g} ms -> {}"
          .format(job.check_frames, redact(job.check_source), job.check_warmup, cfg.runtime.budget_ms,
                  latency_report(plan))),

@@ -33,6 +33,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from edge.commands.build import add_gate_arguments
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config
 from edge.errors import EXIT_OK, EdgeError, first_line, require
@@ -245,6 +246,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p)
     p.add_argument("--engine", action="store_true", help="build a TensorRT engine (on the device)")
     p.add_argument("--calibrator", action="store_true", help="with --engine: TensorRT's own entropy calibrator")
+    add_gate_arguments(p)
     g = p.add_argument_group("capture")
     g.add_argument("--frames", type=int, default=3000, help="frames to read from the source (default %(default)s)")
     g.add_argument("--every", type=int, default=15, help="keep every k-th frame (default %(default)s)")
@@ -281,7 +283,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     job = RebuildJob(cfg, args.frames, args.every, args.max_images,
                      cfg.build.min_images if args.min_images is None else args.min_images,
                      DEFAULT_MIN_DIFF if args.min_diff is None else args.min_diff, args.check_frames,
-                     args.check_warmup, args.check_source or cfg.source.uri, args.keep_work, _utc_stamp())
+                     args.check_warmup, args.check_source or cfg.source.uri, args.keep_work, _utc_stamp(),
+                     args.accept_inconclusive)
     log = functools.partial(print, flush=True)
     plan = preflight(job, engine=args.engine, calibrator=args.calibrator, log=log)
     if args.dry_run:
