@@ -10,6 +10,7 @@ import time
 import pytest
 import service_helpers as sh
 
+from edge.frame.capture import SyntheticCapture
 from edge.frame.pipeline import Sink
 from edge.frame.stages import create_stages
 from edge.service.loop import run
@@ -242,3 +243,49 @@ def test_a_load_that_outlasts_the_watchdog_keeps_the_old_model_serving(small_mod
     reload_event = runtime.log.events("reload")[0]
     assert reload_event["model"] == new_model and reload_event["took_ms"] >= 400
     assert outcome["report"]["reloads"] == {"ok": 1, "failed": 0}
+
+
+class LateCamera(SyntheticCapture):
+    """A camera that is not there yet (opening fails) until `present` is set: nvargus-daemon or a USB camera that
+    comes up after the service at boot."""
+
+    def __init__(self, present):
+        super().__init__(64, 48, 100.0, variants=2)
+        self.description = "late camera"
+        self.present = present
+
+    def open(self):
+        if not self.present.is_set():
+            raise IOError("no camera yet")
+        super().open()
+
+
+def test_under_systemd_a_camera_absent_at_start_is_waited_for_not_fatal(small_model, listener):
+    """Under systemd a source silent past source.start_timeout_s is no exit 2 (which restarted the service into its
+    start limit, and `failed`): READY=1 says degraded, the source is retried with backoff, the watchdog pinged, and
+    frames flow once the camera appears. Without systemd it stays a one-line error (tests/test_dead_source.py)."""
+    present = threading.Event()
+    cfg = sh.service_config(small_model, **{"source.start_timeout_s": 0.5, "source.timeout_s": 0.2})
+    runtime = Runtime(cfg, log=sh.ListLog(), capture_factory=lambda _: LateCamera(present))
+    stop = StopFlag()
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(runtime, stop)))
+    thread.start()
+    try:
+        ready_at, _ = listener.wait_for("READY")
+        assert sh.wait_until(lambda: runtime.log.events("source_start_timeout"), 30)
+        waited = runtime.log.events("source_start_timeout")[0]
+        assert waited["error"].startswith("late camera: no frame within 0.5 s of start (last fault: ")
+        status = [line for t, line in listener.lines("STATUS") if t >= ready_at][0]
+        assert status.startswith("STATUS=degraded: late camera: no frame within 0.5 s of start")
+        assert sh.wait_until(lambda: len(runtime.log.events("source_reconnect_failed")) >= 2, 30)
+        assert thread.is_alive() and runtime.pipeline.recorder.frames == 0
+        present.set()
+        assert sh.wait_until(lambda: runtime.log.events("source_recovered"), 30)
+        assert sh.wait_until(lambda: runtime.pipeline.recorder.frames >= 5, 30)
+    finally:
+        present.set()
+        stop.request("test over")
+        thread.join(timeout=60)
+    assert outcome["report"]["ended_by"] == "test over" and outcome["report"]["frames"] >= 5
+    assert len(listener.lines("READY")) == 1

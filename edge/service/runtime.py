@@ -109,7 +109,8 @@ class Runtime:
         capture = self.capture_factory(cfg.source)
         self.source = SourceSupervisor(capture, cfg.source.timeout_s, cfg.service.reconnect_initial_s,
                                        cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(cfg.source),
-                                       on_event=self._source_event, start_timeout_s=cfg.source.start_timeout_s).start()
+                                       on_event=self._source_event, start_timeout_s=cfg.source.start_timeout_s,
+                                       give_up_at_start=not self.notifier.enabled).start()
         self._start_services(recorder)
         self._set_untrained_warning(stages)
         self.facts = dict(stages.facts(), source=capture.description, budget_ms=cfg.runtime.budget_ms)
@@ -173,7 +174,9 @@ class Runtime:
     def _source_event(self, name: str, fields: Dict[str, Any]) -> None:
         """The source supervisor's faults, reconnects and timeouts: logged, and the outage told to systemd."""
         self.event(name, level="info" if name in ("source_reconnected", "source_recovered") else "warning", **fields)
-        if name == "source_timeout":
+        if name == "source_start_timeout" and not self.notifier.ready_sent:  # under systemd: up, degraded
+            self.notifier.ready("degraded: {}; retrying with backoff".format(fields["error"]))
+        elif name == "source_timeout":
             self.notifier.status("source down for {:.0f} s ({}), {} reconnects".format(
                 fields["down_s"], fields["source"], fields["reconnects"]))
 
