@@ -124,7 +124,7 @@ def test_as_service_takes_the_units_user_groups_and_sandbox_and_nothing_else() -
     props = sandbox_properties(os.path.join(REPO, "systemd", "jetson-edge.service"))
     assert {"--property=User=jetson-edge", "--property=SupplementaryGroups=video render jtop",
             "--property=ProtectSystem=strict", "--property=StateDirectory=jetson-edge jetson-edge/engines",
-            "--property=Environment=TMPDIR=/run/jetson-edge"} <= set(props)
+            "--property=Environment=TMPDIR=/run/jetson-edge-doctor"} <= set(props)
     keys = {p.split("=", 2)[1] for p in props}
     assert not keys & {"ExecStart", "ExecReload", "Type", "WatchdogSec", "Restart", "NotifyAccess"}
     assert not keys & {"Description", "WantedBy", "After"}  # [Unit] and [Install] are not the sandbox

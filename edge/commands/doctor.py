@@ -39,7 +39,7 @@ NUMPY_ABI_SIGNS = ("compiled using NumPy 1.x", "_ARRAY_API not found", "numpy.co
 UNIT = "/etc/systemd/system/jetson-edge.service"
 # [Service] settings of the unit that are not about the sandbox: not given to `systemd-run` by --as-service.
 _NOT_SANDBOX = ("Type", "NotifyAccess", "WatchdogSec", "TimeoutStartSec", "TimeoutStopSec", "Restart", "RestartSec",
-                "ExecStart", "ExecStartPre", "ExecReload", "KillSignal")
+                "RestartPreventExitStatus", "ExecStart", "ExecStartPre", "ExecReload", "KillSignal")
 
 
 def _account() -> str:
@@ -281,8 +281,27 @@ def diagnose(cfg: Config, root: str = "/") -> List[Line]:
     return lines
 
 
-def sandbox_properties(unit: str = UNIT) -> List[str]:
-    """The installed unit's [Service] user, groups and sandbox as `systemd-run --property=` arguments."""
+# Settings newer than some JetPack's systemd (JetPack 5: 245): left out where systemd-run would refuse them.
+_SINCE = {"ProtectProc": 247, "ProcSubset": 247}
+# The transient unit's own runtime directory: sharing the service's would remove /run/jetson-edge under the running
+# service when the check ends (RuntimeDirectory= is removed at stop).
+_OWN_RUNTIME = ("RuntimeDirectory=jetson-edge", "TMPDIR=/run/jetson-edge")
+
+
+def systemd_version() -> int:
+    """246 from `systemctl --version` ('systemd 246 (246.9)'); 0 when it says nothing usable."""
+    try:
+        out = subprocess.run(["systemctl", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    words = out.split()
+    return int(words[1]) if len(words) > 1 and words[0] == "systemd" and words[1].isdigit() else 0
+
+
+def sandbox_properties(unit: str = UNIT, version: Optional[int] = None) -> List[str]:
+    """The installed unit's [Service] user, groups and sandbox as `systemd-run --property=` arguments, for this
+    systemd `version`, with a runtime directory of its own."""
+    version = systemd_version() if version is None else version
     try:
         with open(unit, "r", encoding="utf-8") as fh:
             text = fh.read()
@@ -295,7 +314,9 @@ def sandbox_properties(unit: str = UNIT) -> List[str]:
             section = line
         elif section == "[Service]" and "=" in line and not line.startswith(("#", ";")):
             key = line.split("=", 1)[0].strip()
-            if key not in _NOT_SANDBOX:
+            if key not in _NOT_SANDBOX and version >= _SINCE.get(key, 0):
+                for shared in _OWN_RUNTIME:
+                    line = line.replace(shared, shared.replace("jetson-edge", "jetson-edge-doctor"))
                 props.append("--property=" + line)
     return props
 
