@@ -67,10 +67,29 @@ def gpu_identity() -> Dict[str, Any]:
         return dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda"))
 
 
+def device_tree(name: str, root: str = "/") -> Optional[str]:
+    """A device-tree property (`model`, `compatible`: NUL-separated) as text; None off a device-tree machine.
+    /proc/device-tree is a link to /sys/firmware/devicetree/base, read directly where /proc has no link."""
+    for folder in ("proc/device-tree", "sys/firmware/devicetree/base"):
+        text = _read(os.path.join(root, folder, name))
+        if text is not None:
+            return text.rstrip("\x00").strip() or None
+    return None
+
+
 def board_model(root: str = "/") -> Optional[str]:
-    """'NVIDIA Jetson AGX Orin Developer Kit' from /proc/device-tree/model; None elsewhere."""
-    model = (_read(os.path.join(root, "proc/device-tree/model")) or "").rstrip("\x00").strip()
-    return model or None
+    """'NVIDIA Jetson AGX Orin Developer Kit' from the device tree's model; None elsewhere."""
+    return device_tree("model", root)
+
+
+# The GPU of each Tegra SoC, from the device tree's `compatible` (a build for the board without a CUDA device).
+TEGRA_ARCH = {"tegra194": "sm_72", "tegra234": "sm_87", "tegra264": "sm_110"}
+
+
+def tegra_arch(root: str = "/") -> Optional[str]:
+    """'sm_87' on an Orin (`nvidia,tegra234` in the device tree's compatible list); None when it names none."""
+    compatible = (device_tree("compatible", root) or "").replace("\x00", " ").split()
+    return next((TEGRA_ARCH[c.split(",")[-1]] for c in compatible if c.split(",")[-1] in TEGRA_ARCH), None)
 
 
 def current_system(root: str = "/") -> Dict[str, Any]:

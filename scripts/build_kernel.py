@@ -22,7 +22,8 @@ from edge.frame import cuda_kernel  # noqa: E402
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--into", help="output folder (default: the kernel dir)")
-    p.add_argument("--arch", help="GPU architecture, e.g. sm_87 (default: this device's CUDA device 0)")
+    p.add_argument("--arch", help="GPU architecture, e.g. sm_87 (default: this device's CUDA device 0, else the "
+                                  "Jetson SoC its device tree names)")
     p.add_argument("--fatbin", action="store_true", help="regenerate the fatbin shipped in the package")
 
 
@@ -32,8 +33,9 @@ def build(args: argparse.Namespace) -> int:
         print("build_kernel: {} ({}, nvcc {})".format(cuda_kernel.FATBIN, ", ".join(cuda_kernel.FATBIN_TARGETS),
                                                       info["nvcc"]))
         return 0
-    path = cuda_kernel.build_cubin(args.arch or cuda_kernel.device_arch(), args.into)
-    print("build_kernel: {}".format(path))
+    arch, why = (args.arch, "--arch") if args.arch else cuda_kernel.device_arch()
+    path = cuda_kernel.build_cubin(arch, args.into)
+    print("build_kernel: {} ({} from {})".format(path, arch, why))
     return 0
 
 

@@ -110,3 +110,29 @@ def test_nvcc_message_is_kept(nvcc: str, tmp_path: Path) -> None:
     assert "build_kernel.py: error: nvcc failed on edge/cuda/preprocess.cu (--cubin -arch sm_10): " in proc.stderr
     assert "sm_10" in proc.stderr.split("): ", 1)[1]  # nvcc's own words
     assert os.listdir(str(tmp_path)) == []  # nothing half-written
+
+
+@pytest.mark.parametrize("compatible,arch", [
+    ("nvidia,p3509-0000+p3668-0000\0nvidia,p3668-0000\0nvidia,tegra194\0", "sm_72"),  # Xavier NX
+    ("nvidia,p3768-0000+p3767-0005\0nvidia,p3767-0005\0nvidia,tegra234\0", "sm_87"),  # Orin Nano
+    ("nvidia,p3971-0089+p3834-0008\0nvidia,p3834-0008\0nvidia,tegra264\0", "sm_110"),  # Thor
+    (None, None),  # not a device-tree machine
+])
+def test_without_a_cuda_device_the_kernel_is_built_for_the_soc_the_device_tree_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compatible: str, arch: str) -> None:
+    """An install in an image build or a chroot has no CUDA device: the Jetson's SoC says which GPU it has."""
+    from edge import board
+
+    if compatible is not None:
+        folder = tmp_path / "sys/firmware/devicetree/base"
+        folder.mkdir(parents=True)
+        (folder / "compatible").write_text(compatible)
+    assert board.tegra_arch(str(tmp_path)) == arch
+    real = board.tegra_arch
+    monkeypatch.setattr(board, "tegra_arch", lambda root="/": real(str(tmp_path)))
+    if arch is None:
+        with pytest.raises(cuda_kernel.EdgeError, match="no CUDA device to build the kernel for"):
+            cuda_kernel.device_arch()
+    else:  # this machine has no CUDA device (nor pycuda): the device tree decides
+        found, why = cuda_kernel.device_arch()
+        assert found == arch and why.startswith("the device tree's SoC (no CUDA device")

@@ -117,16 +117,22 @@ def build_fatbin(nvcc: Optional[str] = None, out: str = FATBIN) -> Dict[str, Any
     return info
 
 
-def device_arch() -> str:
-    """`sm_XY` of CUDA device 0 (pycuda), for building on the device."""
-    drv = require("pycuda.driver")
+def device_arch() -> Tuple[str, str]:
+    """(`sm_XY`, where from): CUDA device 0 (pycuda), for building on the device; else the Jetson's SoC from its
+    device tree (an install in a chroot or image build, or one whose account cannot open the GPU yet)."""
+    from edge.board import tegra_arch
+
     try:
+        drv = require("pycuda.driver")
         drv.init()
         major, minor = drv.Device(0).compute_capability()
-    except Exception as exc:  # pycuda._driver.Error: no driver or device
-        raise EdgeError("no CUDA device to build the kernel for ({}); name one with --arch sm_87".format(
-            first_line(exc))) from None
-    return "sm_{}{}".format(major, minor)
+        return "sm_{}{}".format(major, minor), "CUDA device 0"
+    except Exception as exc:  # EdgeError (no pycuda), pycuda._driver.Error: no driver or device
+        arch = tegra_arch()
+        if arch is None:
+            raise EdgeError("no CUDA device to build the kernel for ({}); name one with --arch sm_87".format(
+                first_line(exc))) from None
+        return arch, "the device tree's SoC (no CUDA device: {})".format(first_line(exc))
 
 
 def fatbin_current() -> Optional[str]:
