@@ -31,24 +31,26 @@ step() {  # a recipe step: its failure stops the install with its message, nothi
 # On a Jetson: the one install recipe (docs/service.md shows these lines per JetPack and README.md names them;
 # tests/test_install_recipe.py compares them). JetPack's TensorRT and OpenCV (GStreamer: csi:// cameras; never
 # PyPI's OpenCV here, the constraints refuse it), g++ (pycuda compiles at install), gst-inspect-1.0 (edge doctor's
-# nvarguscamerasrc check), the CUDA headers and libraries pycuda builds against where a minimal flash lacks them
-# (nvcc, cuda.h, libcurand), a venv that sees JetPack's packages with a pip that has the 2020 resolver (JetPack 5's
-# venv has pip 20.0), pip under this JetPack's constraints (NumPy 1.x: JetPack's OpenCV and TensorRT are built
-# against it), pycuda built against JetPack's CUDA, and the preprocessing kernel built into the state directory
-# the service and the CLI both read (the service never runs nvcc; docs/gpu.md). jtop's service: jtop_service.
+# nvarguscamerasrc check), the CUDA parts pycuda builds against where a minimal flash lacks them (nvcc, cuda.h,
+# cudaProfiler.h, curand.h and libcurand), a venv that sees JetPack's packages with a pip that has the 2020 resolver
+# (JetPack 5's venv has pip 20.0), pip under this JetPack's constraints (NumPy 1.x: JetPack's OpenCV and TensorRT
+# are built against it), pycuda built against JetPack's CUDA, and the preprocessing kernel built into the state
+# directory the service and the CLI both read (the service never runs nvcc; docs/gpu.md). jtop: jtop_service.
 jetson_recipe() {
   local jp cuda
   jp="$(jetpack)" && cuda="$(cuda_package_version)" || exit 1
   step apt-get update
   step apt-get install -y g++ python3-libnvinfer python3-opencv python3-venv python3-dev gstreamer1.0-tools
-  has_cuda_dev || step apt-get install -y "cuda-nvcc-$cuda" "cuda-cudart-dev-$cuda" "libcurand-dev-$cuda"
+  has_cuda_dev || step apt-get install -y "cuda-nvcc-$cuda" "cuda-cudart-dev-$cuda" "cuda-profiler-api-$cuda" "libcurand-dev-$cuda"
   step python3 -m venv --system-site-packages .venv
   step env PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/python -m pip install --upgrade 'pip>=23.1'
   step env PATH="/usr/local/cuda/bin:$PATH" PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/pip install -e '.[jetson,service,check]'
   step env PATH="/usr/local/cuda/bin:$PATH" .venv/bin/python scripts/build_kernel.py --into "$state/kernels"
 }
-has_cuda_dev() {  # pycuda's build needs nvcc, cuda.h and libcurand, the kernel's nvcc; minimal flashes lack them
-  [ -x /usr/local/cuda/bin/nvcc ] && [ -f /usr/local/cuda/include/cuda.h ] && compgen -G '/usr/local/cuda/lib*/libcurand.so*' >/dev/null
+has_cuda_dev() {  # pycuda's build: nvcc, cuda.h, cudaProfiler.h, curand.h and libcurand; the kernel's: nvcc
+  local h
+  [ -x /usr/local/cuda/bin/nvcc ] && compgen -G '/usr/local/cuda/lib*/libcurand.so' >/dev/null || return 1
+  for h in cuda.h cudaProfiler.h curand.h; do [ -f "/usr/local/cuda/include/$h" ] || return 1; done
 }
 # jtop's service, running the venv's jtop: jetson-stats' --install-service writes ExecStart=/usr/local/bin/jtop, which
 # the recipe never installs (203/EXEC every 10 s, for ever) or which is another jetson-stats whose service the venv's

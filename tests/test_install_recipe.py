@@ -38,7 +38,7 @@ def test_recipe_is_the_jetpack_one() -> None:
     assert installer_recipe("6") == [
         "apt-get update",
         "apt-get install -y g++ python3-libnvinfer python3-opencv python3-venv python3-dev gstreamer1.0-tools",
-        "apt-get install -y cuda-nvcc-12-6 cuda-cudart-dev-12-6 libcurand-dev-12-6",
+        "apt-get install -y cuda-nvcc-12-6 cuda-cudart-dev-12-6 cuda-profiler-api-12-6 libcurand-dev-12-6",
         "python3 -m venv --system-site-packages .venv",
         "env PIP_CONSTRAINT=constraints/jetpack6.txt .venv/bin/python -m pip install --upgrade pip>=23.1",
         "env PATH=/usr/local/cuda/bin:$PATH PIP_CONSTRAINT=constraints/jetpack6.txt .venv/bin/pip install -e "
@@ -131,7 +131,7 @@ def test_the_whole_recipe_runs_in_order_and_installs_nvcc_where_missing(tmp_path
     assert (tmp_path / "ran.log").read_text().splitlines() == [
         "apt-get update",
         "apt-get install -y g++ python3-libnvinfer python3-opencv python3-venv python3-dev gstreamer1.0-tools",
-        "apt-get install -y cuda-nvcc-12-6 cuda-cudart-dev-12-6 libcurand-dev-12-6",
+        "apt-get install -y cuda-nvcc-12-6 cuda-cudart-dev-12-6 cuda-profiler-api-12-6 libcurand-dev-12-6",
         "python3 -m venv --system-site-packages .venv",
         "python -m pip install --upgrade pip>=23.1",
         "pip install -e .[jetson,service,check]",
