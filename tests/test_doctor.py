@@ -30,8 +30,8 @@ def test_cpu_path_can_run(small_model: str) -> None:
     assert re.search(r"^ok\s+pipeline\s+loads: backend onnxruntime, preprocess cpu \(model is not a \.engine",
                      proc.stdout, re.M)
     assert re.search(r"^--\s+kernel\s+not loaded \(no CUDA device\); would try /var/lib/jetson-edge/kernels \(the "
-                     r"service's state directory\).*, then shipped edge/cuda/preprocess.fatbin .* matches", proc.stdout,
-                     re.M)
+                     r"service's state directory\).*, then the one prebuilt for the driver's CUDA major version: "
+                     r"CUDA 11.x: preprocess-cuda11.8-sm_72.cubin .*CUDA 13.x: preprocess.fatbin", proc.stdout, re.M)
     assert proc.stdout.rstrip().endswith("edge doctor: the configured path can run")
 
 

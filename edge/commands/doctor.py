@@ -140,10 +140,8 @@ def check_kernel(needed: bool, gpu_ok: bool) -> Line:
     except OSError as exc:
         seen = "{} ({}): not readable as {} ({})".format(folder, why, _account(), exc.strerror)
     if not gpu_ok:
-        stale = cuda_kernel.fatbin_current()
-        where = stale or "shipped edge/cuda/{} (sm_87, sm_110, compute_110 PTX) matches the sources".format(
-            os.path.basename(cuda_kernel.FATBIN))
-        return _not_ok(needed), "kernel", "not loaded (no CUDA device); would try {}, then {}".format(seen, where)
+        return _not_ok(needed), "kernel", "not loaded (no CUDA device); would try {}, then the one prebuilt for the " \
+            "driver's CUDA major version: {}".format(seen, cuda_kernel.prebuilt_summary())
     from edge.frame.cuda_session import CudaSession
 
     session = CudaSession()

@@ -3,7 +3,7 @@ tests/fake_tensorrt.py).
 
 "Device memory" is host memory, so pointers are real addresses. The kernel launch calls the host build of
 edge/cuda/preprocess.cuh (edge/cuda/host_preprocess.cpp) with the arguments the launcher packed, after
-checking them against the prepared format; module loads take the real nvcc-built images (a cubin or the
+checking them against the prepared format; module loads take the real prebuilt images (a cubin or the
 shipped fatbin) and can be made to fail like a driver without a matching image. The fake records the context
 stack and live allocations.
 """
