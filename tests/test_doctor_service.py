@@ -1,10 +1,13 @@
 """`edge doctor --as-service` on the systemd it finds: a setting that systemd does not know yet is left out
 (JetPack 5's systemd 245 refuses ProtectProc=), and the transient unit has a runtime directory of its own (the
-service's /run/jetson-edge is removed when a unit that names it stops)."""
+service's /run/jetson-edge is removed when a unit that names it stops); and whose OpenCV the doctor found."""
 
 import os
+import sys
 
-from edge.commands.doctor import sandbox_properties
+import pytest
+
+from edge.commands.doctor import opencv_origin, sandbox_properties
 
 from conftest import REPO
 
@@ -25,3 +28,21 @@ def test_the_transient_unit_has_its_own_runtime_directory() -> None:
     assert not any(p.endswith("=jetson-edge") and "RuntimeDirectory" in p for p in props)
     assert "--property=StateDirectory=jetson-edge jetson-edge/engines" in props  # the kernel dir as the service
 
+
+
+@pytest.mark.parametrize("path,origin", [
+    ("/usr/lib/python3/dist-packages/cv2/__init__.py", "Ubuntu's python3-opencv"),
+    ("/usr/lib/python3.10/dist-packages/cv2/__init__.py", "JetPack's libopencv-python"),
+    ("/usr/local/lib/python3.10/dist-packages/cv2/__init__.py", "built or installed locally"),
+])
+def test_doctor_says_whose_opencv_it_is(path: str, origin: str) -> None:
+    """JetPack has two: Ubuntu's python3-opencv (which the recipe installs) and NVIDIA's libopencv-python; the first
+    on sys.path wins, and the doctor line says which."""
+    assert opencv_origin(path) == origin
+
+
+def test_a_venvs_pypi_opencv_is_named_as_such() -> None:
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not running in a venv")
+    assert opencv_origin(os.path.join(os.path.realpath(sys.prefix), "lib", "site-packages", "cv2",
+                                      "__init__.py")) == "PyPI's, in this venv"

@@ -168,13 +168,26 @@ def check_opencv(needed: bool, csi: bool) -> Line:
             "(never PyPI's opencv-python there)".format(first_line(exc))
     from edge.frame.gstreamer import _has_gstreamer
 
+    where = "{} ({}: {})".format(cv2.__version__, os.path.dirname(cv2.__file__), opencv_origin(cv2.__file__))
     if _has_gstreamer(cv2):
-        return "ok", "opencv", "{} ({}), GStreamer: YES".format(cv2.__version__, os.path.dirname(cv2.__file__))
-    found = "{} ({}), GStreamer: NO".format(cv2.__version__, os.path.dirname(cv2.__file__))
+        return "ok", "opencv", where + ", GStreamer: YES"
+    found = where + ", GStreamer: NO"
     if not csi and not is_jetson():
         return "ok", "opencv", found + " (csi:// cameras only need it)"
     return "FAIL" if csi else "warn", "opencv", found + ": use JetPack's python3-opencv (PyPI's has no GStreamer: " \
         "pip uninstall opencv-python opencv-python-headless in the venv)"
+
+
+def opencv_origin(path: str) -> str:
+    """Whose cv2 this is, from where it lies: with both installed, Ubuntu's python3-opencv (python3/dist-packages)
+    comes before JetPack's libopencv-python (python3.X/dist-packages) on sys.path, and a venv's PyPI one first."""
+    if path.startswith(os.path.realpath(sys.prefix) + os.sep) and sys.prefix != sys.base_prefix:
+        return "PyPI's, in this venv"
+    if "/usr/lib/python3/dist-packages/" in path:
+        return "Ubuntu's python3-opencv"
+    if path.startswith("/usr/lib/python3.") and "/dist-packages/" in path:
+        return "JetPack's libopencv-python"
+    return "built or installed locally" if path.startswith("/usr/local/") else "origin unknown"
 
 
 def check_argus(csi: bool) -> Line:

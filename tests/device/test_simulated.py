@@ -84,6 +84,7 @@ def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim, driver: int, image: s
     pre = CudaPreprocessor(PreprocessConfig(), owner)
     with open(os.path.join(sim_gpu.CUDA_DIR, image), "rb") as fh:
         assert sim.loads == [fh.read()]
+    assert sim.context_flags == sim.driver.ctx_flags.SCHED_BLOCKING_SYNC  # waits sleep, not spin
     assert pre.kernel_source.startswith("shipped edge/cuda/" + image)
     for f in (frame(720, 1280), frame(1280, 720, 1), frame(5, 7, 2), padded[:, 16:1296], frame(720, 1280, 4)):
         tensor = pre(f)
