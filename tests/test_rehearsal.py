@@ -209,7 +209,7 @@ def test_install_as_documented(installed: Machine) -> None:
     again = m.run("cd /opt/jetson-edge && scripts/install_service.sh", timeout=1800)
     TIMES["install_service.sh again"] = time.monotonic() - started
     assert "unit /etc/systemd/system/jetson-edge.service unchanged" in again.stdout
-    assert "installing" not in again.stdout and "already enabled" in again.stdout
+    assert "install_service: installing" not in again.stdout and "already enabled" in again.stdout
 
 
 def test_without_a_model_the_unit_stops_at_once(installed: Machine) -> None:

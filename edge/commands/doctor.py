@@ -231,7 +231,32 @@ def check_jtop(path: str = JTOP_SOCKET) -> Line:
             "jtop, and add the user to group jtop".format(path, exc.strerror or type(exc).__name__)
     finally:
         sock.close()
-    return "ok", "jtop", "{} reachable".format(path)
+    problem = jtop_client_problem()
+    if problem is not None:  # e.g. "Mismatch version jtop service: [4.2.12] and client: [7.2.2]"
+        return "warn", "jtop", "{} reachable, but {}: jtop.service must run this venv's jtop (sudo " \
+            "scripts/install_service.sh installs the drop-in; docs/service.md)".format(path, problem)
+    return "ok", "jtop", "{} reachable, jetson-stats {} talks to it".format(path, package_version("jtop"))
+
+
+def jtop_client_problem() -> Optional[str]:
+    """None when this venv's jtop client connects to the service (same major.minor), else jtop's own words."""
+    try:
+        from jtop import jtop
+    except ImportError:
+        return None  # no client here: the socket is all that can be checked
+    from edge.service.telemetry import jtop_reason
+
+    client = jtop()
+    try:
+        client.start()
+    except Exception as exc:  # JtopException: "Mismatch version", "I can't access jtop.service", ...
+        return jtop_reason(exc)
+    finally:
+        try:
+            client.close()
+        except Exception:  # closing a client that never connected
+            pass
+    return None
 
 
 def check_power(root: str = "/") -> Line:
