@@ -2,6 +2,7 @@
 (JetPack 5's systemd 245 refuses ProtectProc=), and the transient unit has a runtime directory of its own (the
 service's /run/jetson-edge is removed when a unit that names it stops); and whose OpenCV the doctor found."""
 
+import importlib
 import os
 import sys
 
@@ -46,3 +47,15 @@ def test_a_venvs_pypi_opencv_is_named_as_such() -> None:
         pytest.skip("not running in a venv")
     assert opencv_origin(os.path.join(os.path.realpath(sys.prefix), "lib", "site-packages", "cv2",
                                       "__init__.py")) == "PyPI's, in this venv"
+
+
+def test_doctor_names_a_jtop_service_its_client_cannot_talk_to(jtop_service, monkeypatch) -> None:
+    """The real jtop service (testing mode): this venv's client talks to it; a client of another major.minor (a
+    service left running /usr/local/bin/jtop of an older jetson-stats) gets jtop's own "Mismatch version" line."""
+    from edge.commands.doctor import check_jtop
+
+    status, _, detail = check_jtop()
+    assert status == "ok" and "talks to it" in detail, detail
+    monkeypatch.setattr(importlib.import_module("jtop.jtop"), "get_var", lambda regex: "4.3.1")
+    status, _, detail = check_jtop()
+    assert status == "warn" and "Mismatch version jtop service" in detail and "drop-in" in detail, detail
