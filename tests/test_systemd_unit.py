@@ -377,3 +377,20 @@ def test_a_private_tmp_with_the_socket_file_bound_keeps_the_dead_socket(tmp_path
     # the layout before issue 20 item 6: the emulation above does tell the two apart
     before, after = argus_restart_seen_by(tmp_path, "yes", ["-/tmp/argus_socket"])
     assert before == "daemon 1" and after.startswith("error")
+
+
+def test_jtop_service_runs_the_venvs_jtop_and_the_container_default_matches_it():
+    """The drop-in replaces jetson-stats' ExecStart=/usr/local/bin/jtop (never installed by the recipe, or another
+    version) with the venv's jtop, under --prefix; the container's default jetson-stats satisfies setup.py's pin, so
+    its client talks to the jtop.service the installer sets up on the node."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    dropin = os.path.join(REPO, "systemd", "jtop.service.d", "jetson-edge.conf")
+    lines = [line for line in open(dropin).read().splitlines() if line and not line.startswith("#")]
+    assert lines == ["[Service]", "ExecStart=", "ExecStart=/opt/jetson-edge/.venv/bin/jtop --force"]
+    setup = open(os.path.join(REPO, "setup.py")).read()
+    spec = re.search(r'"jetson": \[[^]]*"jetson-stats([^"]+)"', setup).group(1)
+    dockerfile = open(os.path.join(REPO, "deploy", "container", "Dockerfile")).read()
+    default = re.search(r"^ARG JTOP_VERSION=(\S+)$", dockerfile, re.M).group(1)
+    assert Version(default) in SpecifierSet(spec), (default, spec)
