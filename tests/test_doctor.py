@@ -119,7 +119,7 @@ def test_a_slow_gst_inspect_is_a_line_not_a_traceback(tmp_path, monkeypatch) -> 
 
 
 def test_as_service_takes_the_units_user_groups_and_sandbox_and_nothing_else() -> None:
-    from edge.commands.doctor import sandbox_properties
+    from edge.commands.doctor_service import sandbox_properties
 
     props = sandbox_properties(os.path.join(REPO, "systemd", "jetson-edge.service"))
     assert {"--property=User=jetson-edge", "--property=SupplementaryGroups=video render jtop",

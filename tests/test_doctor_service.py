@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from edge.commands.doctor import opencv_origin, sandbox_properties
+from edge.commands.doctor import opencv_origin
+from edge.commands.doctor_service import sandbox_properties
 
 from conftest import REPO
 

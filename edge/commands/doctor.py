@@ -36,12 +36,6 @@ ARGUS_SOCKET = "/tmp/argus_socket"  # nvargus-daemon's, fixed in libargus
 GST_INSPECT_TIMEOUT_S = 120
 # What importing a module built against NumPy 1.x says under NumPy 2 (dusty-nv/jetson-containers#561).
 NUMPY_ABI_SIGNS = ("compiled using NumPy 1.x", "_ARRAY_API not found", "numpy.core.multiarray failed to import")
-UNIT = "/etc/systemd/system/jetson-edge.service"
-# [Service] settings of the unit that are not about the sandbox: not given to `systemd-run` by --as-service.
-_NOT_SANDBOX = ("Type", "NotifyAccess", "WatchdogSec", "TimeoutStartSec", "TimeoutStopSec", "Restart", "RestartSec",
-                "RestartPreventExitStatus", "ExecStart", "ExecStartPre", "ExecReload", "KillSignal")
-
-
 def _account() -> str:
     """The user these checks run as, with its groups: what the device nodes and sockets are checked for."""
     import grp
@@ -270,8 +264,13 @@ def check_power(root: str = "/") -> Line:
 def check_model(cfg: Config, needed_engine: bool) -> Line:
     path = cfg.model.path
     if not os.path.isfile(path):
-        return "FAIL", "model", "{} not found (model.path): make it with edge export, then edge build{}".format(
-            path, " --engine" if needed_engine else "")
+        from edge.build.plan import source_model
+
+        fp32 = source_model(path)
+        todo = "build it from {}: edge build{} --config ...".format(fp32, " --engine" if needed_engine else "") \
+            if os.path.isfile(fp32) else "no {} to build it from either: export it on a PC and copy it over " \
+            "(docs/service.md, 'The first model')".format(fp32)
+        return "FAIL", "model", "{} not found (model.path); {}".format(path, todo)
     if not path.endswith(".engine"):
         return "ok", "model", "{} (ONNX, no engine to match to this board)".format(path)
     warnings: List[str] = []
@@ -317,58 +316,10 @@ def diagnose(cfg: Config, root: str = "/") -> List[Line]:
     return lines
 
 
-# Settings newer than some JetPack's systemd (JetPack 5: 245): left out where systemd-run would refuse them.
-_SINCE = {"ProtectProc": 247, "ProcSubset": 247}
-# The transient unit's own runtime directory: sharing the service's would remove /run/jetson-edge under the running
-# service when the check ends (RuntimeDirectory= is removed at stop).
-_OWN_RUNTIME = ("RuntimeDirectory=jetson-edge", "TMPDIR=/run/jetson-edge")
-
-
-def systemd_version() -> int:
-    """246 from `systemctl --version` ('systemd 246 (246.9)'); 0 when it says nothing usable."""
-    try:
-        out = subprocess.run(["systemctl", "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    words = out.split()
-    return int(words[1]) if len(words) > 1 and words[0] == "systemd" and words[1].isdigit() else 0
-
-
-def sandbox_properties(unit: str = UNIT, version: Optional[int] = None) -> List[str]:
-    """The installed unit's [Service] user, groups and sandbox as `systemd-run --property=` arguments, for this
-    systemd `version`, with a runtime directory of its own."""
-    version = systemd_version() if version is None else version
-    try:
-        with open(unit, "r", encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise EdgeError("--as-service reads the installed unit {}: {} (sudo scripts/install_service.sh)".format(
-            unit, exc.strerror)) from None
-    props, section = [], ""
-    for line in (raw.strip() for raw in text.splitlines()):
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]" and "=" in line and not line.startswith(("#", ";")):
-            key = line.split("=", 1)[0].strip()
-            if key not in _NOT_SANDBOX and version >= _SINCE.get(key, 0):
-                for shared in _OWN_RUNTIME:
-                    line = line.replace(shared, shared.replace("jetson-edge", "jetson-edge-doctor"))
-                props.append("--property=" + line)
-    return props
-
-
-def run_as_service(argv: Sequence[str]) -> int:
-    """`edge doctor` again, as a transient unit with the service's user, groups and sandbox (systemd-run)."""
-    systemd_run = shutil.which("systemd-run")
-    if systemd_run is None or not os.path.isdir("/run/systemd/system"):
-        raise EdgeError("--as-service needs a running systemd (systemd-run): run it on the device, as root")
-    command = [systemd_run, "--pipe", "--wait", "--quiet", "--collect"] + sandbox_properties() + \
-        [sys.executable, "-m", "edge", "doctor"] + [a for a in argv if a != "--as-service"]
-    return subprocess.run(command).returncode
-
-
 def cmd_doctor(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     if args.as_service:
+        from edge.commands.doctor_service import run_as_service
+
         return run_as_service(sys.argv[2:] if sys.argv[1:2] == ["doctor"] else sys.argv[1:])
     cfg = config_from_args(args)
     out("edge doctor: {} (model {}, backend {}, preprocess {}, source {})".format(
