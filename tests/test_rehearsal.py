@@ -95,6 +95,10 @@ class Machine:
             subprocess.run(["nsenter", "-t", str(self.pid), "-m"] + command, check=True)
         return time.monotonic() - started
 
+    def copy_in(self, source: str, target: str) -> None:
+        """A file of this machine to `target` in the root, through its mount namespace (its /tmp is a tmpfs there)."""
+        subprocess.run(["nsenter", "-t", str(self.pid), "-m", "cp", source, str(self.root) + target], check=True)
+
     def down(self) -> None:
         subprocess.run([str(REHEARSAL), "down", str(self.root)], timeout=120)
 
@@ -229,8 +233,8 @@ def serving(installed: Machine, tiny_classifiers) -> Machine:
     camera configured, the service started."""
     m = installed
     model = Path(tiny_classifiers[0])
-    for ext in (".onnx", ".labels.txt", ".json"):
-        shutil.copy(str(model.with_suffix("")) + ext, str(m.root / "tmp" / ("mobilenet_v3_large" + ext)))
+    for ext in (".onnx", ".labels.txt", ".json"):  # what the PC's export and scp leave in /tmp
+        m.copy_in(str(model.with_suffix("")) + ext, "/tmp/mobilenet_v3_large" + ext)
     m.run(day_one("model"))
     m.run("apt-get install -y -q gstreamer1.0-plugins-good >/dev/null")  # the camera's RTSP/JPEG elements
     m.camera.start()
@@ -281,7 +285,7 @@ def test_reloads_in_a_row_keep_it_alive(serving: Machine) -> None:
 def test_a_load_longer_than_the_watchdog_keeps_the_old_model_serving(serving: Machine) -> None:
     """The labels of the new model are a FIFO nobody writes to yet: the load blocks past WatchdogSec, for real."""
     m = serving
-    labels = (Path(serving.root) / "tmp" / "mobilenet_v3_large.labels.txt").read_text()
+    labels = m.run("cat {}/mobilenet_v3_large.labels.txt".format(ENGINES)).stdout
     m.run("mkfifo -m 0644 {0}/slow.labels.txt && chown jetson-edge: {0}/slow.labels.txt".format(ENGINES))
     m.edit_config(**{"model.labels": ENGINES + "/slow.labels.txt"})
     before, done = m.show(), len(m.events("reload"))

@@ -25,6 +25,7 @@ import hashlib
 import io
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import zipfile
@@ -178,6 +179,10 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 def shape(root: Path, host_cuda: Path) -> None:
     """Lay the Jetson's files, the stub repository and wheel, jtop's fake sysfs and drop-in into `root`."""
     _write(root / "etc/nv_tegra_release", L4T)
+    hosts = root / "etc/hosts"
+    known = hosts.read_text() if hosts.is_file() else "127.0.0.1 localhost\n"
+    if socket.gethostname() not in known:  # sudo resolves the machine's name
+        _write(hosts, known + "127.0.1.1 {}\n".format(socket.gethostname()))
     _write(root / "etc/nvpmodel.conf", (TESTS / "nvpmodel" / "orin_nano_8gb_super_r36.conf").read_text())
     _write(root / "usr/sbin/nvpmodel", NVPMODEL, 0o755)
     _write(root / "usr/bin/tegrastats", TEGRASTATS, 0o755)
