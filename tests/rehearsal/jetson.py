@@ -27,6 +27,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -227,6 +228,33 @@ def mounts(root: Path, pid: int, host_cuda: Path) -> List[List[str]]:
         ["mkdir", "-p", str(root / "sys/firmware/devicetree")],
         ["cp", "-a", str(root / "opt/rehearsal/devicetree/base"), str(root / "sys/firmware/devicetree/base")],
     ]
+
+
+# A CUDA 13 nvcc from PyPI where this machine has none (the wheels the toolkit is made of; ~100 MB)
+NVCC_WHEELS = ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-crt==13.0.88", "nvidia-nvvm==13.0.88",
+               "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85")
+
+
+def toolkit(cache: Path) -> Optional[Path]:
+    """The CUDA toolkit whose nvcc stands in for JetPack's: this machine's, else one assembled in `cache` from
+    PyPI's wheels (pip's own download); None when neither can be had."""
+    found = host_cuda()
+    if found is not None:
+        return found
+    top = cache / "nvidia" / "cu13"
+    if not (top / "bin" / "nvcc").is_file():
+        wheels = cache / "wheels"
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                               "--platform", "manylinux2014_x86_64", "--dest", str(wheels)] + list(NVCC_WHEELS),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            return None
+        for wheel in wheels.glob("*.whl"):
+            with zipfile.ZipFile(str(wheel)) as zf:
+                zf.extractall(str(cache))
+        for tool in list((top / "bin").iterdir()) + list((top / "nvvm" / "bin").iterdir()):
+            tool.chmod(0o755)
+    return top
 
 
 def host_cuda() -> Optional[Path]:
