@@ -13,7 +13,9 @@ What it does not prove (no GPU here): the engine block (`edge build --engine` ne
 the docs' CPU block, and pycuda is a stand-in whose driver has no device (the recipe's pip line installs it like
 the real one); JetPack's nvcc is this machine's CUDA 13 nvcc (or one assembled from PyPI's wheels). Skipped, with the
 reason, without root, debootstrap, the Debian mirror, dpkg-deb, gst-rtsp-server (the camera), or any nvcc. The
-measured times print with `-s`.
+measured times print with `-s`. The root lies in /var/tmp/edge-rehearsal-*, removed at the end (EDGE_REHEARSAL_KEEP=1
+keeps it); EDGE_REHEARSAL_ROOT=/var/tmp/edge-rehearsal-.../root runs on a root kept from an earlier run (not
+installed again, not powered off): for working on the later cases.
 """
 
 import json
@@ -23,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -78,6 +81,7 @@ class Machine:
         self.camera = Camera(sh.free_port())
         self.metrics_port = sh.free_port()
         self.install_output = ""
+        self.reused = False
 
     def up(self) -> float:
         started = time.monotonic()
@@ -167,25 +171,33 @@ class Camera:
 
 
 @pytest.fixture(scope="module")
-def machine(tmp_path_factory: pytest.TempPathFactory):
+def machine():
     reason = unavailable()
     if reason:
         pytest.skip("rehearsal: " + reason)
-    base = tmp_path_factory.mktemp("rehearsal")
+    reuse = os.environ.get("EDGE_REHEARSAL_ROOT")  # working on the later cases: a root installed before, kept up
+    # on disk, not in pytest's folder (a tmpfs on some machines; other runs prune it)
+    base = Path(reuse).parent if reuse else Path(tempfile.mkdtemp(prefix="edge-rehearsal-", dir="/var/tmp"))
     cuda = jetson.toolkit(base / "cuda")
     if cuda is None:
         pytest.skip("rehearsal: no CUDA toolkit here, and PyPI's nvcc wheels cannot be downloaded (the stand-in for "
                     "JetPack's nvcc)")
-    m = Machine(base / "root", cuda)
+    m = Machine(Path(reuse) if reuse else base / "root", cuda)
     TIMES["debootstrap and boot"] = m.up()
     yield m
     m.camera.stop()
-    m.down()
+    if not reuse:
+        m.down()
+        if not os.environ.get("EDGE_REHEARSAL_KEEP"):
+            shutil.rmtree(str(base), ignore_errors=True)
     print("\nrehearsal times (s): " + ", ".join("{} {:.1f}".format(k, v) for k, v in TIMES.items()))
 
 
 @pytest.fixture(scope="module")
 def installed(machine: Machine) -> Machine:
+    machine.reused = (machine.root / "opt/jetson-edge/.venv").is_dir()
+    if machine.reused:
+        return machine
     jetson.source_repository(Path(REPO), machine.root / "srv/jetson-edge")
     started = time.monotonic()
     proc = machine.run("export REPO=/srv/jetson-edge\n" + day_one("install"), timeout=1800, check=False)
@@ -196,7 +208,13 @@ def installed(machine: Machine) -> Machine:
     return machine
 
 
+def reused(m: Machine) -> None:
+    if m.reused:
+        pytest.skip("rehearsal: {} was installed before (EDGE_REHEARSAL_ROOT)".format(m.root))
+
+
 def test_install_as_documented(installed: Machine) -> None:
+    reused(installed)
     m, out = installed, installed.install_output
     assert "no model at {}/mobilenet_v3_large.int8.engine yet".format(ENGINES) in out
     assert re.search(r"FAIL\s+model\s+{}/mobilenet_v3_large.int8.engine not found".format(ENGINES), out), out[-3000:]
@@ -220,6 +238,7 @@ def test_install_as_documented(installed: Machine) -> None:
 
 
 def test_without_a_model_the_unit_stops_at_once(installed: Machine) -> None:
+    reused(installed)
     m = installed
     assert m.run("systemctl start jetson-edge", check=False).returncode != 0
     state = m.show()
@@ -236,15 +255,16 @@ def serving(installed: Machine, tiny_classifiers) -> Machine:
     camera configured, the service started."""
     m = installed
     model = Path(tiny_classifiers[0])
-    for ext in (".onnx", ".labels.txt", ".json"):  # what the PC's export and scp leave in /tmp
-        m.copy_in(str(model.with_suffix("")) + ext, "/tmp/mobilenet_v3_large" + ext)
-    m.run(day_one("model"))
-    m.run("apt-get install -y -q gstreamer1.0-plugins-good >/dev/null")  # the camera's RTSP/JPEG elements
+    if not m.reused:
+        for ext in (".onnx", ".labels.txt", ".json"):  # what the PC's export and scp leave in /tmp
+            m.copy_in(str(model.with_suffix("")) + ext, "/tmp/mobilenet_v3_large" + ext)
+        m.run(day_one("model"))
+        m.run("apt-get install -y -q gstreamer1.0-plugins-good >/dev/null")  # the camera's RTSP/JPEG elements
     m.camera.start()
     m.edit_config(**{"source.uri": m.camera.uri, "source.rtsp_codec": "mjpeg", "source.width": 320,
                      "source.height": 240, "service.metrics.port": m.metrics_port, "runtime.report_every": 60})
     started = time.monotonic()
-    m.run(day_one("cpu"), timeout=900)
+    m.run("systemctl restart jetson-edge" if m.reused else day_one("cpu"), timeout=900)
     TIMES["cpu block (build + start)"] = time.monotonic() - started
     state = m.show()
     TIMES["READY after exec"] = (int(state["ActiveEnterTimestampMonotonic"]) -
