@@ -259,10 +259,12 @@ def serving(installed: Machine, tiny_classifiers) -> Machine:
         for ext in (".onnx", ".labels.txt", ".json"):  # what the PC's export and scp leave in /tmp
             m.copy_in(str(model.with_suffix("")) + ext, "/tmp/mobilenet_v3_large" + ext)
         m.run(day_one("model"))
-        m.run("apt-get install -y -q gstreamer1.0-plugins-good >/dev/null")  # the camera's RTSP/JPEG elements
+        # the camera's RTSP and JPEG elements, and the loader of the stand-ins for NVIDIA's (tests/rehearsal/jetson.py)
+        m.run("DEBIAN_FRONTEND=noninteractive apt-get install -y -q gstreamer1.0-plugins-good "
+              "gstreamer1.0-python3-plugin-loader python3-gst-1.0 >/dev/null")
     m.camera.start()
-    m.edit_config(**{"source.uri": m.camera.uri, "source.rtsp_codec": "mjpeg", "source.width": 320,
-                     "source.height": 240, "service.metrics.port": m.metrics_port, "runtime.report_every": 60})
+    m.edit_config(**{"source.uri": m.camera.uri, "source.width": 320, "source.height": 240,
+                     "service.metrics.port": m.metrics_port, "runtime.report_every": 60})
     started = time.monotonic()
     m.run("systemctl restart jetson-edge" if m.reused else day_one("cpu"), timeout=900)
     TIMES["cpu block (build + start)"] = time.monotonic() - started

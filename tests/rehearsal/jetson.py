@@ -13,6 +13,9 @@ In the root (a JetPack 6 board, an Orin Nano 8GB):
                                    cuda-cudart-dev-12-6, libcurand-dev-12-6, cuda-profiler-api-12-6)
   /opt/rehearsal/wheels            pycuda as a stand-in wheel: a driver with no CUDA device (cuInit fails), as on
                                    a Jetson whose GPU is out of reach; found by pip through /etc/pip.conf
+  /usr/lib/.../gstreamer-1.0/python   nvv4l2decoder and nvvidconv as Python elements with software inside (the
+                                   camera's pipeline on a Jetson names them; loaded once the test installs
+                                   Debian's Python plugin loader with the camera's plugins)
   /fake_sys, /opt/rehearsal/jtop   jetson-stats' testing-mode sysfs (tests/service_jtop.py), and a jtop.service
                                    drop-in of the tests that sets JTOP_TESTING (jtop.service runs the venv's jtop
                                    through the product's own drop-in)
@@ -104,6 +107,49 @@ class Device:
     def count():
         raise LogicError("cuDeviceGetCount failed: initialization error")
 '''
+
+
+# nvidia-l4t-gstreamer's elements that edge's Jetson pipelines name, as GStreamer elements written in Python (Debian's
+# gstreamer1.0-python3-plugin-loader loads them): the same names and properties, software inside (jpegdec: the
+# rehearsal's camera sends MJPEG; videoconvert).
+GST_STAND_IN = '''"""{name} stand-in (tests/rehearsal): {inner} in place of NVIDIA's element."""
+import gi
+
+gi.require_version("Gst", "1.0")
+from gi.repository import GObject, Gst  # noqa: E402
+
+Gst.init(None)
+
+
+class StandIn(Gst.Bin):
+    __gstmetadata__ = ("{name} (stand-in)", "{klass}", "{inner} in place of NVIDIA's", "jetson-edge tests")
+    __gsttemplates__ = (Gst.PadTemplate.new("sink", Gst.PadDirection.SINK, Gst.PadPresence.ALWAYS, Gst.Caps.new_any()),
+                        Gst.PadTemplate.new("src", Gst.PadDirection.SRC, Gst.PadPresence.ALWAYS, Gst.Caps.new_any()))
+    __gproperties__ = {{
+        "enable-max-performance": (bool, "max performance", "ignored", False, GObject.ParamFlags.READWRITE),
+        "mjpeg": (bool, "MJPEG", "ignored", False, GObject.ParamFlags.READWRITE),
+    }}
+
+    def __init__(self):
+        super().__init__()
+        self.values = {{}}
+        inner = Gst.ElementFactory.make("{inner}")
+        self.add(inner)
+        for name in ("sink", "src"):
+            self.add_pad(Gst.GhostPad.new_from_template(name, inner.get_static_pad(name), self.get_pad_template(name)))
+
+    def do_get_property(self, prop):
+        return self.values.get(prop.name, False)
+
+    def do_set_property(self, prop, value):
+        self.values[prop.name] = value
+
+
+GObject.type_register(StandIn)
+__gstelementfactory__ = ("{name}", Gst.Rank.NONE, StandIn)
+'''
+GST_STAND_INS = {"nvv4l2decoder": ("jpegdec", "Codec/Decoder/Video"), "nvvidconv": ("videoconvert",
+                                                                                    "Filter/Converter/Video")}
 
 
 def stand_in_wheel(folder: Path, name: str = "pycuda", version: str = "9999.0") -> Path:
@@ -213,6 +259,9 @@ def shape(root: Path, host_cuda: Path) -> None:
     _write(root / "etc/systemd/system/jtop.service.d/zz-rehearsal.conf",
            "# tests/rehearsal: no Jetson sysfs here; jetson-stats' testing mode reads /fake_sys\n"
            "[Service]\nEnvironment=JTOP_TESTING=true\n")
+    plugins = root / "usr/lib/x86_64-linux-gnu/gstreamer-1.0/python"
+    for name, (inner, klass) in GST_STAND_INS.items():
+        _write(plugins / (name + ".py"), GST_STAND_IN.format(name=name, inner=inner, klass=klass))
     dt = root / "opt/rehearsal/devicetree/base"
     _write(dt / "model", MODEL + "\0")
     _write(dt / "compatible", COMPATIBLE)
