@@ -24,14 +24,17 @@ Mounted in its namespace at each boot: this machine's CUDA toolkit at /opt/host-
 """
 
 import base64
+import ctypes
 import hashlib
 import io
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -344,3 +347,50 @@ def source_repository(checkout: Path, target: Path) -> None:
                GIT_COMMITTER_NAME="rehearsal", GIT_COMMITTER_EMAIL="r@localhost")
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the working tree"]):
         subprocess.run(["git", "-C", str(target)] + args, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+class HeldOpen:
+    """Every open() of `path` waits until `release()`: a fanotify permission event (FAN_OPEN_PERM) answered only
+    then, so the service's load of that file takes as long as the test wants, in the kernel, not in edge's code.
+    `opened` is set at the first open. Needs root (CAP_SYS_ADMIN) and a kernel with fanotify permission events."""
+
+    FAN_CLASS_CONTENT, FAN_MARK_ADD, FAN_OPEN_PERM, FAN_ALLOW, AT_FDCWD = 0x08, 0x01, 0x10000, 0x01, -100
+    EVENT = struct.Struct("=IBBHQii")  # struct fanotify_event_metadata
+
+    def __init__(self, path: Path):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.fanotify_init(self.FAN_CLASS_CONTENT, os.O_RDONLY | getattr(os, "O_LARGEFILE", 0))
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "fanotify_init")
+        libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+        if libc.fanotify_mark(self.fd, self.FAN_MARK_ADD, self.FAN_OPEN_PERM, self.AT_FDCWD, str(path).encode()) < 0:
+            os.close(self.fd)
+            raise OSError(ctypes.get_errno(), "fanotify_mark {}".format(path))
+        self.opened, self._released, self._closed = threading.Event(), threading.Event(), False
+        self._thread = threading.Thread(target=self._answer, daemon=True)
+        self._thread.start()
+
+    def _answer(self) -> None:
+        while not self._closed:
+            try:
+                data = os.read(self.fd, 4096)
+            except OSError:
+                return
+            for offset in range(0, len(data), self.EVENT.size):
+                event_len, _, _, _, mask, fd, _ = self.EVENT.unpack_from(data, offset)
+                if fd < 0:
+                    continue
+                self.opened.set()
+                self._released.wait()
+                if mask & self.FAN_OPEN_PERM:
+                    os.write(self.fd, struct.pack("=iI", fd, self.FAN_ALLOW))
+                os.close(fd)
+
+    def release(self) -> None:
+        self._released.set()
+
+    def close(self) -> None:
+        self.release()
+        self._closed = True
+        os.close(self.fd)  # pending permission events are allowed when the group goes
+
