@@ -93,9 +93,12 @@ class Machine:
                 pytest.skip("rehearsal: debootstrap cannot reach the Debian mirror")
             raise AssertionError("rehearsal.sh up failed: {}\n{}".format(proc.stderr, said))
         self.pid = int(proc.stdout.split()[-1])
-        jetson.shape(self.root, self.cuda)
-        for command in jetson.mounts(self.root, self.pid, self.cuda):
-            subprocess.run(["nsenter", "-t", str(self.pid), "-m"] + command, check=True)
+        if not (self.root.parent / (self.root.name + ".preboot")).is_file():  # the first boot: shaped now
+            jetson.shape(self.root, self.cuda)
+            jetson.preboot(self.root, self.cuda)
+            for command in jetson.mounts(self.root, self.cuda):
+                subprocess.run(["nsenter", "-t", str(self.pid), "-m"] + command, check=True)
+            self.run("systemctl daemon-reload")
         return time.monotonic() - started
 
     def copy_in(self, source: str, target: str) -> None:
@@ -389,7 +392,8 @@ def test_a_reboot_brings_it_back_and_a_late_camera_is_picked_up(serving: Machine
     assert sh.wait_until(lambda: m.show()["ActiveState"] == "active", 120, 0.5)
     status = m.show()["StatusText"]
     assert status.startswith("degraded: {}: no frame within".format(m.camera.uri)), status
-    assert m.show("jtop")["ActiveState"] == "active"
+    assert sh.wait_until(lambda: m.show("jtop")["ActiveState"] == "active", 60, 0.5)
+    assert m.show("jtop")["NRestarts"] == "0"  # its sysfs was there before it started
     sh.wait_until(lambda: time.monotonic() - booted >= 30, 40, 0.5)  # the camera comes up 30 s after boot
     appeared = m.camera.start()
     assert sh.wait_until(lambda: m.events("source_recovered"), 120, 0.5)

@@ -12,15 +12,16 @@ In the root (a JetPack 6 board, an Orin Nano 8GB):
                                    (python3-libnvinfer, cuda-nvcc-12-6 whose nvcc runs this machine's nvcc,
                                    cuda-cudart-dev-12-6, libcurand-dev-12-6, cuda-profiler-api-12-6)
   /opt/rehearsal/wheels            pycuda as a stand-in wheel: a driver with no CUDA device (cuInit fails), as on
-                                   a Jetson whose GPU is out of reach; found by pip through /etc/pip.conf
+                                   a Jetson whose GPU is out of reach; found by root's pip (~/.config/pip)
   /usr/lib/.../gstreamer-1.0/python   nvv4l2decoder and nvvidconv as Python elements with software inside (the
                                    camera's pipeline on a Jetson names them; loaded once the test installs
                                    Debian's Python plugin loader with the camera's plugins)
   /fake_sys, /opt/rehearsal/jtop   jetson-stats' testing-mode sysfs (tests/service_jtop.py), and a jtop.service
                                    drop-in of the tests that sets JTOP_TESTING (jtop.service runs the venv's jtop
                                    through the product's own drop-in)
-Mounted in its namespace at each boot: this machine's CUDA toolkit at /opt/host-cuda (read-only), the fake
-/sys/devices/virtual (dmi, thermal zones) and a device tree (/sys/firmware/devicetree/base: an Orin Nano).
+Mounted in its namespace at each boot, before systemd starts (ROOT.preboot, run by rehearsal.sh): the CUDA toolkit
+at /opt/host-cuda (read-only), the fake /sys/devices/virtual (dmi, thermal zones) and a device tree
+(/sys/firmware/devicetree/base: an Orin Nano).
 """
 
 import base64
@@ -28,6 +29,7 @@ import ctypes
 import hashlib
 import io
 import os
+import shlex
 import shutil
 import socket
 import struct
@@ -248,13 +250,8 @@ def shape(root: Path, host_cuda: Path) -> None:
     apt_repository(apt, host_cuda)
     _write(root / "etc/apt/sources.list.d/jetson-stubs.list", "deb [trusted=yes] file:/opt/rehearsal/apt ./\n")
     stand_in_wheel(root / "opt/rehearsal/wheels")
-    pip_conf = root / "etc/pip.conf"
-    text = pip_conf.read_text() if pip_conf.is_file() else ""
-    if "/opt/rehearsal/wheels" not in text:
-        if "[global]" not in text:
-            text += "[global]\n"
-        text = text.replace("[global]\n", "[global]\nfind-links = /opt/rehearsal/wheels\n", 1)
-        _write(pip_conf, text)
+    # root's own pip configuration (rehearsal.sh copies this machine's /etc/pip.conf over the root's at each boot)
+    _write(root / "root/.config/pip/pip.conf", "[global]\nfind-links = /opt/rehearsal/wheels\n")
     jtop = root / "opt/rehearsal/jtop"
     if not jtop.is_dir():
         service_jtop.build_tree(str(jtop))
@@ -270,8 +267,15 @@ def shape(root: Path, host_cuda: Path) -> None:
     _write(dt / "compatible", COMPATIBLE)
 
 
-def mounts(root: Path, pid: int, host_cuda: Path) -> List[List[str]]:
-    """The mounts made in the booted root's namespace (its systemd's `pid`), host paths."""
+def preboot(root: Path, host_cuda: Path) -> None:
+    """ROOT.preboot: the mounts below, made by rehearsal.sh in the root's mount namespace before systemd starts (so
+    jtop.service finds its sysfs, and the device tree is there, from the first boot on)."""
+    lines = ["#!/bin/sh", "set -e"] + [" ".join(shlex.quote(a) for a in command) for command in mounts(root, host_cuda)]
+    _write(root.parent / (root.name + ".preboot"), "\n".join(lines) + "\n", 0o755)
+
+
+def mounts(root: Path, host_cuda: Path) -> List[List[str]]:
+    """The mounts made in the root's namespace, host paths."""
     return [
         ["mount", "--bind", str(host_cuda), str(root / "opt/host-cuda")],
         ["mount", "-o", "remount,bind,ro", str(root / "opt/host-cuda")],
@@ -382,8 +386,11 @@ class HeldOpen:
                     continue
                 self.opened.set()
                 self._released.wait()
-                if mask & self.FAN_OPEN_PERM:
-                    os.write(self.fd, struct.pack("=iI", fd, self.FAN_ALLOW))
+                try:
+                    if mask & self.FAN_OPEN_PERM:
+                        os.write(self.fd, struct.pack("=iI", fd, self.FAN_ALLOW))
+                except OSError:  # closed meanwhile: the kernel allowed it as the group went
+                    pass
                 os.close(fd)
 
     def release(self) -> None:

@@ -11,6 +11,8 @@
 #
 # ROOT is a plain folder of this machine: copy a checkout into ROOT/opt/... before or after `up`. Stubs for what only a
 # Jetson has (nvpmodel, tegrastats, /etc/nv_tegra_release, apt packages from NVIDIA's repository) are the caller's.
+# An executable ROOT.preboot (the suite's copy only) runs in the new mount namespace just before systemd starts: the
+# caller's mounts (a fake sysfs, a device tree) are there from the first unit on, at every boot.
 set -euo pipefail
 cmd=${1:?usage: rehearsal.sh up|run|down ROOT ...}; root=$(realpath -m "${2:?ROOT}"); shift 2
 pidfile="$root.pid"
@@ -40,6 +42,7 @@ mount --rbind /dev "$root/dev"
 mount -t tmpfs tmpfs "$root/run"
 mount -t tmpfs tmpfs "$root/tmp"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+if [ -x "$root.preboot" ]; then "$root.preboot"; fi
 exec chroot "$root" /lib/systemd/systemd --system
 EOF
   setsid unshare -fpm --propagation private bash "$boot" >"$root.console.log" 2>&1 </dev/null &
