@@ -323,7 +323,8 @@ def test_a_load_longer_than_the_watchdog_keeps_the_old_model_serving(serving: Ma
     try:
         before, done = m.show(), len(m.events("reload"))
         frames = metric(m.metrics(m.metrics_port), "edge_frames_total", status="ok")
-        m.run("systemctl reload jetson-edge")
+        # --no-block: once the service's RELOADING=1 is in, `systemctl reload` may wait for its READY=1, the load's end
+        m.run("systemctl reload --no-block jetson-edge")
         sent = time.monotonic()
         assert held.opened.wait(60), "the reload never opened the model"
         assert pings_after(m, sent + WATCHDOG_S + 2, 60), "the watchdog was not pinged during the load"
