@@ -185,13 +185,13 @@ def runtime_in_thread(cfg, stages_factory=None, reload_config=None):
 
 def test_reloads_in_a_row_never_starve_the_watchdog(small_model, listener, monkeypatch):
     """The rehearsal's watchdog kill: reloads a few seconds apart used to push the ping pacing on without a ping
-    (READY=1 was taken for one) until WatchdogSec ran out. Reloads back to back for 5 s, WatchdogSec=2 s: no gap
-    between two pings reaches it."""
-    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+    (READY=1 was taken for one) until WatchdogSec ran out. Reloads back to back, at least 5 of them and for 10 s,
+    WatchdogSec=4 s: no gap between two pings reaches it (before: no ping at all while they went on)."""
+    monkeypatch.setenv("WATCHDOG_USEC", "4000000")
     runtime, _, stop, thread, outcome = runtime_in_thread(sh.service_config(small_model))
     try:
         ready_at, _ = listener.wait_for("READY")
-        while time.monotonic() - ready_at < 5.0:
+        while time.monotonic() - ready_at < 10.0 or len(runtime.log.events("reload")) < 5:
             done = len(runtime.log.events("reload"))
             stop.reload.set()
             assert sh.wait_until(lambda done=done: len(runtime.log.events("reload")) > done or not thread.is_alive(),
@@ -201,10 +201,10 @@ def test_reloads_in_a_row_never_starve_the_watchdog(small_model, listener, monke
         stop.request("test over")
         thread.join(timeout=60)
     pings = [t for t, _ in listener.lines("WATCHDOG") if ready_at <= t <= ended]
-    assert len(runtime.log.events("reload")) >= 10 and outcome["report"]["reloads"]["failed"] == 0
+    assert outcome["report"]["reloads"]["failed"] == 0
     times = [ready_at] + pings + [ended]
     gaps = [b - a for a, b in zip(times, times[1:])]
-    assert max(gaps) < 2.0, gaps
+    assert max(gaps) < 4.0, gaps
 
 
 def test_a_load_that_outlasts_the_watchdog_keeps_the_old_model_serving(small_model, tmp_path, listener,
