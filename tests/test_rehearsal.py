@@ -6,8 +6,9 @@ One root per run (debootstrapped once, ~350 MB), one boot for the cases, a reboo
 install from a clone with jtop's service from the venv; without a model the unit stops at once; the first model
 and READY with jtop telemetry; reloads in a row, and one whose load outlasts WatchdogSec, keep it alive with the
 old model serving; `kill -9` restarts it; a config error stops it at once with one line; `doctor --as-service`
-leaves the running service's folders alone; `edge rebuild --systemd` end to end against it; a reboot brings it
-back, and a camera that appears 30 s after boot is picked up.
+leaves the running service's folders alone; `edge doctor` names each board's maximum power mode (an Orin Nano, an AGX
+Orin, a Xavier NX); `edge rebuild --systemd` end to end against it; a reboot brings it back, and a camera that
+appears 30 s after boot is picked up.
 
 What it does not prove (no GPU here): the engine block (`edge build --engine` needs a CUDA device) is replaced by
 the docs' CPU block, and pycuda is a stand-in whose driver has no device (the recipe's pip line installs it like
@@ -371,6 +372,19 @@ def test_doctor_as_service_leaves_the_running_service_alone(serving: Machine) ->
     assert m.run("ls -di /run/jetson-edge").stdout == marker  # the same folder, not removed and remade
     after = m.show()
     assert after["MainPID"] == before["MainPID"] and after["ActiveState"] == "active"
+
+
+def test_doctor_on_the_board_names_its_maximum_power_mode(serving: Machine) -> None:
+    """`edge doctor` on the device, under each board's power modes (tests/nvpmodel/) in its default mode."""
+    m = serving
+    boards = {"xavier_nx_r35.conf": "MODE_20W_6CORE (8)", "agx_orin_64gb_r36.conf": "MAXN (0)",
+              "orin_nano_8gb_super_r36.conf": "MAXN_SUPER (2)"}  # the root's own board last: it stays
+    for conf, top in boards.items():
+        (m.root / "etc/nvpmodel.conf").write_text((Path(REPO) / "tests" / "nvpmodel" / conf).read_text())
+        out = m.run("rm -f /var/lib/nvpmodel/status && cd /opt/jetson-edge && .venv/bin/edge doctor --config "
+                    "{}".format(CONFIG), check=False).stdout
+        power = next(line for line in out.splitlines() if re.match(r"(ok|warn)\s+power\s", line))
+        assert "not the maximum power mode {}: ".format(top) in power, (conf, power)
 
 
 def test_rebuild_end_to_end_against_the_running_service(serving: Machine) -> None:
