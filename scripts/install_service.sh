@@ -78,10 +78,11 @@ jtop_answers() {  # the jtop service accepts a connection on /run/jtop.sock with
   systemctl --no-pager --lines=5 status jtop.service >&2 || true
   return 1
 }
+jtop_elsewhere=(/usr/local/bin/jtop /usr/bin/jtop)  # where a system-wide jetson-stats puts its jtop
 foreign_jtop() {  # a jtop outside the venv of another major.minor: named; the service never runs it (the drop-in)
   local ours theirs path
   ours="$("$prefix/.venv/bin/jtop" --version 2>/dev/null | awk '{print $NF}')"
-  for path in /usr/local/bin/jtop /usr/bin/jtop; do
+  for path in "${jtop_elsewhere[@]}"; do
     [ -x "$path" ] || continue
     theirs="$("$path" --version 2>/dev/null | awk '{print $NF}')"
     [ -n "$theirs" ] && [ "${theirs%.*}" = "${ours%.*}" ] && continue

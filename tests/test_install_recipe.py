@@ -137,3 +137,25 @@ def test_the_whole_recipe_runs_in_order_and_installs_nvcc_where_missing(tmp_path
         "pip install -e .[jetson,service,check]",
         "python scripts/build_kernel.py --into {}/kernels".format(tmp_path / "state"),
     ]
+
+
+def test_a_foreign_jtop_is_named_and_refused(tmp_path: Path) -> None:
+    """A jtop outside the venv (an earlier `sudo pip3 install jetson-stats`) of another major.minor is named: the
+    service runs the venv's (the drop-in), and that one's client would get "Mismatch version"; one of the same
+    major.minor is not."""
+    def jtop(path: Path, version: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('#!/bin/sh\necho "jtop {}"\n'.format(version))
+        path.chmod(0o755)
+        return path
+
+    jtop(tmp_path / "prefix" / ".venv" / "bin" / "jtop", "7.2.2")
+    old, same = jtop(tmp_path / "local" / "jtop", "4.2.12"), jtop(tmp_path / "usr" / "jtop", "7.2.0")
+    body = 'source "$1"; prefix="$2"; jtop_elsewhere=("$3" "$4" "$2/missing"); foreign_jtop'
+    proc = subprocess.run(["bash", "-c", body, "foreign", str(INSTALL), str(tmp_path / "prefix"), str(old), str(same)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "install_service: warning: refusing {} (jetson-stats 4.2.12) for jtop.service: it runs the venv's jetson-stats "
+        "7.2.2 instead, and {} cannot talk to that ('Mismatch version'): sudo pip3 uninstall jetson-stats".format(
+            old, old)]
