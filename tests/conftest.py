@@ -51,9 +51,10 @@ def once_per_run(tmp_path_factory, name, make):
 # The files that take longest on a loaded 2-core machine, longest first (pytest --durations under
 # ../shared/tools/under_load.sh). pytest-xdist hands each worker a whole file, in this order (pytest.ini keeps it
 # from reordering): started first, no long file is left running alone at the end. Only the order depends on this.
-LONGEST = ("test_real_weights.py", "test_hostile.py", "test_gstreamer.py", "test_typecheck.py", "test_fleet_deploy.py",
-           "test_rebuild.py", "test_export.py", "test_check.py", "test_calibration.py", "test_artifacts.py",
-           "test_fallback.py", "test_build.py", "test_auto_method.py", "test_quantize.py", "test_gate.py")
+LONGEST = ("test_rehearsal.py", "test_real_weights.py", "test_hostile.py", "test_gstreamer.py", "test_typecheck.py",
+           "test_fleet_deploy.py", "test_rebuild.py", "test_export.py", "test_check.py", "test_calibration.py",
+           "test_artifacts.py", "test_fallback.py", "test_build.py", "test_auto_method.py", "test_quantize.py",
+           "test_gate.py")
 
 
 # fixture -> its folder in the run's shared folder, in the order the background maker makes them

@@ -29,8 +29,8 @@ def test_cpu_path_can_run(small_model: str) -> None:
     assert re.search(r"^ok\s+pipeline\s+loads: backend onnxruntime, preprocess cpu \(model is not a \.engine",
                      proc.stdout, re.M)
     assert re.search(r"^--\s+kernel\s+not loaded \(no CUDA device\); would try /var/lib/jetson-edge/kernels \(the "
-                     r"service's state directory\).*, then shipped edge/cuda/preprocess.fatbin .* matches", proc.stdout,
-                     re.M)
+                     r"service's state directory\).*, then the one prebuilt for the driver's CUDA major version: "
+                     r"CUDA 11.x: preprocess-cuda11.8-sm_72.cubin .*CUDA 13.x: preprocess.fatbin", proc.stdout, re.M)
     assert proc.stdout.rstrip().endswith("edge doctor: the configured path can run")
 
 
@@ -122,12 +122,12 @@ def test_a_slow_gst_inspect_is_a_line_not_a_traceback(tmp_path, monkeypatch) -> 
 
 
 def test_as_service_takes_the_units_user_groups_and_sandbox_and_nothing_else() -> None:
-    from edge.commands.doctor import sandbox_properties
+    from edge.commands.doctor_service import sandbox_properties
 
     props = sandbox_properties(os.path.join(REPO, "systemd", "jetson-edge.service"))
     assert {"--property=User=jetson-edge", "--property=SupplementaryGroups=video render jtop",
             "--property=ProtectSystem=strict", "--property=StateDirectory=jetson-edge jetson-edge/engines",
-            "--property=Environment=TMPDIR=/run/jetson-edge"} <= set(props)
+            "--property=Environment=TMPDIR=/run/jetson-edge-doctor"} <= set(props)
     keys = {p.split("=", 2)[1] for p in props}
     assert not keys & {"ExecStart", "ExecReload", "Type", "WatchdogSec", "Restart", "NotifyAccess"}
     assert not keys & {"Description", "WantedBy", "After"}  # [Unit] and [Install] are not the sandbox

@@ -41,8 +41,9 @@ def np_dtype(dtype: "trt.DataType") -> "np.dtype[Any]":
     """The NumPy type of a TensorRT I/O tensor (the one table)."""
     import tensorrt as trt
 
-    table = {trt.DataType.FLOAT: np.float32, trt.DataType.HALF: np.float16, trt.DataType.INT8: np.int8,
-             trt.DataType.INT32: np.int32, trt.DataType.BOOL: np.bool_}
+    names = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "BOOL": np.bool_,
+             "UINT8": np.uint8, "INT64": np.int64}  # UINT8 since TensorRT 8.5, INT64 since 10.0
+    table = {getattr(trt.DataType, name): np_type for name, np_type in names.items() if hasattr(trt.DataType, name)}
     if dtype not in table:
         raise EdgeError("unsupported TensorRT I/O data type {}".format(dtype), exit_code=EXIT_FAIL)
     return np.dtype(table[dtype])

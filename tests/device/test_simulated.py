@@ -67,14 +67,25 @@ def session() -> Any:
     return CudaSession()
 
 
-def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim) -> None:
+@pytest.mark.parametrize("driver,image", [
+    (11040, "preprocess-cuda11.8-sm_87.cubin"),  # JetPack 5's driver: the NVRTC 11.8 SASS
+    (12060, "preprocess-cuda12.6-sm_87.cubin"),  # JetPack 6's: the NVRTC 12.6 SASS
+    (13000, "preprocess.fatbin"),  # JetPack 7's: nvcc 13's fatbin
+])
+def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim, driver: int, image: str) -> None:
+    """The prebuilt kernel the driver's CUDA version chooses is the one loaded (at once), and its launch, run through
+    the host build of the kernel's math, matches the CPU preprocessor."""
     from edge.frame.cuda_preprocess import CudaPreprocessor
 
+    sim.driver.get_driver_version = lambda: driver
     cpu = CpuPreprocessor(PreprocessConfig())
     padded = frame(720, 1344, 3)
     owner = session()
     pre = CudaPreprocessor(PreprocessConfig(), owner)
-    assert len(sim.loads) == 1 and sim.loads[0][:4] == sim_gpu.FATBIN_MAGIC  # loaded at once: the shipped fatbin
+    with open(os.path.join(sim_gpu.CUDA_DIR, image), "rb") as fh:
+        assert sim.loads == [fh.read()]
+    assert sim.context_flags == sim.driver.ctx_flags.SCHED_BLOCKING_SYNC  # waits sleep, not spin
+    assert pre.kernel_source.startswith("shipped edge/cuda/" + image)
     for f in (frame(720, 1280), frame(1280, 720, 1), frame(5, 7, 2), padded[:, 16:1296], frame(720, 1280, 4)):
         tensor = pre(f)
         assert tensor.shape == (1, 3, 224, 224)
