@@ -265,7 +265,7 @@ def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_pat
                                       "build": {"engines_dir": str(engines), "calibration_dir": str(tmp_path / "cal"),
                                                 "regression_dir": os.path.join(REPO, "calibration", "regression")}}))
     job = RebuildJob(load_config(str(config)), accept_inconclusive=True, stamp="x")
-    plan = preflight(job, False, False, quiet)
+    plan = preflight(job, engine=False, calibrator=False, log=quiet)
     assert plan.accept_inconclusive is True
     assert "inconclusive installs (--accept-inconclusive)" in format_plan(job, plan, "no reload")
 

@@ -70,7 +70,8 @@ def debris(folder):
 
 
 def stage_set(folder, name, model, tag):
-    """A plain model with its own labels, as an export leaves it (no model info: any provenance)."""
+    """A plain model with its own labels, as an export leaves it (no model info: any provenance, gated as trained,
+    so the builds below declare these random-weight models --untrained)."""
     os.makedirs(folder, exist_ok=True)
     shutil.copyfile(model, os.path.join(folder, name + ".onnx"))
     with open(os.path.join(folder, name + ".labels.txt"), "w") as fh:
@@ -147,7 +148,7 @@ def build_config(tmp_path, name, source, sets):
 def test_build_killed_during_its_install_never_pairs_an_artifact_with_other_labels(tiny_classifiers, sets, tmp_path):
     source = stage_set(str(tmp_path / "src"), "m", tiny_classifiers[0], "a")
     config = build_config(tmp_path, "engines", source, sets)
-    assert killed(0, "rename", "build", "--config", config, "--no-progress")[0] == 0
+    assert killed(0, "rename", "build", "--config", config, "--no-progress", "--untrained")[0] == 0
     dest = str(tmp_path / "engines" / "m.int8.onnx")
     expected = {af.sha256_file(tiny_classifiers[0]): tuple(labels_of("a")),
                 af.sha256_file(tiny_classifiers[1]): tuple(labels_of("b"))}
@@ -160,11 +161,11 @@ def test_build_killed_during_its_install_never_pairs_an_artifact_with_other_labe
                 af.rollback(dest, log=quiet)
         assert served(dest) == first
 
-    killed(0, "rename", "build", "--config", config, "--no-progress")  # the links previous/ needs, made once
-    points = kill_points("build", "build", "--config", config, "--no-progress", prepare=reset)
+    killed(0, "rename", "build", "--config", config, "--no-progress", "--untrained")  # the links previous/ needs, made once
+    points = kill_points("build", "build", "--config", config, "--no-progress", "--untrained", prepare=reset)
     for kind, k in points:
         reset()
-        killed(k, kind, "build", "--config", config, "--no-progress")
+        killed(k, kind, "build", "--config", config, "--no-progress", "--untrained")
         now = served(dest)
         source_sha = af.read_model_info(dest)["source"]["sha256"]
         assert now[1] == expected[source_sha], (kind, k)  # the labels of the model it was built from
@@ -208,7 +209,7 @@ def test_calibrate_import_killed_at_any_moment_leaves_the_old_or_the_new_set(tmp
 def test_cache_fetch_killed_at_any_moment_installs_whole_or_nothing(tiny_classifiers, sets, tmp_path):
     source = stage_set(str(tmp_path / "src"), "m", tiny_classifiers[0], "a")
     canary = build_config(tmp_path, "canary", source, sets)
-    assert killed(0, "rename", "build", "--config", canary, "--no-progress")[0] == 0
+    assert killed(0, "rename", "build", "--config", canary, "--no-progress", "--untrained")[0] == 0
     cache = str(tmp_path / "cache")
     engine_cache.publish(check_inputs(load_config(canary), show_progress=False), cache, log=quiet)
     device = build_config(tmp_path, "device", source, sets)
