@@ -161,11 +161,12 @@ def test_build_killed_during_its_install_never_pairs_an_artifact_with_other_labe
                 af.rollback(dest, log=quiet)
         assert served(dest) == first
 
-    killed(0, "rename", "build", "--config", config, "--no-progress", "--untrained")  # the links previous/ needs, made once
-    points = kill_points("build", "build", "--config", config, "--no-progress", "--untrained", prepare=reset)
+    build = ("build", "--config", config, "--no-progress", "--untrained")
+    killed(0, "rename", *build)  # the links previous/ needs, made once
+    points = kill_points("build", *build, prepare=reset)
     for kind, k in points:
         reset()
-        killed(k, kind, "build", "--config", config, "--no-progress", "--untrained")
+        killed(k, kind, *build)
         now = served(dest)
         source_sha = af.read_model_info(dest)["source"]["sha256"]
         assert now[1] == expected[source_sha], (kind, k)  # the labels of the model it was built from
