@@ -80,7 +80,9 @@ def simulate(batcher, events, cost=linear_cost, slow=lambda start: 1.0):
 
 
 def batcher_for(cameras, max_batch=4, max_wait=0.010, margin=0.0, cost=linear_cost):
-    return DeadlineBatcher([1.0 / FPS] * cameras, BUDGET, max_batch, max_wait, margin, CostModel({1: cost(1)}))
+    """As the service makes it: every batch size's cost measured first (edge.service.cameras.seed_costs)."""
+    seed = CostModel({n: cost(n) for n in range(1, max_batch + 1)})
+    return DeadlineBatcher([1.0 / FPS] * cameras, BUDGET, max_batch, max_wait, margin, seed)
 
 
 def assert_no_late_frame(run):
@@ -117,11 +119,11 @@ def test_overload_drops_what_cannot_make_it_and_serves_no_frame_late():
 
 def test_equal_load_is_served_equally():
     # same phase (every deadline ties) and more work than the engine can do: round-robin decides who goes
-    expensive = lambda n: 0.025 + 0.010 * n  # noqa: E731
+    expensive = lambda n: 0.012 + 0.008 * n  # noqa: E731  -- two of each four frames fit their deadline
     events = arrivals(4, 10.0, phases=[0.0] * 4)
     run = simulate(batcher_for(4, max_batch=2, cost=expensive), events, cost=expensive)
     counts = [sum(p.camera == c for p in run.served()) for c in range(4)]
-    assert run.expired or run.superseded  # the premise: not everything could be served
+    assert len(run.served()) >= len(events) // 3 and run.expired  # the premise: half served, the rest dropped
     assert max(counts) - min(counts) <= 1, counts
     # phases apart and an engine that keeps up: each camera's frames all served
     events = arrivals(4, 10.0, jitter=0.002, seed=3)
@@ -187,3 +189,13 @@ def test_cost_model_prices_an_unmeasured_size_from_a_smaller_one():
     cost.observe(2, 0.050)
     assert cost.estimate(2) == pytest.approx(0.050)  # the p99 of the window, not the mean
     assert cost.estimate(4) == pytest.approx(0.100)
+
+
+def test_costs_measured_in_a_slow_spell_do_not_starve_the_cameras():
+    # seeded at twice the budget (a start on a busy machine): every frame looks hopeless until one is served
+    batcher = DeadlineBatcher([1.0 / FPS] * 3, BUDGET, 3, 0.010, 0.0, CostModel({n: 2 * BUDGET for n in (1, 2, 3)}))
+    assert batcher.cost.estimate(1, 0.5) > BUDGET  # the premise: by the seed, no frame can make its deadline
+    events = arrivals(3, 6.0, jitter=0.002, seed=6)
+    run = simulate(batcher, events)
+    served_late = [p for p in run.served() if p.captured > 2.0]
+    assert len(served_late) == sum(1 for t, _ in events if t > 2.0)  # measured again: served like any other run

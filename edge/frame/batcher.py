@@ -4,8 +4,10 @@ no I/O. The caller (edge/service/cameras.py, and the unit tests with a fake cloc
 The rules (docs/throughput.md), for N cameras on one engine:
 - One slot per camera: the newest frame wins; the frame it replaces is `superseded`. So a batch holds at most one
   frame per camera, and nothing queues up behind a slow engine.
-- A frame's deadline is its capture time + the budget. A frame that cannot make it even alone
-  (now + L(1) + margin > deadline) is dropped as `expired`: served late, it would be a miss and delay others.
+- A frame's deadline is its capture time + the budget. A frame that cannot make it even alone at the typical cost
+  (now + p50 L(1) + margin > deadline) is dropped as `expired`: served late, it would be a miss and delay others.
+  After PROBE_S without a batch the newest frame is served anyway, so costs measured in a slow spell are measured
+  again instead of starving every camera for good.
 - Earliest deadline first, ties round-robin across cameras. The batch is the largest n <= the current limit whose
   service time L(n), the p99 of the last batches of that size, still meets the earliest deadline.
 - Short of a full batch (every live camera, or the limit), it waits for the next expected frame (each camera's
@@ -24,6 +26,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 WINDOW = 64  # the last batches (of any size) whose service times give each size's p99
 RECOVER_AFTER = 16  # clean batches in a row before the limit grows by one
 STALL_PERIODS = 1.5  # a camera whose frame is this many periods late is stalled: nobody waits for it
+PROBE_S = 1.0  # nothing served for this long: the newest frame is served even if it looks hopeless
 
 
 @dataclass
@@ -60,20 +63,21 @@ class CostModel:
         self.batches += 1
         self.samples.setdefault(n, collections.deque()).append((self.batches, seconds))
 
-    def _p99(self, n: int) -> Optional[float]:
+    def _quantile(self, n: int, q: float) -> Optional[float]:
         window = self.samples.get(n)
         while window and window[0][0] <= self.batches - WINDOW:
             window.popleft()
         if not window:
             return None
         ordered = sorted(s for _, s in window)
-        return ordered[min(len(ordered) - 1, int(math.ceil(0.99 * len(ordered))) - 1)]
+        return ordered[max(0, min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1))]
 
-    def estimate(self, n: int) -> float:
-        own = self._p99(n)
+    def estimate(self, n: int, q: float = 0.99) -> float:
+        """The q-quantile (default the p99) of recent batches of n."""
+        own = self._quantile(n, q)
         if own is not None:
             return own
-        recent = {k: v for k, v in ((k, self._p99(k)) for k in list(self.samples)) if v is not None}
+        recent = {k: v for k, v in ((k, self._quantile(k, q)) for k in list(self.samples)) if v is not None}
         smaller = [k for k in recent if k < n]
         if smaller:
             k = max(smaller)
@@ -95,6 +99,7 @@ class DeadlineBatcher:
         self.last_capture: List[Optional[float]] = [None] * len(self.periods)
         self.clean = 0  # clean batches in a row
         self.rr = 0  # the camera that wins the next tie
+        self.last_served = -math.inf  # when the last batch was handed out
 
     @property
     def cameras(self) -> int:
@@ -120,11 +125,7 @@ class DeadlineBatcher:
 
     def decide(self, now: float) -> Decision:
         decision = Decision()
-        alone = self.cost.estimate(1) + self.margin
-        for p in self.pending():
-            if now + alone > p.deadline:
-                decision.expired.append(p)
-                self.slots[p.camera] = None
+        self._expire(now, decision)
         waiting = sorted(self.pending(), key=self._key)
         if not waiting:
             return decision
@@ -140,10 +141,23 @@ class DeadlineBatcher:
             decision.wake_at = wake
             return decision
         decision.serve = waiting[:n]
+        self.last_served = now
         for p in decision.serve:
             self.slots[p.camera] = None
         self.rr = (decision.serve[-1].camera + 1) % self.cameras
         return decision
+
+    def _expire(self, now: float, decision: Decision) -> None:
+        """Drop what cannot make its deadline even alone at the typical (p50) cost. When nothing was served for
+        PROBE_S, the newest frame is served anyway: a probe, so that costs measured in a slow spell (or at start)
+        are measured again instead of starving every camera for good."""
+        alone = self.cost.estimate(1, 0.5) + self.margin
+        hopeless = [p for p in self.pending() if now + alone > p.deadline]
+        if hopeless and len(hopeless) == len(self.pending()) and now - self.last_served >= PROBE_S:
+            hopeless.remove(max(hopeless, key=lambda p: p.deadline))
+        for p in hopeless:
+            decision.expired.append(p)
+            self.slots[p.camera] = None
 
     def _wait_until(self, now: float, waiting: List[Pending], earliest: float) -> Optional[float]:
         """The latest time to go with one more frame, if a live camera's next frame is expected before it."""

@@ -21,6 +21,7 @@ _EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
 # running service): one intra-op thread, not spinning. The gate of MobileNetV3-Large on 2 cores: 1.2x less CPU,
 # 10 % more wall time (benchmarks/offline_spinning.py --threads; docs/build.md).
 OFFLINE_THREADS = 1
+DYNAMIC_MAX_BATCH = 64  # a model with a dynamic batch axis (edge export --batch dynamic) takes up to this many rows
 
 
 def session_options(ort: Any, threads: int, spinning: bool) -> Any:
@@ -75,6 +76,7 @@ class OnnxRuntimeBackend(Backend):
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self._input_name = inputs[0].name
         self._output_names = [outputs[0].name]
+        self.max_batch = 1 if isinstance(inputs[0].shape[0], int) else DYNAMIC_MAX_BATCH
         self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
         self._output_shape = tuple(d if isinstance(d, int) else 1 for d in outputs[0].shape)
 

@@ -22,13 +22,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from edge.config import Config, SourceConfig, load_config
+from edge.config import Config, SourceConfig, cameras, load_config
 from edge.errors import EdgeError
 from edge.fields import reloaded
 from edge.frame.latency import LatencyRecorder
 from edge.frame.pipeline import Pipeline, Result, Sink
 from edge.frame.sources import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
 from edge.frame.stages import Stages, build_stages, create_stages
+from edge.service.cameras import Batch, CameraSet
 from edge.service.frame_log import FrameLogSink, report_fields
 from edge.service.log import JsonLog
 from edge.service.notify import Notifier, NotifySink
@@ -57,7 +58,7 @@ class Runtime:
         self.capture_factory = capture_factory or open_capture
         self.stages_factory = stages_factory or create_stages
         self.pipeline: Optional[Pipeline] = None
-        self.source: Optional[SourceSupervisor] = None
+        self.source: Any = None  # SourceSupervisor of the one camera, or the CameraSet of several (config sources)
         self.metrics: Any = None  # edge.service.metrics.MetricsSink when service.metrics.enabled
         self.metrics_port: Optional[int] = None
         self.telemetry: Any = None  # edge.service.telemetry.Telemetry when service.telemetry.enabled
@@ -104,18 +105,30 @@ class Runtime:
         stages = build_stages(cfg, self.stages_factory)
         recorder = LatencyRecorder(cfg.runtime.budget_ms, cfg.runtime.latency_window)
         self.pipeline = Pipeline(stages, recorder, cfg.runtime.max_consecutive_errors)
-        capture = self.capture_factory(cfg.source)
-        self.source = SourceSupervisor(capture, cfg.source.timeout_s, cfg.service.reconnect_initial_s,
-                                       cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(cfg.source),
-                                       on_event=self._source_event, start_timeout_s=cfg.source.start_timeout_s).start()
+        self.source = self._open_source(stages)
         self._start_services(recorder)
         self._set_untrained_warning(stages)
-        self.facts = dict(stages.facts(), source=capture.description, budget_ms=cfg.runtime.budget_ms)
+        self.facts = dict(stages.facts(), source=self.source.capture.description if isinstance(
+            self.source, SourceSupervisor) else self.source.description, budget_ms=cfg.runtime.budget_ms)
+        if isinstance(self.source, CameraSet):
+            self.facts.update(self.source.facts())
         self.event("start", metrics=self._metrics_url(), telemetry=self._telemetry_source(),
                    systemd=self.notifier.enabled, watchdog_ping_s=self.notifier.watchdog_interval_s, **self.facts)
         self._warn_stale_info(stages)
         if self.telemetry is not None:
             self.telemetry.start()
+
+    def _open_source(self, stages: Stages) -> Any:
+        """The one camera's SourceSupervisor (today's batch-1 path), or the CameraSet of several."""
+        cfg = self.cfg
+        served = cameras(cfg)
+        if len(served) > 1:
+            return CameraSet(served, cfg.runtime, self.capture_factory, cfg.service.reconnect_initial_s,
+                             cfg.service.reconnect_max_s, self._source_event).start(stages)
+        one = served[0] if cfg.sources else cfg.source
+        return SourceSupervisor(self.capture_factory(one), one.timeout_s, cfg.service.reconnect_initial_s,
+                                cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(one),
+                                on_event=self._source_event, start_timeout_s=one.start_timeout_s).start()
 
     def _start_services(self, recorder: LatencyRecorder) -> None:
         cfg, source = self.cfg, self.source
@@ -178,8 +191,11 @@ class Runtime:
     def report(self) -> Dict[str, Any]:
         """The counters and latency statistics so far."""
         assert self.pipeline is not None and self.source is not None
-        return report_fields(self.pipeline.recorder, self.source.stats(), self.pipeline.errors, self.reloads,
-                             self.telemetry.latest() if self.telemetry is not None else None)
+        out = report_fields(self.pipeline.recorder, self.source.stats(), self.pipeline.errors, self.reloads,
+                            self.telemetry.latest() if self.telemetry is not None else None)
+        if isinstance(self.source, CameraSet):
+            out.update(self.source.report())
+        return out
 
     def close(self) -> None:
         if self.source is not None:
@@ -192,10 +208,10 @@ class Runtime:
             self.telemetry.stop()
 
     # -- frames --------------------------------------------------------------------------------------------
-    def frames(self, stop: StopFlag) -> Iterator[Frame]:
-        """Frames until a stop request, `runtime.frames` timed frames, or the end of a file source (`ended_by`
-        says which). Between two frames it serves SIGHUP; while the source is quiet, the watchdog (the loop is
-        alive: restarting would not bring a camera back) and stop requests within SLICE_S."""
+    def frames(self, stop: StopFlag) -> Iterator[Any]:
+        """Frames (several cameras: Batches) until a stop request, `runtime.frames` timed frames, or the end of a file
+        source (`ended_by` says which). Between two frames it serves SIGHUP; while the source is quiet, the watchdog
+        (the loop is alive: restarting would not bring a camera back) and stop requests within SLICE_S."""
         assert self.pipeline is not None and self.source is not None
         limit = self.cfg.runtime.frames
         while True:
@@ -225,19 +241,36 @@ class Runtime:
 
     def process(self, frame: Frame) -> Result:
         """One frame through the stages; warm-up frames (`runtime.warmup`) are timed, not recorded or delivered,
-        failed ones always delivered. Raises TooManyErrors past `runtime.max_consecutive_errors` in a row."""
+        failed ones always delivered. Raises TooManyErrors past `runtime.max_consecutive_errors` in a row. Several
+        cameras: `frame` is a Batch, and its Results come back as a list."""
         assert self.pipeline is not None and self.source is not None
+        if isinstance(frame, Batch):
+            return self._process_batch(frame)  # type: ignore[return-value]
         record = self._warmup <= 0
         self._warmup -= 1
         self._last_image = frame.image
         result = self.pipeline.process(frame, record)
+        self._deliver(result, record)
+        return result
+
+    def _process_batch(self, batch: Batch) -> List[Result]:
+        assert self.pipeline is not None and isinstance(self.source, CameraSet)
+        record = self._warmup <= 0
+        self._warmup -= len(batch.frames)
+        self._last_image = batch.frames[-1].image
+        results = self.pipeline.process_batch(batch.frames, batch.names, record)
+        self.source.finished(batch, results)
+        for result in results:
+            self._deliver(result, record)
+        return results
+
+    def _deliver(self, result: Result, record: bool) -> None:
         if record or result.status == "error":
             result.source = self.source.stats()
             result.telemetry = self.telemetry.latest() if self.telemetry is not None else None
             result.reloads = dict(self.reloads)
             for sink in self.sinks:
                 sink.on_result(result)
-        return result
 
     # -- SIGHUP --------------------------------------------------------------------------------------------
     def reload(self) -> bool:
