@@ -184,6 +184,11 @@ class CameraSet:
                 total[key] = total.get(key, 0) + value
         return total
 
+    def drops(self) -> Dict[str, Dict[str, int]]:
+        """Each camera's frames never served: superseded (the reader's and the batcher's) and expired."""
+        return {c.name: {"superseded": c.superseded + c.supervisor.stats()["skipped"], "expired": c.expired}
+                for c in self.cameras}
+
     def facts(self) -> Dict[str, Any]:
         """What the start line adds for several cameras."""
         assert self.batcher is not None

@@ -141,7 +141,8 @@ class Runtime:
             from edge.service.metrics import MetricsSink
 
             self.metrics = MetricsSink(cfg.runtime.budget_ms, source_stats=source.stats,
-                                       telemetry=self.telemetry.latest if self.telemetry is not None else None)
+                                       telemetry=self.telemetry.latest if self.telemetry is not None else None,
+                                       camera_stats=source.drops if isinstance(source, CameraSet) else None)
             self.sinks.append(self.metrics)  # closed with the others, even if serving fails
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
             self._describe_engine(self.stages)
