@@ -8,7 +8,6 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import assert_refused, edge_here, run_edge
 from service_helpers import free_port
 
 from edge.config import MAX_CAMERAS, load_config
@@ -19,25 +18,10 @@ from edge.service.loop import run
 from edge.service.runtime import Runtime
 from edge.service.signals import StopFlag
 
+from conftest import assert_refused, edge_here, run_edge
+
 NAMES = ("front", "left", "right")
 LOOSE_BUDGET_MS = 5000.0  # nothing expires on a loaded machine: what is served is decided by the batcher, not luck
-
-
-@pytest.fixture(scope="module")
-def dynamic_model(tmp_path_factory):
-    """A tiny 10-class classifier exported with a dynamic batch axis by the real export code."""
-    import torch
-
-    from edge.build.export import export_onnx
-
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=4, padding=1), torch.nn.ReLU(),
-                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
-    path = str(tmp_path_factory.mktemp("dynamic") / "tiny_dynamic.onnx")
-    info = export_onnx(net.eval(), path, [str(i) for i in range(10)], "random(seed=0)", False, "tiny",
-                       log=lambda *a: None, batch="dynamic")
-    assert info["batch"] == "dynamic" and info["input"]["shape"][0] == "batch"
-    return path
 
 
 def write_config(tmp_path, model, **extra):

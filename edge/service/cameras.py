@@ -14,6 +14,7 @@ run a few times) and from every batch served.
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -212,17 +213,26 @@ class CameraSet:
                 camera.thread.join(timeout=HANDOVER_S * 4)
 
 
+_SEEDS: "weakref.WeakKeyDictionary[Any, Dict[Any, float]]" = weakref.WeakKeyDictionary()
+
+
 def seed_costs(stages: Any, largest: int, shape: Any) -> CostModel:
     """Each batch size up to `largest` run once untimed (a new size allocates) and SEED_RUNS times timed on black
-    frames of `shape` (h, w): the slowest timed run of each seeds its cost."""
+    frames of `shape` (h, w): the slowest timed run of each seeds its cost. Measured once per loaded backend and
+    frame size (`edge sweep` starts many runs on one model)."""
     image = np.zeros(tuple(shape) + (3,), np.uint8)
+    measured = _SEEDS.setdefault(stages.backend, {})
     seed: Dict[int, float] = {}
     for n in range(1, largest + 1):
+        if (n, image.shape) in measured:
+            seed[n] = measured[(n, image.shape)]
+            continue
         stages.classify_batch([image] * n, {})
         for _ in range(SEED_RUNS):
             started = time.monotonic()
             stages.classify_batch([image] * n, {})
             seed[n] = max(seed.get(n, 0.0), time.monotonic() - started)
+        measured[(n, image.shape)] = seed[n]
     return CostModel(seed)
 
 

@@ -44,12 +44,13 @@ class Runtime:
     `reload_config` builds the config a SIGHUP switches to (default: re-read `cfg.path`; without a config file,
     the same config, so the model file at the same path is reloaded). `capture_factory` and `stages_factory`
     default to open_capture and create_stages; tests put a source that drops out or a backend that hangs behind
-    the same path."""
+    the same path. `stages`: loaded stages to run on instead, borrowed (`edge sweep` runs many short runs on one
+    model): close() leaves them open."""
 
     def __init__(self, cfg: Config, sinks: Optional[List[Sink]] = None, log: Optional[JsonLog] = None,
                  reload_config: Optional[Callable[[], Config]] = None,
                  capture_factory: Optional[Callable[[SourceConfig], Capture]] = None,
-                 stages_factory: Optional[Callable[[Config], Any]] = None):
+                 stages_factory: Optional[Callable[[Config], Any]] = None, stages: Optional[Stages] = None):
         self.cfg = cfg
         self.log = log or JsonLog()
         self.sinks = list(sinks or [])  # the command's; start() adds the service's own
@@ -57,6 +58,7 @@ class Runtime:
         self.reload_config = reload_config or ((lambda: load_config(path)) if path else (lambda: cfg))
         self.capture_factory = capture_factory or open_capture
         self.stages_factory = stages_factory or create_stages
+        self._borrowed = stages
         self.pipeline: Optional[Pipeline] = None
         self.source: Any = None  # SourceSupervisor of the one camera, or the CameraSet of several (config sources)
         self.metrics: Any = None  # edge.service.metrics.MetricsSink when service.metrics.enabled
@@ -102,7 +104,7 @@ class Runtime:
 
     def start(self) -> None:
         cfg = self.cfg
-        stages = build_stages(cfg, self.stages_factory)
+        stages = self._borrowed or build_stages(cfg, self.stages_factory)
         recorder = LatencyRecorder(cfg.runtime.budget_ms, cfg.runtime.latency_window)
         self.pipeline = Pipeline(stages, recorder, cfg.runtime.max_consecutive_errors)
         self.source = self._open_source(stages)
@@ -203,7 +205,7 @@ class Runtime:
             self.source.stop()
         for sink in self.sinks:
             sink.close()
-        if self.pipeline is not None:
+        if self.pipeline is not None and self.pipeline.stages is not self._borrowed:
             self.pipeline.stages.close()
         if self.telemetry is not None:
             self.telemetry.stop()
