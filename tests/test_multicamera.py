@@ -179,3 +179,20 @@ def test_cameras_take_the_source_section_for_what_they_leave_out(tmp_path):
                                     "sources": [{"name": "a"}, {"name": "b", "fps": 25.0}]}))
     a, b = load_config(str(path)).sources
     assert (a.fps, a.width, b.fps, b.width) == (12.5, 640, 25.0, 640)
+
+
+def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
+    from edge.commands.check import run_check
+
+    printed = []
+    config = write_config(tmp_path, dynamic_model)
+    report = run_check(load_config(config), 60, json_path=str(tmp_path / "check.json"), out=printed.append,
+                       warn=lambda line: None)
+    assert set(report["cameras"]) == set(NAMES) and report["verdict"] == "pass"
+    assert "worst camera" in report["verdict_reason"]
+    assert sum(c["frames"] for c in report["cameras"].values()) == 60
+    assert all(any(line.split()[:1] == [name] for line in printed[0].splitlines()) for name in NAMES)
+    saved = json.loads((tmp_path / "check.json").read_text())
+    assert set(saved["cameras"]) == set(NAMES)
+    tight = load_config(config, {"runtime.budget_ms": 0.001})  # no camera meets this budget: the check fails
+    assert run_check(tight, 30, out=printed.append, warn=lambda line: None)["verdict"] == "fail"

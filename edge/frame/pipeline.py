@@ -79,9 +79,10 @@ class Pipeline:
         missed = self.recorder.record(stage_ms) if record else False
         return self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None)
 
-    def process_batch(self, frames: Sequence[Frame], cameras: Sequence[str], record: bool = True) -> List[Result]:
-        """Several cameras' frames (`cameras[i]` names frames[i]'s) as one batch: a Result each, in order. Each
-        frame's frame_age is its wait from capture to the batch's start; its other stages are the batch's."""
+    def process_batch(self, frames: Sequence[Frame], cameras: Sequence[str], timed: int) -> List[Result]:
+        """Several cameras' frames (`cameras[i]` names frames[i]'s) as one batch: a Result each, in order, the first
+        `timed` of them recorded. Each frame's frame_age is its wait from capture to the batch's start; its other
+        stages are the batch's."""
         t0 = time.monotonic()
         batch_ms: Dict[str, float] = {}
         try:
@@ -91,11 +92,11 @@ class Pipeline:
         self.consecutive_errors = 0
         end = time.monotonic()
         results = []
-        for frame, camera, prediction in zip(frames, cameras, predictions):
+        for i, (frame, camera, prediction) in enumerate(zip(frames, cameras, predictions)):
             self.frame_id += 1
             stage_ms = dict(batch_ms, capture=frame.capture_ms, frame_age=(t0 - frame.captured) * 1e3,
                             end_to_end=(end - frame.captured) * 1e3)
-            missed = self.recorder.record(stage_ms) if record else False
+            missed = self.recorder.record(stage_ms) if i < timed else False
             results.append(self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None, camera,
                                         len(frames)))
         return results

@@ -160,17 +160,18 @@ class CameraSet:
                     return None
                 self._cond.wait(max(0.0, wake - now))
 
-    def finished(self, batch: Batch, results: Sequence[Result]) -> None:
-        """A served batch: per-camera figures, and its cost and any miss to the batcher."""
+    def finished(self, batch: Batch, results: Sequence[Result], timed: int) -> None:
+        """A served batch (its first `timed` results timed): per-camera figures, its cost and any miss to the
+        batcher."""
         assert self.batcher is not None
         service_ms = 0.0
-        for camera, result in zip(batch.cameras, results):
+        for i, (camera, result) in enumerate(zip(batch.cameras, results)):
             result.cameras = self
             if result.status == "error":
                 camera.errors += 1
                 continue
             service_ms = result.stage_ms["end_to_end"] - result.stage_ms["frame_age"]
-            if result.frames:  # timed (after the warm-up)
+            if i < timed:
                 camera.recorder.record(result.stage_ms)
         self.batch_sizes[len(results)] = self.batch_sizes.get(len(results), 0) + 1
         if service_ms:

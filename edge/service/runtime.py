@@ -258,13 +258,14 @@ class Runtime:
 
     def _process_batch(self, batch: Batch) -> List[Result]:
         assert self.pipeline is not None and isinstance(self.source, CameraSet)
-        record = self._warmup <= 0
-        self._warmup -= len(batch.frames)
+        limit, count = self.cfg.runtime.frames, len(batch.frames)
+        timed = 0 if self._warmup > 0 else min(count, limit - self.pipeline.recorder.frames) if limit else count
+        self._warmup -= count
         self._last_image = batch.frames[-1].image
-        results = self.pipeline.process_batch(batch.frames, batch.names, record)
-        self.source.finished(batch, results)
-        for result in results:
-            self._deliver(result, record)
+        results = self.pipeline.process_batch(batch.frames, batch.names, timed)
+        self.source.finished(batch, results, timed)
+        for i, result in enumerate(results):
+            self._deliver(result, i < timed)
         return results
 
     def _deliver(self, result: Result, record: bool) -> None:
