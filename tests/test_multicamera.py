@@ -196,3 +196,15 @@ def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
     assert set(saved["cameras"]) == set(NAMES)
     tight = load_config(config, {"runtime.budget_ms": 0.001})  # no camera meets this budget: the check fails
     assert run_check(tight, 30, out=printed.append, warn=lambda line: None)["verdict"] == "fail"
+
+
+def test_the_demo_shows_a_tile_per_camera(tmp_path, dynamic_model):
+    from edge.commands.demo_stream import OverlaySink
+
+    sink = OverlaySink(LOOSE_BUDGET_MS, trained=False)
+    cfg = load_config(write_config(tmp_path, dynamic_model), {"runtime.frames": 30})
+    run(Runtime(cfg, [sink], JsonLog(stream=io.StringIO())))
+    assert set(sink.tiles) == set(NAMES)
+    assert sink.last.shape == (240, 320, 3)  # one camera's size: the stream costs what one camera's did
+    top_left, bottom_right = sink.last[:120, :160], sink.last[120:, 160:]
+    assert top_left.std() > 0 and not bottom_right.any()  # three tiles of a 2x2 grid, the fourth empty
