@@ -73,6 +73,9 @@ class PreprocessConfig:
     mean: List[float] = setting(list(IMAGENET_MEAN), "R, G, B, of pixels scaled to 0-1", low=0.0, high=1.0,
                                 length=3)
     std: List[float] = setting(list(IMAGENET_STD), "R, G, B (divides)", low=0.001, high=1.0, length=3)
+    cpu: str = setting("fast", "CPU preprocessing: fast (OpenCV, within ~0.014 mean abs. of the exact filter, "
+                               "several times quicker: benchmarks/preprocess_speed.py) | exact (the filter the CUDA "
+                               "kernel, calibration and the gate compute)", choices=("fast", "exact"))
 
 
 @dataclass

@@ -122,9 +122,9 @@ def create_stages(cfg: Config) -> StageParts:
     pre_device, backend_kind, reason = choose_devices(cfg)
     if backend_kind != "tensorrt":
         from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
-        from edge.frame.preprocess import CpuPreprocessor
+        from edge.frame.preprocess import cpu_preprocessor
 
-        return StageParts(CpuPreprocessor(cfg.preprocess), OnnxRuntimeBackend(
+        return StageParts(cpu_preprocessor(cfg.preprocess), OnnxRuntimeBackend(
             cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning), reason)
     from edge.frame.tensorrt_backend import TensorRTBackend
 
@@ -140,7 +140,7 @@ def create_stages(cfg: Config) -> StageParts:
 
 def preprocessor_for_tensorrt(cfg: Config, session: CudaSession, device: str, reason: str) -> Tuple[Any, str]:
     """(preprocessor, reason) beside a TensorRT backend: CUDA when chosen and its kernel loads, else the CPU."""
-    from edge.frame.preprocess import CpuPreprocessor
+    from edge.frame.preprocess import cpu_preprocessor
 
     if device == "cuda":
         from edge.frame.cuda_kernel import KernelUnavailable
@@ -152,7 +152,7 @@ def preprocessor_for_tensorrt(cfg: Config, session: CudaSession, device: str, re
             if cfg.preprocess.device == "cuda":
                 raise KernelUnavailable("preprocess.device cuda: {}".format(exc)) from None
             reason += "; preprocessing on the CPU (preprocess.device auto): {}".format(exc)
-    return CpuPreprocessor(cfg.preprocess), reason
+    return cpu_preprocessor(cfg.preprocess), reason
 
 
 def check_fit(cfg: Config, backend: Backend, labels_file: str, labels: int) -> None:
