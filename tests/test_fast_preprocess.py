@@ -45,9 +45,9 @@ def test_refuses_what_is_no_bgr_frame():
 def test_the_service_preprocesses_fast_unless_told_exact(tiny_classifiers):
     from edge.frame.stages import build_stages
 
-    for choice, name in (({}, "cpu-fast"), ({"preprocess.cpu": "exact"}, "cpu")):
+    for choice, kind in (({}, FastPreprocessor), ({"preprocess.cpu": "exact"}, CpuPreprocessor)):
         stages = build_stages(load_config(None, dict({"model.path": tiny_classifiers[0]}, **choice)))
         try:
-            assert stages.preprocess_name == name
+            assert type(stages.preprocess) is kind and stages.preprocess_name == "cpu"
         finally:
             stages.close()

@@ -200,7 +200,7 @@ class FastPreprocessor:
     """OpenCV's box average by a whole factor, then bilinear sampling at the exact positions (module docstring).
     Same call shape as CpuPreprocessor, whose exact filter it runs for frames it has no fast plan for."""
 
-    name = "cpu-fast"
+    name = "cpu"  # the device, as the exact one: `preprocess.cpu` says which filter
 
     def __init__(self, cfg: PreprocessConfig):
         self.exact = CpuPreprocessor(cfg)
