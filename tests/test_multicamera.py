@@ -208,3 +208,22 @@ def test_the_demo_shows_a_tile_per_camera(tmp_path, dynamic_model):
     assert sink.last.shape == (240, 320, 3)  # one camera's size: the stream costs what one camera's did
     top_left, bottom_right = sink.last[:120, :160], sink.last[120:, 160:]
     assert top_left.std() > 0 and not bottom_right.any()  # three tiles of a 2x2 grid, the fourth empty
+
+
+def test_a_reload_to_a_batch_one_model_serves_one_frame_at_a_time(tmp_path, dynamic_model, tiny_classifiers):
+    wait = {"batching": {"max_wait_ms": 40.0}}  # longer than a frame period: every camera's next frame is waited for
+    cfg = load_config(write_config(tmp_path, dynamic_model, runtime=wait), {"runtime.frames": 200})
+    swapped = load_config(write_config(tmp_path, tiny_classifiers[0], runtime=wait), {"runtime.frames": 200})
+    sink = Collect()
+
+    class ReloadOnce(Collect):
+        def on_result(self, result):
+            if result.frames == 60:
+                stop.reload.set()
+
+    stop = StopFlag()
+    runtime = Runtime(cfg, [sink, ReloadOnce()], JsonLog(stream=io.StringIO()), reload_config=lambda: swapped)
+    report = run(runtime, stop)
+    assert runtime.reloads == {"ok": 1, "failed": 0} and report["errors"] == 0
+    assert max(batch for _, batch, _ in sink.results[:60]) > 1  # the premise: batches before the reload
+    assert {batch for _, batch, _ in sink.results[62:]} == {1} and runtime.source.batcher.max_batch == 1

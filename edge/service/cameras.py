@@ -88,8 +88,7 @@ class CameraSet:
     def start(self, stages: Any) -> "CameraSet":
         """Measure what each batch size costs on `stages`, then open every camera and start handing frames over."""
         batching = self.runtime.batching
-        largest = 1 if batching.policy == "off" else min(batching.max_batch, stages.backend.max_batch,
-                                                         len(self.cfgs))
+        largest = self._largest(stages)
         cost = seed_costs(stages, largest, (self.cfgs[0].height, self.cfgs[0].width))
         self.batcher = DeadlineBatcher([1.0 / c.fps for c in self.cfgs], self.runtime.budget_ms / 1e3, largest,
                                        batching.max_wait_ms / 1e3, batching.margin_ms / 1e3, cost)
@@ -102,6 +101,19 @@ class CameraSet:
                                              name="edge-camera-" + camera.name)
             camera.thread.start()
         return self
+
+    def _largest(self, stages: Any) -> int:
+        batching = self.runtime.batching
+        return 1 if batching.policy == "off" else min(batching.max_batch, stages.backend.max_batch, len(self.cfgs))
+
+    def restage(self, stages: Any) -> None:
+        """A reload swapped the model: the batch sizes it takes, and their costs measured again."""
+        assert self.batcher is not None
+        largest = self._largest(stages)
+        cost = seed_costs(stages, largest, (self.cfgs[0].height, self.cfgs[0].width))
+        with self._cond:
+            self.batcher.max_batch = self.batcher.limit = largest
+            self.batcher.cost = cost
 
     def _supervisor(self, cfg: CameraConfig) -> SourceSupervisor:
         def event(name: str, fields: Dict[str, Any]) -> None:

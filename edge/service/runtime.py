@@ -296,6 +296,8 @@ class Runtime:
             notifier.ready("reload failed ({}), still serving {}".format(type(exc).__name__, old.model_path))
             return False
         pipeline.stages = stages  # the swap: one object, between two frames
+        if isinstance(self.source, CameraSet):
+            self.source.restage(stages)  # the batch sizes the new model takes
         pipeline.max_consecutive_errors = new_cfg.runtime.max_consecutive_errors
         try:
             old.close()
