@@ -111,3 +111,19 @@ def test_a_batch_one_model_is_refused_for_larger_batches(tmp_path, tiny_classifi
                      "--json", tmp_path / "s.json", "--csv", "", "--plot", "")
     assert_refused(proc, "--batch 2", "edge export --batch dynamic")
     assert not (tmp_path / "s.json").exists()
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_only():
+    import io
+
+    from edge.commands.sweep import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        bar = Progress(4, stream)
+        bar.step("2 cameras x batch 2")
+        bar.close()
+        assert ("\r[#######" in stream.getvalue()) == drawn and ("1/4 windows" in stream.getvalue()) == drawn

@@ -315,7 +315,7 @@ def _sizes(text: str) -> List[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_config_flags(p)
+    add_config_flags(p, "model.path", "runtime.budget_ms", "backend.kind", "preprocess.device")  # cameras: synthetic
     p.add_argument("--batch", type=_sizes, default=[1, 2, 4], help="largest batch per cell (default 1,2,4)")
     p.add_argument("--streams", type=_sizes, default=[1, 2, 4], help="cameras per cell (default 1,2,4)")
     p.add_argument("--fps", type=float, default=30.0, help="each camera's frame rate (default %(default)s)")
