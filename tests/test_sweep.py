@@ -41,6 +41,7 @@ def test_sweep_writes_json_csv_and_png_with_goodput_within_the_offered_load(tmp_
     for c in cells:
         assert c["achieved_fps"] > 0
         assert c["goodput_fps"] <= c["achieved_fps"] <= c["offered_fps"], c
+        assert 0 <= c["drop_pct"] <= 100 and 0 <= c["miss_pct"] <= 100
         assert c["mean_batch"] <= min(c["streams"], c["batch"])
         assert all(int(size) <= c["batch"] for size in c["batch_hist"])
         assert 1 <= c["windows"] <= 3

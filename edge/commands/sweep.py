@@ -79,7 +79,6 @@ class WindowSink(Sink):
         self.results: List[Result] = []
         self.t0: Optional[float] = None
         self.cpu0 = 0.0
-        self.first: Dict[str, int] = {}
         self.window: Optional[Window] = None
 
     def on_result(self, result: Result) -> None:
@@ -87,15 +86,16 @@ class WindowSink(Sink):
             return
         now = time.monotonic()
         if self.t0 is None:
-            self.t0, self.cpu0, self.first = now, time.process_time(), dict(result.source)
+            self.t0, self.cpu0 = now, time.process_time()
         self.results.append(result)
         if now - self.t0 >= self.seconds:
             self.finish()
             self.stop.request("window")
 
     def finish(self) -> Window:
-        """The window: the frames read from the first served one's read to the last served one's; what was served
-        of those, and the drop counters over the same results."""
+        """The window: the frames read from the first served one's read to the last served one's, what was served
+        of those, and the drops among them (a frame with a later frame of its camera served is gone for good; the
+        frames after a camera's last served one may still be waiting, and are no drops)."""
         if self.window is not None:
             return self.window
         w = self.window = Window(0.0)
@@ -105,20 +105,24 @@ class WindowSink(Sink):
         t0, t1 = read_at[0], max(read_at)
         w.seconds = t1 - t0 + min(c.period for c in self.cameras.values())  # k + 1 frames of a camera: k + 1 periods
         w.offered = sum(t0 <= t <= t1 for camera in self.cameras.values() for t in list(camera.reads))
+        served: Dict[str, List[int]] = {name: [] for name in self.cameras}
         for result, at in zip(self.results, read_at):
             if at < t0:
                 continue
+            served[result.camera or "cam0"].append(result.seq)
             for name, values in w.stage_ms.items():
                 values.append(result.stage_ms.get(name, 0.0))
             w.batch.append(result.batch)
             w.camera.append(result.camera or "cam0")
             w.ok.append(result.status == "ok")
+        for name, camera in self.cameras.items():
+            if served[name]:
+                last = max(served[name])
+                settled = sum(t0 <= t for t in camera.reads[:last])  # frames 1..last read in the window
+                w.produced += settled
+                w.dropped += settled - len(served[name])
         w.cpu_s = time.process_time() - self.cpu0
-        last = self.results[-1]
-        counts = {k: last.source.get(k, 0) - self.first.get(k, 0) for k in ("produced", "skipped", "superseded",
-                                                                             "expired")}
-        w.produced, w.dropped = counts["produced"], counts["skipped"] + counts["superseded"] + counts["expired"]
-        snap = last.telemetry
+        snap = self.results[-1].telemetry
         if snap is not None and getattr(snap, "source", "") == "jtop":
             w.gpu_load, w.emc_mhz = getattr(snap, "gpu_load", None), getattr(snap, "emc_freq_mhz", None)
         return w

@@ -37,8 +37,8 @@ class Window:
     camera: List[str] = field(default_factory=list)
     ok: List[bool] = field(default_factory=list)
     offered: int = 0  # frames the cameras gave between the first and the last served frame's reads
-    produced: int = 0  # frames the readers published while the window's results came (drop_pct's denominator)
-    dropped: int = 0  # of those: superseded (by the camera's newer frame) and expired (could not make its deadline)
+    produced: int = 0  # of those, the frames whose fate is known (up to each camera's last served one)
+    dropped: int = 0  # of those, never served: superseded, expired or failed
     cpu_s: float = 0.0
     gpu_load: Optional[float] = None
     emc_mhz: Optional[float] = None
