@@ -59,10 +59,11 @@ def main():
         for r in range(args.rounds):
             for n in cameras:
                 for way, batch in ways.items():
-                    runs[(n, way)].append(open_window(cfg, stages, frames, n, batch(n), args.fps, 0.002,
-                                                      args.seconds, 100 * r + n))
+                    runs[(n, way)].append(open_window(cfg, stages, frames, streams=n, batch=batch(n), fps=args.fps,
+                                                      jitter_s=0.002, seconds=args.seconds, seed=100 * r + n))
             for b in capacity:
-                capacity[b].append(closed_window(stages, frames[0], b, args.seconds / 2, args.budget_ms))
+                capacity[b].append(closed_window(stages, frames[0], batch=b, seconds=args.seconds / 2,
+                                                 budget_ms=args.budget_ms))
             print("round {}/{} done".format(r + 1, args.rounds), flush=True)
     finally:
         stages.close()

@@ -82,7 +82,8 @@ def simulate(batcher, events, cost=linear_cost, slow=lambda start: 1.0):
 def batcher_for(cameras, max_batch=4, max_wait=0.010, margin=0.0, cost=linear_cost):
     """As the service makes it: every batch size's cost measured first (edge.service.cameras.seed_costs)."""
     seed = CostModel({n: cost(n) for n in range(1, max_batch + 1)})
-    return DeadlineBatcher([1.0 / FPS] * cameras, BUDGET, max_batch, max_wait, margin, seed)
+    return DeadlineBatcher([1.0 / FPS] * cameras, budget=BUDGET, max_batch=max_batch, max_wait=max_wait, margin=margin,
+                           cost=seed)
 
 
 def assert_no_late_frame(run):
@@ -193,7 +194,8 @@ def test_cost_model_prices_an_unmeasured_size_from_a_smaller_one():
 
 def test_costs_measured_in_a_slow_spell_do_not_starve_the_cameras():
     # seeded at twice the budget (a start on a busy machine): every frame looks hopeless until one is served
-    batcher = DeadlineBatcher([1.0 / FPS] * 3, BUDGET, 3, 0.010, 0.0, CostModel({n: 2 * BUDGET for n in (1, 2, 3)}))
+    batcher = DeadlineBatcher([1.0 / FPS] * 3, budget=BUDGET, max_batch=3, max_wait=0.010, margin=0.0,
+                              cost=CostModel({n: 2 * BUDGET for n in (1, 2, 3)}))
     assert batcher.cost.estimate(1, 0.5) > BUDGET  # the premise: by the seed, no frame can make its deadline
     events = arrivals(3, 6.0, jitter=0.002, seed=6)
     run = simulate(batcher, events)

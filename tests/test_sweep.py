@@ -73,7 +73,8 @@ def test_windows_agree_within_the_tolerance_only():
 
 def test_the_knee_is_the_most_goodput_within_the_budgets():
     def cell(streams, batch, fps, p99, stable=True, dropped=0):
-        return cell_figures(streams, batch, 30.0, 30.0, [window(fps, p99, dropped=dropped)] * 3, stable, 3)
+        return cell_figures([window(fps, p99, dropped=dropped)] * 3, streams=streams, batch=batch, fps=30.0,
+                            budget_ms=30.0, stable=stable, all_windows=3)
 
     cells = [cell(1, 1, 30, 8), cell(2, 2, 60, 12), cell(4, 2, 120, 29), cell(4, 4, 120, 25),  # a tie: batch 2 wins
              cell(8, 4, 240, 45),  # over the budget
@@ -88,7 +89,8 @@ def test_the_knee_is_the_most_goodput_within_the_budgets():
 
 
 def test_compare_flags_a_cell_that_got_worse():
-    now = [cell_figures(2, 2, 30.0, 30.0, [window(40, 20)] * 3, True, 3)]
+    now = [cell_figures([window(40, 20)] * 3, streams=2, batch=2, fps=30.0, budget_ms=30.0, stable=True,
+                        all_windows=3)]
     before = {"cells": [dict(now[0], goodput_fps=60.0, p99_ms=12.0)]}
     result = compare(now, before, "old.json", 10.0, 0.5)
     assert len(result["regressions"]) == 2 and "goodput_fps" in result["regressions"][0]

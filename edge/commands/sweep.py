@@ -128,7 +128,7 @@ class WindowSink(Sink):
         return w
 
 
-def open_window(cfg: Config, stages: Any, frames: List[np.ndarray], streams: int, batch: int, fps: float,
+def open_window(cfg: Config, stages: Any, frames: List[np.ndarray], *, streams: int, batch: int, fps: float,
                 jitter_s: float, seconds: float, seed: int) -> Window:
     """One window of an open-loop cell: `edge run`'s Runtime and loop with `streams` sweep cameras."""
     from edge.service.log import JsonLog
@@ -150,7 +150,7 @@ def open_window(cfg: Config, stages: Any, frames: List[np.ndarray], streams: int
     return sink.finish()
 
 
-def closed_window(stages: Any, image: np.ndarray, batch: int, seconds: float, budget_ms: float) -> Window:
+def closed_window(stages: Any, image: np.ndarray, *, batch: int, seconds: float, budget_ms: float) -> Window:
     """One window of a closed-loop cell: batches of `batch` back to back, nothing waiting (engine capacity)."""
     w = Window(seconds)
     for _ in range(2):  # warm: the first runs of a size allocate
@@ -209,18 +209,20 @@ def sweep_cells(cfg: Config, stages: Any, cells: List[Tuple[int, int]], options:
             progress.total += len(todo) * (options.max_windows - options.windows)
         for streams, batch in todo:
             if options.load == "closed":
-                window = closed_window(stages, frames[0], batch, window_s, cfg.runtime.budget_ms)
+                window = closed_window(stages, frames[0], batch=batch, seconds=window_s,
+                                       budget_ms=cfg.runtime.budget_ms)
             else:
-                window = open_window(cfg, stages, frames, streams, batch, options.fps, options.jitter_ms / 1e3,
-                                     window_s, options.seed + 1000 * round_ + 10 * streams + batch)
+                window = open_window(cfg, stages, frames, streams=streams, batch=batch, fps=options.fps,
+                                     jitter_s=options.jitter_ms / 1e3, seconds=window_s,
+                                     seed=options.seed + 1000 * round_ + 10 * streams + batch)
             history[(streams, batch)].append(window)
             progress.step("{} cameras x batch {}".format(streams, batch))
     out = []
     for (streams, batch), windows in history.items():
         stable = agree(windows, options.windows, options.agree_pct)
         fps = options.fps if options.load == "open" else None
-        out.append(cell_figures(streams, batch, fps, cfg.runtime.budget_ms, windows[-options.windows:], stable,
-                                len(windows)))
+        out.append(cell_figures(windows[-options.windows:], streams=streams, batch=batch, fps=fps,
+                                budget_ms=cfg.runtime.budget_ms, stable=stable, all_windows=len(windows)))
     return out
 
 

@@ -72,7 +72,7 @@ def _pct(values: Sequence[float], q: float) -> Optional[float]:
     return round(float(np.percentile(values, q)), 3) if len(values) else None
 
 
-def cell_figures(streams: int, batch: int, fps: Optional[float], budget_ms: float, windows: Sequence[Window],
+def cell_figures(windows: Sequence[Window], *, streams: int, batch: int, fps: Optional[float], budget_ms: float,
                  stable: bool, all_windows: int) -> Dict[str, Any]:
     """One cell's row, pooled over `windows` (the ones that agree, or the last ones)."""
     seconds = sum(w.seconds for w in windows)

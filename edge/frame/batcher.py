@@ -89,7 +89,7 @@ class DeadlineBatcher:
     """Frames in (`offer`), decisions out (`decide`), outcomes back (`finished`). `periods`: each camera's frame
     interval in seconds (1 / its fps); `budget`, `max_wait` and `margin` in seconds."""
 
-    def __init__(self, periods: Sequence[float], budget: float, max_batch: int, max_wait: float, margin: float,
+    def __init__(self, periods: Sequence[float], *, budget: float, max_batch: int, max_wait: float, margin: float,
                  cost: Optional[CostModel] = None):
         self.periods = list(periods)
         self.budget, self.max_batch, self.max_wait, self.margin = budget, max_batch, max_wait, margin

@@ -1,6 +1,7 @@
 """Several cameras on one engine (config `sources`): the owner of the cameras, their figures and the batcher.
 
-    cameras = CameraSet(camera_cfgs, cfg.runtime, capture_factory, on_event).start(stages)
+    cameras = CameraSet(camera_cfgs, cfg.runtime, capture_factory, reconnect_initial_s=..., reconnect_max_s=...,
+                        on_event=log).start(stages)
     batch = cameras.next_frame(wait_s)     # a Batch the deadline batcher chose, or None (nothing due yet)
     results = pipeline.process_batch(batch.frames, batch.names)
     cameras.finished(batch, results)       # per-camera figures, and the batcher learns the batch's cost
@@ -65,7 +66,7 @@ class CameraSet:
     """The cameras of one run, their hand-over slots and the deadline batcher that serves them."""
 
     def __init__(self, cameras: Sequence[CameraConfig], runtime: RuntimeConfig,
-                 capture_factory: Callable[[Any], Capture], reconnect_initial_s: float, reconnect_max_s: float,
+                 capture_factory: Callable[[Any], Capture], *, reconnect_initial_s: float, reconnect_max_s: float,
                  on_event: Callable[[str, Dict[str, Any]], None]):
         self.cfgs = list(cameras)
         self.runtime = runtime
@@ -90,8 +91,9 @@ class CameraSet:
         batching = self.runtime.batching
         largest = self._largest(stages)
         cost = seed_costs(stages, largest, (self.cfgs[0].height, self.cfgs[0].width))
-        self.batcher = DeadlineBatcher([1.0 / c.fps for c in self.cfgs], self.runtime.budget_ms / 1e3, largest,
-                                       batching.max_wait_ms / 1e3, batching.margin_ms / 1e3, cost)
+        self.batcher = DeadlineBatcher([1.0 / c.fps for c in self.cfgs], budget=self.runtime.budget_ms / 1e3,
+                                       max_batch=largest, max_wait=batching.max_wait_ms / 1e3,
+                                       margin=batching.margin_ms / 1e3, cost=cost)
         for index, cfg in enumerate(self.cfgs):
             self.cameras.append(Camera(index, cfg, self._supervisor(cfg), self.runtime.budget_ms,
                                        self.runtime.latency_window))

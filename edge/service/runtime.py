@@ -125,8 +125,9 @@ class Runtime:
         cfg = self.cfg
         served = cameras(cfg)
         if len(served) > 1:
-            return CameraSet(served, cfg.runtime, self.capture_factory, cfg.service.reconnect_initial_s,
-                             cfg.service.reconnect_max_s, self._source_event).start(stages)
+            return CameraSet(served, cfg.runtime, self.capture_factory,
+                             reconnect_initial_s=cfg.service.reconnect_initial_s,
+                             reconnect_max_s=cfg.service.reconnect_max_s, on_event=self._source_event).start(stages)
         one = served[0] if cfg.sources else cfg.source
         return SourceSupervisor(self.capture_factory(one), one.timeout_s, cfg.service.reconnect_initial_s,
                                 cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(one),
