@@ -201,3 +201,18 @@ def test_costs_measured_in_a_slow_spell_do_not_starve_the_cameras():
     run = simulate(batcher, events)
     served_late = [p for p in run.served() if p.captured > 2.0]
     assert len(served_late) == sum(1 for t, _ in events if t > 2.0)  # measured again: served like any other run
+
+
+def test_a_slow_camera_paces_no_batch():
+    # DeepStream's complaint: with 30/30/5 fps sources the 5 fps one paces every batch; here nobody waits for it
+    wait = 0.025
+    fast = arrivals(2, 6.0, jitter=0.002, seed=7)
+    slow = [(t + 0.004, 2) for t, _ in arrivals(1, 6.0, fps=5.0)]
+    mixed = DeadlineBatcher([1.0 / FPS, 1.0 / FPS, 1.0 / 5.0], budget=BUDGET, max_batch=3, max_wait=wait, margin=0.0,
+                            cost=CostModel({n: linear_cost(n) for n in (1, 2, 3)}))
+    run = simulate(mixed, sorted(fast + slow))
+    alone = simulate(batcher_for(2, max_batch=3, max_wait=wait), fast)
+    assert_no_late_frame(run)
+    assert len([p for p in run.served() if p.camera == 2]) == len(slow)  # the slow one is served too
+    for camera in (0, 1):
+        assert max(run.latency(camera)) <= max(alone.latency()) + linear_cost(3) - linear_cost(2) + 1e-9
