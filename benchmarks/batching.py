@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 
 from edge.build.export import export_model
-from edge.commands.sweep import closed_window, open_window, synthetic_frames
+from edge.commands.sweep_run import closed_window, open_window, synthetic_frames
 from edge.config import load_config
 from edge.frame.stages import build_stages
 

@@ -119,7 +119,7 @@ def test_a_batch_one_model_is_refused_for_larger_batches(tmp_path, tiny_classifi
 def test_the_progress_bar_is_drawn_on_a_terminal_only():
     import io
 
-    from edge.commands.sweep import Progress
+    from edge.commands.sweep_run import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):
