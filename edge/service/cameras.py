@@ -211,7 +211,7 @@ class CameraSet:
         return {"cameras": [c.name for c in self.cameras], "batching": self.runtime.batching.policy,
                 "max_batch": self.batcher.max_batch}
 
-    def report(self) -> Dict[str, Any]:
+    def figures(self) -> Dict[str, Any]:
         """Per-camera figures and the batches served, for the summary lines and the final report."""
         batcher = self.batcher
         return {"cameras": {c.name: c.figures() for c in self.cameras},

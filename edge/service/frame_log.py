@@ -104,5 +104,5 @@ class FrameLogSink(Sink):
         if result.frames and result.frames % self.report_every == 0 and result.status != "error":
             fields = report_fields(self.recorder, result.source, result.errors, result.reloads, result.telemetry)
             if result.cameras is not None:  # several cameras: each one's figures
-                fields.update(result.cameras.report())
+                fields.update(result.cameras.figures())
             self.event("summary", frame_lines_suppressed=self.lines.suppressed_total, **fields)

@@ -110,10 +110,8 @@ class Runtime:
         self.source = self._open_source(stages)
         self._start_services(recorder)
         self._set_untrained_warning(stages)
-        self.facts = dict(stages.facts(), source=self.source.capture.description if isinstance(
-            self.source, SourceSupervisor) else self.source.description, budget_ms=cfg.runtime.budget_ms)
-        if isinstance(self.source, CameraSet):
-            self.facts.update(self.source.facts())
+        self.facts = dict(stages.facts(), source=self.source.description, budget_ms=cfg.runtime.budget_ms,
+                          **self.source.facts())
         self.event("start", metrics=self._metrics_url(), telemetry=self._telemetry_source(),
                    systemd=self.notifier.enabled, watchdog_ping_s=self.notifier.watchdog_interval_s, **self.facts)
         self._warn_stale_info(stages)
@@ -197,8 +195,7 @@ class Runtime:
         assert self.pipeline is not None and self.source is not None
         out = report_fields(self.pipeline.recorder, self.source.stats(), self.pipeline.errors, self.reloads,
                             self.telemetry.latest() if self.telemetry is not None else None)
-        if isinstance(self.source, CameraSet):
-            out.update(self.source.report())
+        out.update(self.source.figures())
         return out
 
     def close(self) -> None:
