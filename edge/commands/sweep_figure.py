@@ -68,7 +68,7 @@ def _curves(ax: Any, cells: List[Dict[str, Any]], budget: float) -> None:
     ax.set_xlabel("results per second (achieved)")
     ax.set_ylabel("p99 end to end (capture -> result), ms")
     ax.set_title("(a) throughput against p99: lower right is better", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
 
 
