@@ -216,3 +216,13 @@ def test_a_slow_camera_paces_no_batch():
     assert len([p for p in run.served() if p.camera == 2]) == len(slow)  # the slow one is served too
     for camera in (0, 1):
         assert max(run.latency(camera)) <= max(alone.latency()) + linear_cost(3) - linear_cost(2) + 1e-9
+
+
+def test_a_size_not_served_lately_keeps_the_start_ratio():
+    # at start batch 2 cost 1.5x batch 1; later only batch 1 ran, slower (a busy spell): batch 2 is priced at 1.5x
+    # that, not 2x (linear would rule batching out for good: it would never be tried again)
+    cost = CostModel({1: 0.008, 2: 0.012})
+    for _ in range(100):
+        cost.observe(1, 0.016)
+    assert cost.estimate(2) == pytest.approx(0.024)
+    assert CostModel({1: 0.008}).estimate(2) == pytest.approx(0.016)  # no start figure for 2: linear

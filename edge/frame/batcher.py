@@ -50,13 +50,14 @@ class Decision:
 class CostModel:
     """L(n): the p99 service time (seconds) of the batches of n frames among the last WINDOW batches of any size, so
     a size not served for a while is priced afresh (a slow spell is forgotten). A size without a recent batch is
-    priced from the largest recent smaller size, linearly (batching is never assumed to help), else from the
-    smallest recent larger one."""
+    priced from the nearest recent size, scaled by the ratio of the two measured at start (`seed`: what batching
+    buys on this engine), or linearly where the start measured neither (batching never assumed to help)."""
 
     def __init__(self, seed: Optional[Dict[int, float]] = None):
         self.batches = 0
         self.samples: Dict[int, Deque[Tuple[int, float]]] = {}
-        for n, seconds in (seed or {}).items():
+        self.seed = {n: s for n, s in (seed or {}).items() if s > 0}
+        for n, seconds in self.seed.items():
             self.observe(n, seconds)
 
     def observe(self, n: int, seconds: float) -> None:
@@ -78,11 +79,13 @@ class CostModel:
         if own is not None:
             return own
         recent = {k: v for k, v in ((k, self._quantile(k, q)) for k in list(self.samples)) if v is not None}
+        if not recent:
+            return 0.0
         smaller = [k for k in recent if k < n]
-        if smaller:
-            k = max(smaller)
-            return recent[k] * n / k
-        return recent[min(recent)] if recent else 0.0
+        k = max(smaller) if smaller else min(recent)
+        if n in self.seed and k in self.seed:
+            return recent[k] * self.seed[n] / self.seed[k]
+        return recent[k] * n / k if smaller else recent[k]
 
 
 class DeadlineBatcher:

@@ -30,7 +30,7 @@ from edge.frame.pipeline import Result
 from edge.frame.sources import SourceSupervisor
 
 HANDOVER_S = 0.25  # a camera's thread looks at its stop flag at least this often
-SEED_RUNS = 3  # timed runs of each batch size at start (after one untimed), whose slowest seeds its cost
+SEED_RUNS = 5  # timed runs of each batch size at start (after one untimed), whose median seeds its cost
 
 
 @dataclass
@@ -233,8 +233,8 @@ _SEEDS: "weakref.WeakKeyDictionary[Any, Dict[Any, float]]" = weakref.WeakKeyDict
 
 def seed_costs(stages: Any, largest: int, shape: Any) -> CostModel:
     """Each batch size up to `largest` run once untimed (a new size allocates) and SEED_RUNS times timed on black
-    frames of `shape` (h, w): the slowest timed run of each seeds its cost. Measured once per loaded backend and
-    frame size (`edge sweep` starts many runs on one model)."""
+    frames of `shape` (h, w): the median of each seeds its cost (and the sizes' ratios, which price a size not
+    served lately). Measured once per loaded backend and frame size (`edge sweep` starts many runs on one model)."""
     image = np.zeros(tuple(shape) + (3,), np.uint8)
     measured = _SEEDS.setdefault(stages.backend, {})
     seed: Dict[int, float] = {}
@@ -243,11 +243,12 @@ def seed_costs(stages: Any, largest: int, shape: Any) -> CostModel:
             seed[n] = measured[(n, image.shape)]
             continue
         stages.classify_batch([image] * n, {})
+        runs = []
         for _ in range(SEED_RUNS):
             started = time.monotonic()
             stages.classify_batch([image] * n, {})
-            seed[n] = max(seed.get(n, 0.0), time.monotonic() - started)
-        measured[(n, image.shape)] = seed[n]
+            runs.append(time.monotonic() - started)
+        seed[n] = measured[(n, image.shape)] = float(np.median(runs))
     return CostModel(seed)
 
 
