@@ -256,16 +256,12 @@ def _read_yaml(path: str) -> Dict[str, Any]:
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 numbers and booleans: `1:30` stays a string (no base 60), `010` is no octal, `1e-9`
-    is a float, and only true/false are booleans (`batching.policy: off` is the string "off", not false)."""
+    """SafeLoader with YAML 1.2 numbers: `1:30` stays a string (no base 60), `010` is no octal, `1e-9` is a float."""
 
 
-_YAML12 = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML12]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                              list("tTfF"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
     r"^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),

@@ -227,3 +227,11 @@ def test_a_reload_to_a_batch_one_model_serves_one_frame_at_a_time(tmp_path, dyna
     assert runtime.reloads == {"ok": 1, "failed": 0} and report["errors"] == 0
     assert max(batch for _, batch, _ in sink.results[:60]) > 1  # the premise: batches before the reload
     assert {batch for _, batch, _ in sink.results[62:]} == {1} and runtime.source.batcher.max_batch == 1
+
+
+def test_batching_off_is_written_as_yaml_people_write_it(tmp_path):
+    path = tmp_path / "off.yaml"
+    path.write_text("runtime:\n  batching:\n    policy: off\n")  # YAML 1.1 reads an unquoted off as false
+    assert load_config(str(path)).runtime.batching.policy == "off"
+    path.write_text("runtime:\n  batching:\n    policy: yes\n")
+    assert_refused(edge_here("run", "--config", path), "runtime.batching.policy")
