@@ -47,6 +47,22 @@ class SourceConfig:
     rtsp_tcp: bool = setting(False, "rtsp:// over TCP instead of UDP (sites that block UDP)")
 
 
+CAMERA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+MAX_CAMERAS = 16  # one engine's cameras; also bounds the `camera` label of every metric
+
+
+def check_camera_name(value: str, name: str) -> None:
+    if not CAMERA_NAME.match(value):
+        raise EdgeError("{} must be 1-32 letters, digits, _ or -, got {}".format(name, show(value)))
+
+
+@dataclass
+class CameraConfig(SourceConfig):
+    """One camera of `sources`: a name, and any `source` key (those left out are the `source` section's)."""
+
+    name: str = setting("", "the camera in logs, reports and metrics", check=check_camera_name)
+
+
 @dataclass
 class PreprocessConfig:
     device: str = setting("auto", "auto: cuda when the backend is TensorRT", choices=("auto", "cpu", "cuda"),
@@ -57,6 +73,9 @@ class PreprocessConfig:
     mean: List[float] = setting(list(IMAGENET_MEAN), "R, G, B, of pixels scaled to 0-1", low=0.0, high=1.0,
                                 length=3)
     std: List[float] = setting(list(IMAGENET_STD), "R, G, B (divides)", low=0.001, high=1.0, length=3)
+    cpu: str = setting("fast", "CPU preprocessing: fast (OpenCV, within ~0.014 mean abs. of the exact filter, "
+                               "several times quicker: benchmarks/preprocess_speed.py) | exact (the filter the CUDA "
+                               "kernel, calibration and the gate compute)", choices=("fast", "exact"))
 
 
 @dataclass
@@ -72,6 +91,19 @@ class BackendConfig:
 
 
 @dataclass
+class BatchingConfig:
+    policy: str = setting("deadline", "several cameras (sources) on one engine: deadline batches frames under each "
+                                      "one's deadline (docs/throughput.md), off serves one frame at a time; one "
+                                      "camera is always batch 1", choices=("deadline", "off"))
+    max_batch: int = setting(4, "most frames in one batch (at most one per camera); needs a model with a batch "
+                                "axis (edge export --batch dynamic), else 1", low=1, high=MAX_CAMERAS)
+    max_wait_ms: float = setting(10.0, "longest wait for one more camera's frame, never past what the waiting "
+                                       "frames' deadlines allow", low=0.0, high=10000.0)
+    margin_ms: float = setting(1.0, "kept free between a batch's expected end (its p99) and the earliest deadline",
+                               low=0.0, high=10000.0)
+
+
+@dataclass
 class RuntimeConfig:
     budget_ms: float = setting(30.0, "a frame whose capture -> result time exceeds this is a miss", low=0.001,
                                high=3600000.0, flag="--budget-ms")
@@ -83,6 +115,7 @@ class RuntimeConfig:
     latency_window: int = setting(4096, "frames kept for percentiles (memory stays bounded)", low=1, high=1000000)
     max_consecutive_errors: int = setting(50, "more failed frames in a row than this: exit non-zero (systemd "
                                               "restarts)", low=1, high=1000000, reload=APPLY)
+    batching: BatchingConfig = section(BatchingConfig)
 
 
 @dataclass
@@ -149,6 +182,8 @@ class ServiceConfig:
 class Config:
     model: ModelConfig = section(ModelConfig, reload=APPLY)
     source: SourceConfig = section(SourceConfig)
+    sources: List[CameraConfig] = setting([], "several cameras on one engine: [{name: front, uri: ...}, ...]; a "
+                                              "camera's keys left out are source's; empty: the one camera source")
     preprocess: PreprocessConfig = section(PreprocessConfig, reload=APPLY)
     backend: BackendConfig = section(BackendConfig, reload=APPLY)
     runtime: RuntimeConfig = section(RuntimeConfig)
@@ -171,6 +206,24 @@ def check_preprocess(pre: PreprocessConfig, where: str) -> None:
     if pre.crop > pre.resize:
         raise EdgeError("{}: 'preprocess.crop' ({}) must not exceed 'preprocess.resize' ({})".format(
             where, pre.crop, pre.resize))
+
+
+def check_sources(cameras: List[CameraConfig], where: str) -> None:
+    if len(cameras) > MAX_CAMERAS:
+        raise EdgeError("{}: 'sources' lists {} cameras, at most {}".format(where, len(cameras), MAX_CAMERAS))
+    seen = set()
+    for i, camera in enumerate(cameras):
+        validate(camera, where, "sources[{}].".format(i))
+        if camera.name in seen:
+            raise EdgeError("{}: 'sources[{}].name' {} names another camera too".format(where, i, show(camera.name)))
+        seen.add(camera.name)
+
+
+def cameras(cfg: Config) -> List[CameraConfig]:
+    """The cameras a run serves: `sources`, or the one `source` (named after its URI's kind)."""
+    if cfg.sources:
+        return list(cfg.sources)
+    return [CameraConfig(**dict(dataclasses.asdict(cfg.source), name="camera"))]
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None) -> Config:
@@ -262,8 +315,12 @@ def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where:
                 raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, ".".join(parts[:i + 1]),
                                                                               show(node)))
         node[parts[-1]] = value
+    cameras = data.get("sources")
+    if isinstance(cameras, list) and isinstance(data.get("source") or {}, dict):
+        data["sources"] = [dict(data.get("source") or {}, **c) if isinstance(c, dict) else c for c in cameras]
     cfg = build(Config, data, where)
     validate(cfg, where)
+    check_sources(cfg.sources, where)
     check_preprocess(cfg.preprocess, where)
     cfg.path = path
     return cfg

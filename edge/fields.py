@@ -113,8 +113,18 @@ def build(cls: Any, data: Any, where: str, prefix: str = "") -> Any:
         dotted = prefix + "." + str(key)[:60] if prefix else str(key)[:60]
         if key not in fields:
             raise EdgeError("{}: unknown key '{}' (expected one of: {})".format(where, dotted, ", ".join(fields)))
-        values[key] = coerce(value, fields[key].type, where, dotted)
+        values[key] = coerce(spelled(value, fields[key]), fields[key].type, where, dotted)
     return cls(**values)
+
+
+def spelled(value: Any, f: Any) -> Any:
+    """The choice a YAML boolean spells: YAML 1.1 reads `off`/`no` as false and `on`/`yes` as true, so
+    `batching.policy: off` arrives as False; where a text field's choices have the word, it is that word."""
+    if isinstance(value, bool) and f.type is str:
+        for word in ("on", "yes") if value else ("off", "no"):
+            if word in f.metadata.get("choices", ()):
+                return word
+    return value
 
 
 def validate(obj: Any, where: str, prefix: str = "") -> None:

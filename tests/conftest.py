@@ -35,6 +35,24 @@ def tiny_classifiers(tmp_path_factory):
     return sm.tiny_paths(once_per_run(tmp_path_factory, sm.TINY, sm.make_tiny_classifiers))
 
 
+@pytest.fixture(scope="session")
+def dynamic_model(tmp_path_factory):
+    """A tiny 10-class classifier exported with a dynamic batch axis (`edge export --batch dynamic`) by the real
+    export code: several cameras on one engine."""
+    import torch
+
+    from edge.build.export import export_onnx
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=4, padding=1), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
+    path = str(tmp_path_factory.mktemp("dynamic") / "tiny_dynamic.onnx")
+    info = export_onnx(net.eval(), path, [str(i) for i in range(10)], "random(seed=0)", False, "tiny",
+                       log=lambda *a: None, batch="dynamic")
+    assert info["batch"] == "dynamic" and info["input"]["shape"][0] == "batch"
+    return path
+
+
 def run_folder(tmp_path_factory):
     """This test run's temporary folder, shared by its pytest-xdist workers."""
     base = tmp_path_factory.getbasetemp()

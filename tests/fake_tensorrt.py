@@ -38,14 +38,16 @@ class Logger:
         self.severity = severity
 
 
-def fake_tensorrt(version: str = "10.3.0", input_dtype: Any = np.float32, crop: int = 224) -> types.ModuleType:
-    """A `tensorrt` module of `version` whose engines take a (1, 3, crop, crop) `input_dtype` tensor."""
+def fake_tensorrt(version: str = "10.3.0", input_dtype: Any = np.float32, crop: int = 224,
+                  batch_sizes: Sequence[int] = ()) -> types.ModuleType:
+    """A `tensorrt` module of `version` whose engines take a (1, 3, crop, crop) `input_dtype` tensor; with
+    `batch_sizes`, a dynamic batch axis and one optimisation profile per size (min = opt = max)."""
     trt = types.ModuleType("tensorrt")
     trt.__file__ = __file__  # a package with code, not type stubs alone
     trt.__version__ = version
     trt.Logger = Logger
     _add_builder(trt, int(version.split(".")[0]))
-    _add_runtime(trt, input_dtype, crop)
+    _add_runtime(trt, input_dtype, crop, list(batch_sizes))
     return trt
 
 
@@ -54,6 +56,7 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(EXPLICIT_BATCH=0)
     trt.LayerType = types.SimpleNamespace(QUANTIZE="QUANTIZE", OTHER="OTHER")
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
+    trt.Dims = tuple  # behaves like a tuple in TensorRT too
     trt.BuilderFlag = types.SimpleNamespace(**({} if major >= 11 else {"INT8": "INT8", "FP16": "FP16"}))
 
     class IInt8EntropyCalibrator2:
@@ -74,7 +77,11 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
         def __init__(self, flags: int) -> None:
             self.flags = flags
             self.layers: List[str] = []
+            self.inputs: List[Any] = []
             trt.calls.append(("create_network", flags))
+
+        def get_input(self, i: int) -> Any:
+            return self.inputs[i]
 
         @property
         def num_layers(self) -> int:
@@ -97,6 +104,9 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
                 self.errors.append(Error("Failed to parse ONNX model from file\nsecond line", "(none)"))
                 return False
             self.network.layers = ["QUANTIZE" if n.op_type == "QuantizeLinear" else "OTHER" for n in model.graph.node]
+            self.network.inputs = [types.SimpleNamespace(name=i.name, shape=tuple(
+                d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim))
+                for i in model.graph.input]
             return True
 
         @property
@@ -120,6 +130,14 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
             self.timing: Optional[TimingCache] = None
             if major < 11:
                 self.int8_calibrator: Any = None
+
+        def add_optimization_profile(self, profile: Any) -> int:
+            trt.calls.append(("profile", dict(profile.shapes)))
+            return 0
+
+        def set_calibration_profile(self, profile: Any) -> bool:
+            trt.calls.append(("calibration_profile", dict(profile.shapes)))
+            return True
 
         def set_memory_pool_limit(self, pool: str, size: int) -> None:
             self.pools[pool] = size
@@ -147,6 +165,11 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
         def create_builder_config(self) -> Config:
             return Config()
 
+        def create_optimization_profile(self) -> Any:
+            profile = types.SimpleNamespace(shapes={})
+            profile.set_shape = lambda name, low, opt, high: profile.shapes.__setitem__(name, (low, opt, high))
+            return profile
+
         def build_serialized_network(self, network: Network, config: Config) -> bytes:
             calibrator = getattr(config, "int8_calibrator", None)
             batches = 0
@@ -164,32 +187,52 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
     trt.OnnxParser, trt.Builder = OnnxParser, Builder
 
 
-def _add_runtime(trt: types.ModuleType, input_dtype: Any, crop: int) -> None:
-    """The named-tensor API with execute_async_v3 (8.5+)."""
+def _add_runtime(trt: types.ModuleType, input_dtype: Any, crop: int, sizes: List[int]) -> None:
+    """The named-tensor API with execute_async_v3 (8.5+); with `sizes`, dynamic batch profiles (one context each)."""
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", INT8="INT8", INT32="INT32", BOOL="BOOL")
     dtypes = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8}
     trt_dtype = next(name for name, dt in dtypes.items() if np.dtype(dt) == np.dtype(input_dtype))
-    tensors = [("input", "INPUT", (1, 3, crop, crop), trt_dtype), ("logits", "OUTPUT", (1, NUM_CLASSES), "FLOAT")]
-
-    def run(addresses: Dict[str, int]) -> bool:
-        x = view(addresses["input"], tensors[0][2], dtypes[trt_dtype])
-        view(addresses["logits"], tensors[1][2], np.float32)[...] = reference_logits(x)
-        return True
+    batch = -1 if sizes else 1
+    tensors = [("input", "INPUT", (batch, 3, crop, crop), trt_dtype),
+               ("logits", "OUTPUT", (batch, NUM_CLASSES), "FLOAT")]
+    trt.contexts = []  # every context made, with the profile it runs (tests check one per profile)
 
     class Context:
         def __init__(self) -> None:
             self.addresses: Dict[str, int] = {}
+            self.profile = 0
+            self.rows = 1 if not sizes else 0  # a dynamic input has no shape until set_input_shape
+            trt.contexts.append(self)
+
+        def set_optimization_profile_async(self, index: int, stream_handle: int) -> bool:
+            assert all(c.profile != index for c in trt.contexts if c is not self and c.rows), "profile in use"
+            self.profile = index
+            return True
+
+        def set_input_shape(self, name: str, shape: Sequence[int]) -> bool:
+            assert name == "input" and sizes[self.profile] == shape[0], (self.profile, shape)
+            self.rows = int(shape[0])
+            return True
+
+        def get_tensor_shape(self, name: str) -> Tuple[int, ...]:
+            return (self.rows,) + tuple(next(t for t in tensors if t[0] == name)[2][1:])
 
         def set_tensor_address(self, name: str, ptr: int) -> bool:
             self.addresses[name] = ptr
             return True
 
         def execute_async_v3(self, stream_handle: int) -> bool:
-            return run(self.addresses)
+            assert self.rows, "input shape not set"
+            x = view(self.addresses["input"], (self.rows,) + tensors[0][2][1:], dtypes[trt_dtype])
+            logits = view(self.addresses["logits"], (self.rows, NUM_CLASSES), np.float32)
+            for row in range(self.rows):
+                logits[row] = reference_logits(x[row])[0]
+            return True
 
     class Engine:
         num_io_tensors = len(tensors)
+        num_optimization_profiles = max(1, len(sizes))
 
         def get_tensor_name(self, i: int) -> str:
             return tensors[i][0]
@@ -205,6 +248,10 @@ def _add_runtime(trt: types.ModuleType, input_dtype: Any, crop: int) -> None:
 
         def get_tensor_dtype(self, name: str) -> str:
             return self._find(name)[3]
+
+        def get_tensor_profile_shape(self, name: str, index: int) -> List[Tuple[int, ...]]:
+            shape = (sizes[index],) + tuple(self._find(name)[2][1:])
+            return [shape, shape, shape]
 
         def create_execution_context(self) -> Context:
             return Context()

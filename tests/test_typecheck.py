@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STUB_PACKAGES = ("tensorrt", "tensorrt_bindings")
 GPU_FILES = ("edge/frame/cuda_kernel.py", "edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_runner.py",
              "edge/frame/tensorrt_backend.py", "edge/frame/select.py", "edge/build/tensorrt_engine.py",
-             "edge/frame/cuda_session.py")
+             "edge/frame/cuda_session.py", "edge/frame/tensorrt_batch.py")
 FLAGS = ["--strict", "--follow-imports=silent", "--ignore-missing-imports"]
 
 

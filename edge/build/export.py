@@ -1,4 +1,5 @@
-"""`edge export`: an ImageNet classifier -> ONNX (opset 17, static 1x3x224x224) + labels + model info.
+"""`edge export`: an ImageNet classifier -> ONNX (opset 17, static 1x3x224x224, or a dynamic batch axis with
+`--batch dynamic`: Nx3x224x224 for several cameras on one engine) + labels + model info.
 
 One table, ARCHES, drives it: per architecture, how to build it untrained, where its ImageNet weights come from and
 the preprocessing it was trained with. MobileNetV3-Large (the default) and -Small: torchvision's weights, which need
@@ -42,6 +43,8 @@ from edge.fileio import load_json
 from edge.frame.backend import INPUT_NAME, OUTPUT_NAME
 
 OPSET = 17
+BATCH_AXIS = "batch"  # the name of a dynamic first axis (`--batch dynamic`)
+BATCH_CHOICES = ("1", "dynamic")
 MAX_RELATIVE_ERROR = 1e-4
 _DOWNLOAD_TIMEOUT_S = 20
 _IMAGENET = {"resize": 256, "crop": 224, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
@@ -230,46 +233,67 @@ def check_replaceable(out_path: str, force: bool = False) -> None:
         _refuse(out_path, "not the model its {} describes".format(os.path.basename(info_file)))
 
 
-def _export_to(model: Any, path: str, sample: Any) -> float:
-    """torch -> ONNX at `path`; the max relative error of ONNX Runtime against torch on `sample`."""
+def _export_to(model: Any, path: str, sample: Any, dynamic_batch: bool = False) -> float:
+    """torch -> ONNX at `path`; the max relative error of ONNX Runtime against torch on `sample`. `dynamic_batch`:
+    the first axis of the input and the output is named `batch`, any size."""
     torch = require("torch")
-    ort = require("onnxruntime")
     with torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter is chosen on purpose: it needs no onnxscript and matches torch to ~1e-6.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", "Constant folding", UserWarning)  # ZeroPad2d: _fold_padding does it
-        reference = model(sample).numpy()
+        axes = {INPUT_NAME: {0: BATCH_AXIS}, OUTPUT_NAME: {0: BATCH_AXIS}} if dynamic_batch else None
         torch.onnx.export(model, (sample,), path, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                          opset_version=OPSET, do_constant_folding=True, dynamo=False)
+                          opset_version=OPSET, do_constant_folding=True, dynamo=False, dynamic_axes=axes)
     _fold_padding(path)
-    produced = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(
+    return _relative_error(model, path, sample)
+
+
+def _batch_choice(batch: str) -> str:
+    if batch not in BATCH_CHOICES:
+        raise EdgeError("--batch: expected one of {}, got {!r}".format("|".join(BATCH_CHOICES), batch))
+    return batch
+
+
+def _relative_error(model: Any, path: str, sample: Any) -> float:
+    """Max |ONNX Runtime - torch| / max |torch| on `sample`."""
+    torch = require("torch")
+    with torch.no_grad():
+        reference = model(sample).numpy()
+    produced = require("onnxruntime").InferenceSession(path, providers=["CPUExecutionProvider"]).run(
         None, {INPUT_NAME: sample.numpy()})[0]
     return float(np.abs(produced - reference).max()) / (float(np.abs(reference).max()) or 1.0)
 
 
 def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: str, trained: bool,
                 arch: str, input_size: int = 224, log=print,
-                preprocess: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                preprocess: Optional[Dict[str, Any]] = None, batch: str = "1") -> Dict[str, Any]:
     """Export `model` to `out_path`, check it against torch, and put it in place with its labels and model info.
 
-    `preprocess` (resize, crop, mean, std) goes into the model info: what every stage then feeds the model."""
+    `preprocess` (resize, crop, mean, std) goes into the model info: what every stage then feeds the model.
+    `batch`: "1" (static) or "dynamic" (checked against torch at batch 1 and 3)."""
     torch = require("torch")
     started = time.monotonic()
     staged = {path: staging_path(path) for path in (out_path, labels_file(out_path))}
     try:
+        dynamic = _batch_choice(batch) == "dynamic"
         sample = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 3, input_size, input_size),
                                                                           dtype=np.float32))
-        rel_error = _export_to(model, staged[out_path], sample)
+        rel_error = _export_to(model, staged[out_path], sample, dynamic)
+        if dynamic:  # the batch axis computes each image alone, as batch 1 does
+            rel_error = max(rel_error, _relative_error(model, staged[out_path], torch.cat([sample, -sample,
+                                                                                         sample * 0.5])))
         if not rel_error < MAX_RELATIVE_ERROR:
             raise EdgeError("{}: ONNX Runtime differs from torch by {:.2e} (relative), limit {:.0e}".format(
                 out_path, rel_error, MAX_RELATIVE_ERROR), exit_code=1)
+        first: Any = BATCH_AXIS if dynamic else 1
         with open(staged[labels_file(out_path)], "w", encoding="utf-8") as fh:
             fh.write("\n".join(labels) + "\n")
         info = {
             "arch": arch, "weights": weights_desc, "trained": trained, "opset": OPSET,
-            "input": {"name": INPUT_NAME, "shape": [1, 3, input_size, input_size], "dtype": "float32",
+            "input": {"name": INPUT_NAME, "shape": [first, 3, input_size, input_size], "dtype": "float32",
                       "layout": "NCHW RGB, (x/255 - mean)/std"},
-            "output": {"name": OUTPUT_NAME, "shape": [1, len(labels)], "dtype": "float32"},
+            "output": {"name": OUTPUT_NAME, "shape": [first, len(labels)], "dtype": "float32"},
+            "batch": "dynamic" if dynamic else 1,
             "precision": "fp32", "max_relative_error_vs_torch": rel_error, "torch": torch.__version__,
             "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -286,9 +310,10 @@ def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: 
 
 
 def export_model(arch: str = DEFAULT_ARCH, weights: str = "auto", out: Optional[str] = None, seed: int = 0,
-                 force: bool = False, log=print) -> Dict[str, Any]:
+                 force: bool = False, log=print, batch: str = "1") -> Dict[str, Any]:
     """`edge export` for any of ARCHES, with the preprocessing it was trained with."""
     _arch(arch)
+    _batch_choice(batch)
     out = out or os.path.join("engines", arch + ".onnx")
     check_replaceable(out, force)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -296,5 +321,6 @@ def export_model(arch: str = DEFAULT_ARCH, weights: str = "auto", out: Optional[
         check_replaceable(out, force)  # still true now that the folder is ours
         require("torch").set_num_threads(os.cpu_count() or 1)
         model, labels, desc, trained = build_model(arch, weights, seed, log)
-        return export_onnx(model, out, labels, desc, trained, arch, log=log, preprocess=ARCHES[arch].preprocess)
+        return export_onnx(model, out, labels, desc, trained, arch, log=log, preprocess=ARCHES[arch].preprocess,
+                           batch=batch)
 

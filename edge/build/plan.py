@@ -195,6 +195,8 @@ def check_source(source: str, crop: int, where: str, tensorrt: Optional[str] = N
     initializers = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in initializers]
     dims = [d.dim_value for d in inputs[0].type.tensor_type.shape.dim] if len(inputs) == 1 else []
+    if dims[:1] == [0] and inputs[0].type.tensor_type.shape.dim[0].dim_param:  # a batch axis: the build feeds batch 1
+        dims[0] = 1
     if dims != [1, 3, crop, crop]:
         raise EdgeError("{}: input shape {} does not match preprocess.crop {} in {} (expected [1, 3, {}, {}])".format(
             source, dims or "(not one input)", crop, where, crop, crop))

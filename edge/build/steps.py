@@ -177,14 +177,15 @@ def step_engine(plan: BuildPlan, state: BuildState, log: Log) -> None:
     """The TensorRT engine from the candidate (Q/DQ, or FP32 with TensorRT's calibrator); verified before the gate."""
     if not plan.fmt.engine:
         return
-    from edge.build.tensorrt_engine import build_engine
+    from edge.build.tensorrt_engine import build_engine, served_sizes
 
     b = plan.cfg.build
     staged = state.stage(plan.artifact)
     state.info["engine"] = build_engine(
         state.candidate, staged, b.precision, b.workspace_mb, state.calibration if plan.calibrator else None,
         plan.cfg.preprocess, sha256_file(plan.source),
-        os.path.join(os.path.dirname(os.path.abspath(b.calibration_dir)), "cache"), log)
+        os.path.join(os.path.dirname(os.path.abspath(b.calibration_dir)), "cache"), log,
+        batch_sizes=served_sizes(plan.cfg.runtime.batching.max_batch))
     plan.fmt.verify(staged)
     state.candidate = staged
 

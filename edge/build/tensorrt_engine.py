@@ -7,6 +7,10 @@ Two INT8 routes:
             CpuPreprocessor (TensorRT 8.5/10.x only: 11 removed calibrators). Its cache,
             calibration/cache/<model-sha12>-trt<version>-<gpu-slug>.cache (plus a .json naming the set and
             preprocessing it came from), lets a rebuild skip calibration.
+A model with a dynamic batch axis (edge export --batch dynamic) gets one optimisation profile per served size
+(`served_sizes`: 1, 2, 4 ... up to runtime.batching.max_batch), each with min = opt = max = that size (a single
+min=1 profile is slow at batch 4; a CUDA graph needs fixed shapes anyway); the runtime gives each its own execution
+context (edge/frame/tensorrt_batch.py).
 Workspace through set_memory_pool_limit; the timing cache persists beside the engine (per TensorRT version
 and GPU). Parser and builder failures are one-line EdgeErrors. Every TensorRT build object is released
 inside the CUDA context that made it (NVIDIA/TensorRT#2052: a context destroyed first crashes). Loading and
@@ -17,7 +21,7 @@ import json
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from edge.build.calibration import CalibrationSet
 from edge.build.trt_cache import read_trt_calibration_cache
@@ -97,6 +101,37 @@ def _calibrator(session: CudaSession, images: CalibrationSet, preprocess: Prepro
     return EntropyCalibrator()
 
 
+def served_sizes(max_batch: int) -> List[int]:
+    """The batch sizes an engine gets a profile for: the powers of two below `max_batch`, and `max_batch`."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return sizes + [max_batch]
+
+
+def _add_profiles(builder: "trt.Builder", network: "trt.INetworkDefinition", config: "trt.IBuilderConfig",
+                  sizes: Sequence[int]) -> List[int]:
+    """One optimisation profile per size for an input with a dynamic batch axis (the first, batch 1, is also the
+    calibration profile); the sizes the engine serves ([1] for a static input)."""
+    import tensorrt as trt
+
+    inp = network.get_input(0)
+    shape = [int(inp.shape[k]) for k in range(len(inp.shape))]
+    if shape[0] != -1:
+        return [1]
+    profiles = []
+    for size in sizes:
+        fixed = trt.Dims([size] + shape[1:])
+        profile = builder.create_optimization_profile()
+        profile.set_shape(inp.name, fixed, fixed, fixed)
+        config.add_optimization_profile(profile)
+        profiles.append(profile)
+    if hasattr(config, "set_calibration_profile"):  # TensorRT 11 has no calibrators
+        config.set_calibration_profile(profiles[0])
+    return list(sizes)
+
+
 def _parse_error(parser: "trt.OnnxParser", onnx_path: str) -> EdgeError:
     errors = [parser.get_error(i) for i in range(parser.num_errors)]
     if not errors:
@@ -154,9 +189,9 @@ def limit_tactic_sources(trt: Any, config: Any, major: int) -> None:
 
 def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: int, version: str,
            images: Optional[CalibrationSet], preprocess: PreprocessConfig, calibration_cache: str,
-           timing_path: str, log: Callable[..., None]) -> Tuple[bytes, bytes, str]:
-    """(engine, timing cache, mode) as bytes. Every TensorRT object lives in this frame only, so it is released
-    when this returns, inside the caller's context (NVIDIA/TensorRT#2052)."""
+           timing_path: str, log: Callable[..., None], sizes: Sequence[int]) -> Tuple[bytes, bytes, str, List[int]]:
+    """(engine, timing cache, mode, batch sizes served). Every TensorRT object lives in this frame only, so it is
+    released when this returns, inside the caller's context (NVIDIA/TensorRT#2052)."""
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -172,6 +207,7 @@ def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: i
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     limit_tactic_sources(trt, config, major)
     mode = _set_precision(config, precision, explicit, version, onnx_path, images is not None)
+    served = _add_profiles(builder, network, config, sizes)
     if mode == "int8-implicit-entropy2" and images is not None:
         config.int8_calibrator = _calibrator(session, images, preprocess, calibration_cache, log)
     timing_bytes = b""
@@ -185,14 +221,15 @@ def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: i
     if serialized is None:
         raise EdgeError("{}: TensorRT {} could not build an engine ({}; see its log above)".format(
             onnx_path, version, mode), exit_code=EXIT_FAIL)
-    return bytes(memoryview(serialized)), bytes(memoryview(config.get_timing_cache().serialize())), mode
+    return bytes(memoryview(serialized)), bytes(memoryview(config.get_timing_cache().serialize())), mode, served
 
 
 def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb: int,
                  images: Optional[CalibrationSet], preprocess: PreprocessConfig, model_sha256: str,
-                 cache_dir: str = os.path.join("calibration", "cache"), log: Callable[..., None] = print
-                 ) -> Dict[str, Any]:
-    """Serialize an engine for this GPU to `engine_path`. `images` selects the implicit-calibrator INT8 route."""
+                 cache_dir: str = os.path.join("calibration", "cache"), log: Callable[..., None] = print,
+                 batch_sizes: Sequence[int] = (1,)) -> Dict[str, Any]:
+    """Serialize an engine for this GPU to `engine_path`. `images` selects the implicit-calibrator INT8 route;
+    `batch_sizes` the profiles of a model with a dynamic batch axis."""
     version = require_tensorrt()
     session = CudaSession()
     try:
@@ -201,9 +238,9 @@ def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb:
             timing_path = timing_cache_path(os.path.dirname(os.path.abspath(engine_path)), version, gpu)
             started = time.monotonic()
             try:
-                engine, timing, mode = _build(session, onnx_path, precision, workspace_mb, version, images, preprocess,
-                                              calibration_cache_path(cache_dir, model_sha256, version, gpu),
-                                              timing_path, log)
+                engine, timing, mode, served = _build(
+                    session, onnx_path, precision, workspace_mb, version, images, preprocess,
+                    calibration_cache_path(cache_dir, model_sha256, version, gpu), timing_path, log, batch_sizes)
             except BaseException as exc:
                 # The traceback holds _build's frame and so its TensorRT objects: drop it inside the context.
                 raise exc.with_traceback(None) from None
@@ -214,4 +251,4 @@ def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb:
     _write_atomic(timing_path, timing)
     log("engine: {} ({}, TensorRT {}, {}) in {:.1f} s".format(engine_path, mode, version, gpu, seconds))
     return {"mode": mode, "tensorrt": version, "gpu": gpu, "seconds": round(seconds, 1),
-            "workspace_mb": workspace_mb, "timing_cache": timing_path}
+            "workspace_mb": workspace_mb, "timing_cache": timing_path, "batch_sizes": served}

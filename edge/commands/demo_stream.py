@@ -102,13 +102,17 @@ class OverlaySink(Sink):
         self.on_first_frame = on_first_frame  # once: there is something to watch
         self.fps = FpsMeter()
         self.last: Optional[np.ndarray] = None
+        self.tiles: Dict[str, np.ndarray] = {}  # several cameras: each one's latest annotated frame
 
     def on_result(self, result: Result) -> None:
-        from edge.commands.overlay import draw_overlay, stats_of
+        from edge.commands.overlay import draw_overlay, mosaic, stats_of
 
         cv2: Any = require("cv2")
         fps = self.fps.tick()
         annotated = draw_overlay(result.image, result, self.budget_ms, fps, self.trained)
+        if result.camera:  # several cameras: a tile each
+            self.tiles[result.camera] = annotated
+            annotated = mosaic(dict(sorted(self.tiles.items())))
         self.last = annotated
         if self.window:
             cv2.imshow(WINDOW, annotated)

@@ -17,13 +17,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="auto", help="auto | imagenet | random | PATH to a checkpoint")
     p.add_argument("--out", help="output .onnx (default engines/<arch>.onnx)")
     p.add_argument("--seed", type=int, default=0, help="seed for random weights")
+    p.add_argument("--batch", default="1", choices=("1", "dynamic"),
+                   help="1: a static batch-1 model (default); dynamic: any batch size, for several cameras on one "
+                        "engine (docs/throughput.md)")
     p.add_argument("--force", action="store_true", help="replace files at --out that are not a previous export")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from edge.build.export import export_model
 
-    export_model(args.arch, args.weights, args.out, args.seed, args.force)
+    export_model(args.arch, args.weights, args.out, args.seed, args.force, batch=args.batch)
     return EXIT_OK
 
 

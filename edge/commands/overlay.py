@@ -111,3 +111,21 @@ def stats_of(result: Result, budget_ms: float, fps: float) -> Dict[str, Any]:
         "miss_rate": round(result.misses / result.frames, 5) if result.frames else 0.0,
     }
     return stats
+
+
+def mosaic(tiles: Dict[str, np.ndarray]) -> np.ndarray:
+    """Several cameras' annotated frames as one image the size of the first: a grid of tiles, each named."""
+    cv2: Any = require("cv2")
+    images = list(tiles.items())
+    h, w = images[0][1].shape[:2]
+    cols = int(np.ceil(np.sqrt(len(images))))
+    rows = int(np.ceil(len(images) / cols))
+    out = np.zeros((h, w, 3), np.uint8)
+    th, tw = h // rows, w // cols
+    for i, (name, image) in enumerate(images):
+        y, x = (i // cols) * th, (i % cols) * tw
+        out[y:y + th, x:x + tw] = cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA)
+        scale = max(0.4, th / 720.0)
+        cv2.putText(out, name, (x + 8, y + th - 10), cv2.FONT_HERSHEY_SIMPLEX, scale, AMBER,
+                    max(1, int(round(scale * 2))), cv2.LINE_AA)
+    return out

@@ -2,6 +2,8 @@
 
     with OnnxRuntimeBackend(cfg) as backend:    # load() on enter, close() on exit
         logits = backend.infer(tensor)         # (1, 3, H, W) float32 -> (1, num_classes) float32
+        backend.put_row(0, a); backend.put_row(1, b)
+        logits = backend.infer_rows(2)         # several cameras' frames as one batch (up to max_batch)
 
 GPU backends accept, besides a NumPy array, the device tensor their paired GPU preprocessor wrote.
 """
@@ -21,6 +23,21 @@ class Backend:
     name = "base"
     sha256 = "unknown"  # of the model bytes load() read: what the service reports it serves
     probabilities = False  # the first output already is probabilities (the model ends in Softmax)
+    max_batch = 1  # the most rows infer_rows() takes: a model with a batch axis takes more
+    _rows: Optional[np.ndarray] = None  # the next batch, on the host
+
+    def put_row(self, row: int, tensor: Any) -> None:
+        """Copy a preprocessed (1, 3, H, W) tensor into row `row` of the next batch (before the preprocessor reuses
+        its buffer). Here: a host array, which `infer_rows` hands to `infer`."""
+        array = np.asarray(tensor)
+        if self._rows is None or self._rows.shape[1:] != array.shape[1:] or self._rows.dtype != array.dtype:
+            self._rows = np.empty((self.max_batch,) + array.shape[1:], array.dtype)
+        self._rows[row] = array[0]
+
+    def infer_rows(self, n: int) -> np.ndarray:
+        """The first `n` rows put as one batch -> (n, num_classes)."""
+        assert self._rows is not None, "put_row() first"
+        return self.infer(self._rows[:n])
 
     def load(self, model: Optional["ModelSet"] = None) -> None:
         """Load the model's bytes (`model`: read and checked once by edge.artifact.read_set; None: read here).

@@ -22,6 +22,7 @@ _SHAPE_ONLY = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze")  # betw
 # running service): one intra-op thread, not spinning. The gate of MobileNetV3-Large on 2 cores: 1.2x less CPU,
 # 10 % more wall time (benchmarks/offline_spinning.py --threads; docs/build.md).
 OFFLINE_THREADS = 1
+DYNAMIC_MAX_BATCH = 64  # a model with a dynamic batch axis (edge export --batch dynamic) takes up to this many rows
 
 
 # x86 without VNNI: ONNX Runtime's u8s8 int8 kernels saturate in 16-bit pair sums; this makes them multiply u8u8
@@ -82,6 +83,7 @@ class OnnxRuntimeBackend(Backend):
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self._input_name = inputs[0].name
         self._output_names = [outputs[0].name]
+        self.max_batch = 1 if isinstance(inputs[0].shape[0], int) else DYNAMIC_MAX_BATCH
         self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
         try:
             blank = self.session.run(self._output_names, {self._input_name: np.zeros(self._input_shape, np.float32)})

@@ -1,11 +1,12 @@
 """One frame through the stages (Stages.classify: preprocess -> infer -> postprocess), every stage timed, into a
-Result that carries what sinks report. Data flows one way: the Runtime (edge/service/runtime.py) hands each
+Result that carries what sinks report; or one batch of several cameras' frames (Stages.classify_batch), one
+Result per frame. Data flows one way: the Runtime (edge/service/runtime.py) hands each
 Result to the sinks (log, metrics, notify, demo overlay, check series), which never feed back.
 """
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -33,6 +34,9 @@ class Result:
     source: Dict[str, int] = field(default_factory=dict)  # the source's counters (SourceSupervisor.stats)
     telemetry: Any = None  # the latest TelemetrySnapshot, when telemetry runs
     reloads: Dict[str, int] = field(default_factory=dict)  # SIGHUP reloads: ok, failed
+    camera: str = ""  # several cameras: the one this frame is from (sources[].name)
+    batch: int = 1  # frames in the batch this one was served in
+    cameras: Any = None  # several cameras: their owner (edge.service.cameras.CameraSet), for per-camera figures
 
 
 class Sink:
@@ -69,19 +73,50 @@ class Pipeline:
         try:
             prediction = self.stages.classify(frame.image, stage_ms)
         except Exception as exc:  # one bad frame must not stop the service
-            self.errors += 1
-            self.consecutive_errors += 1
-            error = "{}: {}".format(type(exc).__name__, exc)
-            if self.consecutive_errors > self.max_consecutive_errors:
-                raise TooManyErrors("{} consecutive frames failed, last: {}".format(
-                    self.consecutive_errors, error)) from exc
-            return self._result(frame, {}, None, "error", error)
+            return self._result(frame, {}, None, "error", self._failed(exc))
         self.consecutive_errors = 0
         stage_ms["end_to_end"] = (time.monotonic() - frame.captured) * 1e3
         missed = self.recorder.record(stage_ms) if record else False
         return self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None)
 
+    def process_batch(self, frames: Sequence[Frame], cameras: Sequence[str], timed: int) -> List[Result]:
+        """Several cameras' frames (`cameras[i]` names frames[i]'s) as one batch: a Result each, in order, the first
+        `timed` of them recorded. Each frame's frame_age is its wait from capture to the batch's start; its other
+        stages are the batch's."""
+        t0 = time.monotonic()
+        batch_ms: Dict[str, float] = {}
+        try:
+            predictions = self.stages.classify_batch([f.image for f in frames], batch_ms)
+        except Exception as exc:  # one bad batch must not stop the service: each frame counts as failed
+            return [self._failed_frame(frame, camera, exc, len(frames)) for frame, camera in zip(frames, cameras)]
+        self.consecutive_errors = 0
+        end = time.monotonic()
+        results = []
+        for i, (frame, camera, prediction) in enumerate(zip(frames, cameras, predictions)):
+            self.frame_id += 1
+            stage_ms = dict(batch_ms, capture=frame.capture_ms, frame_age=(t0 - frame.captured) * 1e3,
+                            end_to_end=(end - frame.captured) * 1e3)
+            missed = self.recorder.record(stage_ms) if i < timed else False
+            results.append(self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None, camera,
+                                        len(frames)))
+        return results
+
+    def _failed_frame(self, frame: Frame, camera: str, exc: Exception, batch: int) -> Result:
+        self.frame_id += 1
+        return self._result(frame, {}, None, "error", self._failed(exc), camera, batch)
+
+    def _failed(self, exc: Exception) -> str:
+        """Count a failed frame; its error line, or TooManyErrors past `max_consecutive_errors` in a row."""
+        self.errors += 1
+        self.consecutive_errors += 1
+        error = "{}: {}".format(type(exc).__name__, exc)
+        if self.consecutive_errors > self.max_consecutive_errors:
+            raise TooManyErrors("{} consecutive frames failed, last: {}".format(
+                self.consecutive_errors, error)) from exc
+        return error
+
     def _result(self, frame: Frame, stage_ms: Dict[str, float], prediction: Optional[Prediction], status: str,
-                error: Optional[str]) -> Result:
+                error: Optional[str], camera: str = "", batch: int = 1) -> Result:
         return Result(self.frame_id, frame.seq, stage_ms, prediction, status, error, frame.image,
-                      self.recorder.frames, self.recorder.misses, self.errors, self.consecutive_errors)
+                      self.recorder.frames, self.recorder.misses, self.errors, self.consecutive_errors,
+                      camera=camera, batch=batch)

@@ -90,6 +90,18 @@ class SourceSupervisor:
         self._last_timeout_log = -math.inf
 
     @property
+    def description(self) -> str:
+        return self.capture.description
+
+    def facts(self) -> Dict[str, Any]:
+        """What the start line adds for this source: nothing for one camera (edge.service.cameras has several)."""
+        return {}
+
+    def figures(self) -> Dict[str, Any]:
+        """What reports add for this source: nothing for one camera (its figures are the run's)."""
+        return {}
+
+    @property
     def capture(self) -> Capture:
         """The capture being read now (a fresh one after a hung read was abandoned)."""
         return self.reader.capture

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -67,6 +67,20 @@ class Stages:
                             postprocess=(time.monotonic() - t2) * 1e3, **self.backend.device_ms())
         return prediction
 
+    def classify_batch(self, images: Sequence[Any], stage_ms: Dict[str, float]) -> List[Prediction]:
+        """Several BGR images (at most backend.max_batch) as one batch: each preprocessed into its row, one inference,
+        each row's top-k. `stage_ms` gets the batch's stage times, which every image of it waited for."""
+        t0 = time.monotonic()
+        for row, image in enumerate(images):
+            self.backend.put_row(row, self.preprocess(image))
+        t1 = time.monotonic()
+        logits = self.backend.infer_rows(len(images))
+        t2 = time.monotonic()
+        predictions = [self.postprocess(logits[row]) for row in range(len(images))]
+        stage_ms.update(preprocess=(t1 - t0) * 1e3, infer=(t2 - t1) * 1e3,
+                        postprocess=(time.monotonic() - t2) * 1e3, **self.backend.device_ms())
+        return predictions
+
     def close(self) -> None:
         close_stages(self.preprocess, self.backend, self.session)
 
@@ -104,9 +118,9 @@ def create_stages(cfg: Config) -> StageParts:
     pre_device, backend_kind, reason = choose_devices(cfg)
     if backend_kind != "tensorrt":
         from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
-        from edge.frame.preprocess import CpuPreprocessor
+        from edge.frame.preprocess import cpu_preprocessor
 
-        return StageParts(CpuPreprocessor(cfg.preprocess), OnnxRuntimeBackend(
+        return StageParts(cpu_preprocessor(cfg.preprocess), OnnxRuntimeBackend(
             cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning), reason)
     from edge.frame.tensorrt_backend import TensorRTBackend
 
@@ -122,7 +136,7 @@ def create_stages(cfg: Config) -> StageParts:
 
 def preprocessor_for_tensorrt(cfg: Config, session: CudaSession, device: str, reason: str) -> Tuple[Any, str]:
     """(preprocessor, reason) beside a TensorRT backend: CUDA when chosen and its kernel loads, else the CPU."""
-    from edge.frame.preprocess import CpuPreprocessor
+    from edge.frame.preprocess import cpu_preprocessor
 
     if device == "cuda":
         from edge.frame.cuda_kernel import KernelUnavailable
@@ -134,7 +148,7 @@ def preprocessor_for_tensorrt(cfg: Config, session: CudaSession, device: str, re
             if cfg.preprocess.device == "cuda":
                 raise KernelUnavailable("preprocess.device cuda: {}".format(exc)) from None
             reason += "; preprocessing on the CPU (preprocess.device auto): {}".format(exc)
-    return CpuPreprocessor(cfg.preprocess), reason
+    return cpu_preprocessor(cfg.preprocess), reason
 
 
 def check_fit(cfg: Config, backend: Backend, labels_file: str, labels: int) -> None:

@@ -16,6 +16,8 @@ synchronisation. CUDA events time the device work (`device_ms()`: `infer_gpu`, a
 tensor); the pipeline keeps its monotonic clock for the whole frame. With `cuda_graph`, inference + output copy
 (the runner's enqueue) are captured into one CUDA graph after the first frame, kept only if replaying it is
 measurably faster; a new input binding drops it and tries again. The preprocessor is not part of the graph.
+An engine with a profile per batch size serves several cameras' frames as one batch (put_row / infer_rows):
+batch 1 as above, larger sizes on edge.frame.tensorrt_batch's contexts (a CUDA graph per size with cuda_graph).
 """
 
 import ctypes
@@ -29,6 +31,7 @@ from edge.frame.backend import Backend
 from edge.frame.cuda_preprocess import DeviceTensor
 from edge.frame.cuda_session import CudaSession
 from edge.frame.postprocess import check_first_output
+from edge.frame.tensorrt_batch import BatchRunner, batch_runner
 from edge.frame.tensorrt_runner import EngineRunner, require_tensorrt
 
 _GRAPH_TRIALS = 20  # launches timed each way before deciding on a CUDA graph
@@ -93,6 +96,8 @@ class TensorRTBackend(Backend):
         self._events: Tuple[Any, Any] = (None, None)
         self._graph_api: Optional[_GraphApi] = None
         self._graph = 0
+        self.batch: Optional[BatchRunner] = None  # sizes above 1 of an engine with a profile per size
+        self._row0: Any = None
 
     def load(self, model: Optional[ModelSet] = None) -> None:
         """Any refusal (no TensorRT, a model info for another board, an engine that does not deserialise) frees
@@ -116,9 +121,52 @@ class TensorRTBackend(Backend):
                                self.runner.output.dtype)
             with self.session:
                 self._events = (self.session.drv.Event(), self.session.drv.Event())
+                assert self.runner.output is not None
+                self.batch = batch_runner(self.runner.engine, self.session, self.runner.input, self.runner.output,
+                                          self._batch_graphs())
         except BaseException:
+            self._close_batch()
             self.runner.close()
             raise
+
+    def _batch_graphs(self) -> Any:
+        if not self.cuda_graph:
+            return None
+        try:
+            return _GraphApi()
+        except Exception:  # no libcuda or symbol: batches run direct
+            return None
+
+    @property
+    def max_batch(self) -> int:  # type: ignore[override]
+        return self.batch.sizes[-1] if self.batch is not None else 1
+
+    def put_row(self, row: int, tensor: Any) -> None:
+        if row == 0:
+            self._row0 = tensor  # a batch of one runs as infer() does (profile 0, in place)
+        if self.batch is not None:
+            with self.session:
+                self.batch.put_row(row, tensor)
+
+    def infer_rows(self, n: int) -> np.ndarray:
+        if n == 1:
+            return self.infer(self._row0)
+        assert self.batch is not None, "a batch-1 engine"
+        start, end = self._events
+        with self.session:
+            stream = self.session.stream
+            start.record(stream)
+            self.batch.enqueue(n)
+            end.record(stream)
+            stream.synchronize()
+            self._device_ms = {"infer_gpu": float(start.time_till(end))}
+            return self.batch.result(n)
+
+    def _close_batch(self) -> None:
+        if self.batch is not None:
+            with self.session:
+                self.batch.close()
+            self.batch = None
 
     @property
     def input_shape(self) -> Tuple[int, ...]:
@@ -226,6 +274,7 @@ class TensorRTBackend(Backend):
         """Free the CUDA graph, the events and the engine; safe to call twice. The session stays its owner's."""
         if self._events[0] is None:  # never loaded, a refused load (freed at once) or closed already
             return
+        self._close_batch()
         with self.session:
             self._drop_graph()
             self._events = (None, None)

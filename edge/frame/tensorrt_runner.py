@@ -49,6 +49,10 @@ def np_dtype(dtype: "trt.DataType") -> "np.dtype[Any]":
     return np.dtype(table[dtype])
 
 
+def shape_of(dims: "trt.Dims") -> Tuple[int, ...]:
+    return tuple(int(dims[k]) for k in range(len(dims)))
+
+
 def io_tensors(engine: "trt.ICudaEngine") -> List[TensorSpec]:
     import tensorrt as trt
 
@@ -77,6 +81,7 @@ class EngineRunner:
         self.output: Optional[TensorSpec] = None
         self.sha256 = "unknown"  # of the engine bytes it read itself (load(data): the caller has it)
         self.context: Optional["trt.IExecutionContext"] = None
+        self.engine: Optional["trt.ICudaEngine"] = None  # a batch engine's other profiles get their own contexts
         self._device: Dict[str, Any] = {}  # tensor name -> pycuda DeviceAllocation
         self._host: List[np.ndarray] = []  # pinned input and output staging
         self._objects: List[Any] = []  # logger, runtime, engine, context: released in reverse
@@ -117,8 +122,9 @@ class EngineRunner:
             raise EdgeError("{}: expected one input and at least one output, got {} and {}".format(
                 self.engine_path, len(inputs), len(outputs)))
         if any(d < 0 for t in tensors for d in t.shape):
-            raise EdgeError("{}: dynamic shapes are not supported; build the engine for a fixed 1x3xHxW input".format(
-                self.engine_path))
+            tensors = self._batch_one(engine, tensors)
+            inputs, outputs = [t for t in tensors if t.is_input], [t for t in tensors if not t.is_input]
+        self.engine = engine
         self.input, self.output = inputs[0], outputs[0]
         drv = session.drv
         for t in tensors:
@@ -126,6 +132,18 @@ class EngineRunner:
             self.context.set_tensor_address(t.name, int(self._device[t.name]))
         self._input_ptr = int(self._device[self.input.name])
         self._host = [drv.pagelocked_empty(t.shape, t.dtype) for t in (self.input, self.output)]
+
+    def _batch_one(self, engine: "trt.ICudaEngine", tensors: List[TensorSpec]) -> List[TensorSpec]:
+        """An engine with a dynamic batch axis and one profile per size (edge.build.tensorrt_engine): this
+        context runs profile 0, batch 1 (the other sizes are edge.frame.tensorrt_batch's); the shapes it resolves."""
+        assert self.context is not None
+        inp = next(t for t in tensors if t.is_input)
+        first = shape_of(engine.get_tensor_profile_shape(inp.name, 0)[1])
+        if any(d < 0 for d in inp.shape[1:]) or first[0] != 1 or not self.context.set_input_shape(inp.name, first):
+            raise EdgeError("{}: dynamic shapes other than a batch axis whose first profile is batch 1 are not "
+                            "supported; rebuild it with edge build".format(self.engine_path))
+        return [TensorSpec(t.name, t.is_input, shape_of(self.context.get_tensor_shape(t.name)), t.dtype)
+                for t in tensors]
 
     def input_ptr(self) -> int:
         """The device buffer the input tensor is bound to now."""
@@ -189,7 +207,7 @@ class EngineRunner:
             self._host = []
             while self._objects:
                 self._objects.pop()
-            self.context = None
+            self.context = self.engine = None
         self.input = self.output = None
         self._input_ptr = 0
         if self._own_session:

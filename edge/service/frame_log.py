@@ -90,6 +90,7 @@ class FrameLogSink(Sink):
             stage, over, p50 = self.culprit(result.stage_ms)
             snap = result.telemetry
             self.event("frame_miss", level="warning", frame=result.frame_id, seq=result.seq, status="miss",
+                       **({"camera": result.camera, "batch": result.batch} if result.camera else {}),
                        end_to_end_ms=round(result.stage_ms["end_to_end"], 3), budget_ms=self.budget_ms,
                        stage_ms={k: round(v, 3) for k, v in result.stage_ms.items()}, worst_stage=stage,
                        worst_stage_over_p50_ms=round(over, 3), worst_stage_p50_ms=round(p50, 3),
@@ -97,8 +98,11 @@ class FrameLogSink(Sink):
         elif result.status == "error" and self.lines.allow(now):
             error = result.error or ""
             self.event("frame_error", level="warning", frame=result.frame_id, seq=result.seq, status="error",
+                       **({"camera": result.camera} if result.camera else {}),
                        error_type=error.split(":", 1)[0], error=error, consecutive=result.consecutive_errors,
                        suppressed=self.lines.take_suppressed())
         if result.frames and result.frames % self.report_every == 0 and result.status != "error":
-            self.event("summary", frame_lines_suppressed=self.lines.suppressed_total,
-                       **report_fields(self.recorder, result.source, result.errors, result.reloads, result.telemetry))
+            fields = report_fields(self.recorder, result.source, result.errors, result.reloads, result.telemetry)
+            if result.cameras is not None:  # several cameras: each one's figures
+                fields.update(result.cameras.figures())
+            self.event("summary", frame_lines_suppressed=self.lines.suppressed_total, **fields)

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 from edge.errors import EXIT_FAIL, EdgeError
 from edge.frame.latency import format_table
 from edge.frame.pipeline import TooManyErrors
+from edge.service.cameras import format_cameras
 from edge.service.runtime import Runtime
 from edge.service.signals import StopFlag
 
@@ -47,7 +48,10 @@ def _finish(runtime: Runtime, table: Optional[str], failure: Optional[TooManyErr
     if table and report["frames"]:
         header = "{}: {} on {} - {}".format(table, runtime.facts.get("backend", "?"), runtime.facts.get("source"),
                                            runtime.stages.warning or "trained weights")
-        print(format_table(report, [header]), file=sys.stderr, flush=True)
+        text = format_table(report, [header])
+        if "cameras" in report:
+            text += "\n" + format_cameras(report)
+        print(text, file=sys.stderr, flush=True)
     if failure is not None:
         raise EdgeError(" ".join(str(failure).split()), EXIT_FAIL) from failure  # one line
     return report

@@ -18,6 +18,11 @@ base units (seconds, hertz, watts, ratios 0-1), `_total` on counters, the stage 
   edge_source_reconnects_total           counter    successful source reopenings
   edge_source_broken_frames_total        counter    images rejected as broken
   edge_reloads_total{result}             counter    SIGHUP reloads: ok | failed
+  edge_camera_frame_latency_seconds{camera}  histogram  several cameras (config sources): each one's end to end
+  edge_camera_frames_total{camera,status}    counter    ... its frames: ok | miss | error
+  edge_camera_dropped_frames_total{camera,reason}  counter  ... superseded (a newer frame came) | expired (could
+                                                           no longer make its deadline)
+  edge_frame_batch_size                  histogram  several cameras: the size of the batch each frame was served in
   edge_gpu_load_ratio, edge_cpu_load_ratio, edge_ram_used_ratio, edge_power_watts,
   edge_temperature_celsius{zone}, edge_cpu_frequency_hertz, edge_gpu_frequency_hertz, edge_emc_frequency_hertz,
   edge_jetson_clocks_enabled, edge_nvpmodel_info{mode}, edge_telemetry_degraded, edge_telemetry_age_seconds,
@@ -27,6 +32,7 @@ base units (seconds, hertz, watts, ratios 0-1), `_total` on counters, the stage 
   edge_build_info{version,python,release,board,l4t,tensorrt}, edge_engine_info{backend,precision,model,sha256}
   process_resident_memory_bytes, process_cpu_seconds_total, ...   prometheus_client's process collector
 
+The `camera` label takes the names in config `sources` only (at most edge.config.MAX_CAMERAS): bounded.
 Histogram buckets are derived from the budget and dense around it, with one bucket exactly at the budget
 so `edge_frame_latency_seconds_bucket{le="<budget>"}` answers "what fraction met the deadline".
 """
@@ -46,6 +52,7 @@ from edge.frame.pipeline import Result, Sink
 from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler, allowed_hosts
 
 STAGES = ("capture", "frame_age", "preprocess", "infer", "postprocess")
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 STATUSES = ("ok", "miss", "error")
 MAX_SCRAPERS = 8  # connections served at once (Prometheus, a probe, a person); more are answered 503
 SCRAPE_TIMEOUT_S = 10.0
@@ -133,6 +140,27 @@ class _StateCollector:
         yield source
 
 
+class _CameraDrops:
+    """edge_camera_dropped_frames_total{camera,reason}, read at scrape time from the cameras' counters."""
+
+    def __init__(self, camera_stats: Callable[[], Dict[str, Dict[str, int]]]):
+        self.camera_stats = camera_stats
+
+    def describe(self) -> List[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        drops = CounterMetricFamily("edge_camera_dropped_frames", "Frames a camera gave that were never served: "
+                                    "superseded by its newer frame, or expired (could no longer make the deadline)",
+                                    labels=["camera", "reason"])
+        for camera, stats in sorted((_safe_call(self.camera_stats) or {}).items()):
+            for reason in ("superseded", "expired"):
+                drops.add_metric([camera, reason], float(stats.get(reason, 0)))
+        yield drops
+
+
 def _safe_call(fn: Optional[Callable[[], Any]]) -> Any:
     if fn is None:
         return None
@@ -172,7 +200,8 @@ class MetricsSink(Sink):
 
     def __init__(self, budget_ms: float, registry: Any = None,
                  source_stats: Optional[Callable[[], Dict[str, int]]] = None,
-                 telemetry: Optional[Callable[[], Any]] = None, stale_after_s: float = HEALTHZ_STALE_S):
+                 telemetry: Optional[Callable[[], Any]] = None, stale_after_s: float = HEALTHZ_STALE_S,
+                 camera_stats: Optional[Callable[[], Dict[str, Dict[str, int]]]] = None):
         prom = require("prometheus_client")
         if hasattr(prom, "disable_created_metrics"):  # prometheus-client >= 0.17
             prom.disable_created_metrics()  # no `_created` series: 22 per device that nothing reads
@@ -199,6 +228,14 @@ class MetricsSink(Sink):
         for result in ("ok", "failed"):
             self.reloads.labels(result)
         self.registry.register(_StateCollector(source_stats or dict, telemetry or (lambda: None)))
+        self.camera_latency = prom.Histogram("edge_camera_frame_latency_seconds", "Capture to result, by camera",
+                                             ["camera"], buckets=buckets, registry=self.registry)
+        self.camera_frames = prom.Counter("edge_camera_frames", "Frames processed, by camera and status",
+                                          ["camera", "status"], registry=self.registry)
+        self.batch_size = prom.Histogram("edge_frame_batch_size", "Size of the batch each frame was served in",
+                                         buckets=BATCH_BUCKETS, registry=self.registry)
+        if camera_stats is not None:
+            self.registry.register(_CameraDrops(camera_stats))
         try:
             prom.ProcessCollector(registry=self.registry)  # process_resident_memory_bytes: the memory-growth alert
         except ValueError:
@@ -213,8 +250,13 @@ class MetricsSink(Sink):
 
     def on_result(self, result: Result) -> None:
         self._status[result.status].inc()
+        if result.camera:
+            self.camera_frames.labels(result.camera, result.status).inc()
         if result.status == "error":
             return
+        if result.camera:
+            self.camera_latency.labels(result.camera).observe(result.stage_ms["end_to_end"] / 1000.0)
+            self.batch_size.observe(result.batch)
         self.last_frame = time.monotonic()
         stage_ms = result.stage_ms
         for name, child in self._stages.items():

@@ -22,13 +22,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from edge.config import Config, SourceConfig, load_config
+from edge.config import Config, SourceConfig, cameras, load_config
 from edge.errors import EdgeError
 from edge.fields import reloaded
 from edge.frame.latency import LatencyRecorder
 from edge.frame.pipeline import Pipeline, Result, Sink
 from edge.frame.sources import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
 from edge.frame.stages import Stages, build_stages, create_stages
+from edge.service.cameras import Batch, CameraSet
 from edge.service.frame_log import FrameLogSink, report_fields
 from edge.service.log import JsonLog
 from edge.service.notify import Notifier, NotifySink
@@ -44,12 +45,13 @@ class Runtime:
     `reload_config` builds the config a SIGHUP switches to (default: re-read `cfg.path`; without a config file,
     the same config, so the model file at the same path is reloaded). `capture_factory` and `stages_factory`
     default to open_capture and create_stages; tests put a source that drops out or a backend that hangs behind
-    the same path."""
+    the same path. `stages`: loaded stages to run on instead, borrowed (`edge sweep` runs many short runs on one
+    model): close() leaves them open."""
 
     def __init__(self, cfg: Config, sinks: Optional[List[Sink]] = None, log: Optional[JsonLog] = None,
                  reload_config: Optional[Callable[[], Config]] = None,
                  capture_factory: Optional[Callable[[SourceConfig], Capture]] = None,
-                 stages_factory: Optional[Callable[[Config], Any]] = None):
+                 stages_factory: Optional[Callable[[Config], Any]] = None, stages: Optional[Stages] = None):
         self.cfg = cfg
         self.log = log or JsonLog()
         self.sinks = list(sinks or [])  # the command's; start() adds the service's own
@@ -57,8 +59,9 @@ class Runtime:
         self.reload_config = reload_config or ((lambda: load_config(path)) if path else (lambda: cfg))
         self.capture_factory = capture_factory or open_capture
         self.stages_factory = stages_factory or create_stages
+        self._borrowed = stages
         self.pipeline: Optional[Pipeline] = None
-        self.source: Optional[SourceSupervisor] = None
+        self.source: Any = None  # SourceSupervisor of the one camera, or the CameraSet of several (config sources)
         self.metrics: Any = None  # edge.service.metrics.MetricsSink when service.metrics.enabled
         self.metrics_port: Optional[int] = None
         self.telemetry: Any = None  # edge.service.telemetry.Telemetry when service.telemetry.enabled
@@ -103,22 +106,35 @@ class Runtime:
 
     def start(self) -> None:
         cfg = self.cfg
-        stages = build_stages(cfg, self.stages_factory)
+        stages = self._borrowed or build_stages(cfg, self.stages_factory)
         recorder = LatencyRecorder(cfg.runtime.budget_ms, cfg.runtime.latency_window)
         self.pipeline = Pipeline(stages, recorder, cfg.runtime.max_consecutive_errors)
-        capture = self.capture_factory(cfg.source)
-        self.source = SourceSupervisor(capture, cfg.source.timeout_s, cfg.service.reconnect_initial_s,
-                                       cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(cfg.source),
-                                       on_event=self._source_event, start_timeout_s=cfg.source.start_timeout_s,
-                                       give_up_at_start=not self.notifier.enabled).start()
+        self.source = self._open_source(stages)
         self._start_services(recorder)
         self._set_untrained_warning(stages)
-        self.facts = dict(stages.facts(), source=capture.description, budget_ms=cfg.runtime.budget_ms)
+        self.facts = dict(stages.facts(), source=self.source.description, budget_ms=cfg.runtime.budget_ms,
+                          **self.source.facts())
         self.event("start", metrics=self._metrics_url(), telemetry=self._telemetry_source(),
                    systemd=self.notifier.enabled, watchdog_ping_s=self.notifier.watchdog_interval_s, **self.facts)
         self._warn_stale_info(stages)
         if self.telemetry is not None:
             self.telemetry.start()
+
+    def _open_source(self, stages: Stages) -> Any:
+        """The one camera's SourceSupervisor (today's batch-1 path), or the CameraSet of several."""
+        cfg = self.cfg
+        served = cameras(cfg)
+        give_up = not self.notifier.enabled  # under systemd a camera absent at start is waited for, degraded
+        if len(served) > 1:
+            return CameraSet(served, cfg.runtime, self.capture_factory,
+                             reconnect_initial_s=cfg.service.reconnect_initial_s,
+                             reconnect_max_s=cfg.service.reconnect_max_s, on_event=self._source_event,
+                             give_up_at_start=give_up).start(stages)
+        one = served[0] if cfg.sources else cfg.source
+        return SourceSupervisor(self.capture_factory(one), one.timeout_s, cfg.service.reconnect_initial_s,
+                                cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(one),
+                                on_event=self._source_event, start_timeout_s=one.start_timeout_s,
+                                give_up_at_start=give_up).start()
 
     def _start_services(self, recorder: LatencyRecorder) -> None:
         cfg, source = self.cfg, self.source
@@ -131,7 +147,8 @@ class Runtime:
             from edge.service.metrics import MetricsSink
 
             self.metrics = MetricsSink(cfg.runtime.budget_ms, source_stats=source.stats,
-                                       telemetry=self.telemetry.latest if self.telemetry is not None else None)
+                                       telemetry=self.telemetry.latest if self.telemetry is not None else None,
+                                       camera_stats=source.drops if isinstance(source, CameraSet) else None)
             self.sinks.append(self.metrics)  # closed with the others, even if serving fails
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
             self._describe_engine(self.stages)
@@ -181,8 +198,10 @@ class Runtime:
     def report(self) -> Dict[str, Any]:
         """The counters and latency statistics so far."""
         assert self.pipeline is not None and self.source is not None
-        return report_fields(self.pipeline.recorder, self.source.stats(), self.pipeline.errors, self.reloads,
-                             self.telemetry.latest() if self.telemetry is not None else None)
+        out = report_fields(self.pipeline.recorder, self.source.stats(), self.pipeline.errors, self.reloads,
+                            self.telemetry.latest() if self.telemetry is not None else None)
+        out.update(self.source.figures())
+        return out
 
     def close(self) -> None:
         if self._loading is not None:
@@ -192,16 +211,16 @@ class Runtime:
             self.source.stop()
         for sink in self.sinks:
             sink.close()
-        if self.pipeline is not None:
+        if self.pipeline is not None and self.pipeline.stages is not self._borrowed:
             self.pipeline.stages.close()
         if self.telemetry is not None:
             self.telemetry.stop()
 
     # -- frames --------------------------------------------------------------------------------------------
-    def frames(self, stop: StopFlag) -> Iterator[Frame]:
-        """Frames until a stop request, `runtime.frames` timed frames, or the end of a file source (`ended_by`
-        says which). Between two frames it serves SIGHUP; while the source is quiet, the watchdog (the loop is
-        alive: restarting would not bring a camera back) and stop requests within SLICE_S."""
+    def frames(self, stop: StopFlag) -> Iterator[Any]:
+        """Frames (several cameras: Batches) until a stop request, `runtime.frames` timed frames, or the end of a file
+        source (`ended_by` says which). Between two frames it serves SIGHUP; while the source is quiet, the watchdog
+        (the loop is alive: restarting would not bring a camera back) and stop requests within SLICE_S."""
         assert self.pipeline is not None and self.source is not None
         limit = self.cfg.runtime.frames
         while True:
@@ -231,19 +250,37 @@ class Runtime:
 
     def process(self, frame: Frame) -> Result:
         """One frame through the stages; warm-up frames (`runtime.warmup`) are timed, not recorded or delivered,
-        failed ones always delivered. Raises TooManyErrors past `runtime.max_consecutive_errors` in a row."""
+        failed ones always delivered. Raises TooManyErrors past `runtime.max_consecutive_errors` in a row. Several
+        cameras: `frame` is a Batch, and its Results come back as a list."""
         assert self.pipeline is not None and self.source is not None
+        if isinstance(frame, Batch):
+            return self._process_batch(frame)  # type: ignore[return-value]
         record = self._warmup <= 0
         self._warmup -= 1
         self._last_image = frame.image
         result = self.pipeline.process(frame, record)
+        self._deliver(result, record)
+        return result
+
+    def _process_batch(self, batch: Batch) -> List[Result]:
+        assert self.pipeline is not None and isinstance(self.source, CameraSet)
+        limit, count = self.cfg.runtime.frames, len(batch.frames)
+        timed = 0 if self._warmup > 0 else min(count, limit - self.pipeline.recorder.frames) if limit else count
+        self._warmup -= count
+        self._last_image = batch.frames[-1].image
+        results = self.pipeline.process_batch(batch.frames, batch.names, timed)
+        self.source.finished(batch, results, timed)
+        for i, result in enumerate(results):
+            self._deliver(result, i < timed)
+        return results
+
+    def _deliver(self, result: Result, record: bool) -> None:
         if record or result.status == "error":
             result.source = self.source.stats()
             result.telemetry = self.telemetry.latest() if self.telemetry is not None else None
             result.reloads = dict(self.reloads)
             for sink in self.sinks:
                 sink.on_result(result)
-        return result
 
     # -- SIGHUP --------------------------------------------------------------------------------------------
     def request_reload(self) -> None:
@@ -294,6 +331,8 @@ class Runtime:
             return False
         new_cfg, stages = loading.result
         pipeline.stages = stages  # the swap: one object, between two frames
+        if isinstance(self.source, CameraSet):
+            self.source.restage(stages)  # the batch sizes the new model takes
         pipeline.max_consecutive_errors = new_cfg.runtime.max_consecutive_errors
         try:
             old.close()
