@@ -1,0 +1,66 @@
+"""Rollout state every controller and every device sees: a record per failed or withdrawn release, kept in the
+shared engine cache (edge/build/engine_cache.py) beside the artifacts.
+
+    <cache>/rollout/<release>.json   {"release", "state": "failed" | "withdrawn", "why", "sha256", "at", "by"}
+
+A folder cache (an NFS mount) is read and written; an http(s):// cache serves the same folder and is read only
+(the controller, or a device that mounts the folder, writes). A release with a record is refused by every later
+run on any device, from any checkout, until an explicit retry commits it somewhere (which clears the record).
+"""
+
+import os
+import urllib.parse
+from typing import Any, Dict, Optional
+
+from edge.build import engine_cache
+from edge.errors import EdgeError
+from edge.fileio import load_json, temp_dir, write_json_atomic
+
+FOLDER = "rollout"  # beside the 64-hex-digit key folders of the artifacts
+MAX_RECORD_BYTES = 64 << 10
+
+
+def is_url(store: str) -> bool:
+    return urllib.parse.urlsplit(store).scheme in ("http", "https")
+
+
+def read(store: str, release: str) -> Optional[Dict[str, Any]]:
+    """The store's record of `release`, or None. An unreadable store raises EdgeError: a caller that cannot know
+    whether a release was withdrawn does not install it."""
+    if not store:
+        return None
+    name = release + ".json"
+    if not is_url(store):
+        path = os.path.join(store, FOLDER, name)
+        return load_json(path, "rollout record", MAX_RECORD_BYTES) if os.path.isfile(path) else None
+    with temp_dir(_scratch(), ".rollout-") as tmp:
+        dest = os.path.join(tmp, name)
+        # engine_cache owns reading a cache over HTTP (size bound, 404 = absent, errors as one line)
+        if not engine_cache._download(store, FOLDER, name, dest):  # noqa: SLF001
+            return None
+        return load_json(dest, "rollout record", MAX_RECORD_BYTES)
+
+
+def write(store: str, record: Dict[str, Any]) -> bool:
+    """Add `record` to a folder store (True); an http(s):// store is read only here (False)."""
+    if not store or is_url(store):
+        return False
+    if not os.path.isdir(store):
+        raise EdgeError("{}: the shared engine cache folder does not exist".format(store))
+    write_json_atomic(os.path.join(store, FOLDER, record["release"] + ".json"), record, "rollout record")
+    return True
+
+
+def clear(store: str, release: str) -> bool:
+    """Remove the record of `release` from a folder store (an explicit retry committed it)."""
+    if not store or is_url(store):
+        return False
+    try:
+        os.unlink(os.path.join(store, FOLDER, release + ".json"))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _scratch() -> str:
+    return os.environ.get("TMPDIR") or "/tmp"
