@@ -53,8 +53,10 @@ class Device:
 
     def edge(self, *args, timeout=300):
         env = dict(os.environ, PATH=os.path.join(self.root, "bin") + os.pathsep + os.environ["PATH"])
-        return subprocess.run([sys.executable, "-m", "edge", "release"] + list(args) + ["--state", self.state,
-                              "--by", "alice@ctl"] + (["--timeout", "150"] if args[0] == "try" else []), capture_output=True, text=True, timeout=timeout, env=env)
+        wait = ["--timeout", "150"] if args[0] == "try" else []
+        return subprocess.run([sys.executable, "-m", "edge", "release"] + list(args) + wait +
+                              ["--state", self.state, "--by", "alice@ctl"], capture_output=True, text=True,
+                              timeout=timeout, env=env)
 
     def link(self, name):
         path = os.path.join(self.state, name)

@@ -6,6 +6,7 @@
     edge release settle                the settle unit and its timer: bake a release on trial and commit it or
                                        fall back; leave a release withdrawn or failed anywhere in the fleet
     edge release withdraw NAME         the kill switch on this device: NAME is refused from now on, and left
+    edge release fail NAME --why W     record NAME failed before its switch (its build): refused from now on
     edge release check NAME [--retry]  exit 0 when NAME may be installed here, 2 (with the record) when refused
     edge release status                current, previous, committed, the trial and the refused releases (JSON)
 
@@ -51,8 +52,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     if args.action == "settle":
         print("edge release: " + rollout.settle(dev, by))
         return EXIT_OK
-    if args.action == "withdraw":
-        print("edge release: " + rollout.withdraw(dev, args.name, why=args.why, by=by))
+    if args.action in ("withdraw", "fail"):
+        move = rollout.withdraw if args.action == "withdraw" else rollout.fail
+        print("edge release: " + move(dev, args.name, why=args.why, by=by))
         return EXIT_OK
     if args.action == "check":
         print("edge release: {} may be installed ({})".format(args.name, rollout.check(dev, args.name, args.retry)))
@@ -64,13 +66,13 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("try", "settle", "withdraw", "check", "status"))
-    p.add_argument("name", nargs="?", default="", help="the release (try, withdraw, check)")
+    p.add_argument("action", choices=("try", "settle", "withdraw", "fail", "check", "status"))
+    p.add_argument("name", nargs="?", default="", help="the release (try, withdraw, fail, check)")
     p.add_argument("--state", default=STATE, help="the state folder (default %(default)s)")
     p.add_argument("--retry", action="store_true", help="try or check a release that failed or was withdrawn")
     p.add_argument("--no-wait", action="store_true", help="try: return after the switch")
     p.add_argument("--timeout", type=float, default=3600.0, help="try: seconds to wait for the verdict")
-    p.add_argument("--why", default="kill switch", help="withdraw: the reason recorded")
+    p.add_argument("--why", default="kill switch", help="withdraw, fail: the reason recorded")
     p.add_argument("--by", default="", help="who, for the audit line and the records (default USER@host)")
 
 

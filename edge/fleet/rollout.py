@@ -25,9 +25,9 @@ def metrics_url(dev: Device, release: str) -> str:
     return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, metrics.port)
 
 
-def refusal_line(release: str, rec: Dict[str, Any], sha: str) -> str:
-    other = "" if rec.get("sha256") in (None, "", sha) else "; the files given now differ ({}): a new release " \
-        "needs a new name".format(short(sha))
+def refusal_line(release: str, rec: Dict[str, Any], sha: str, local: bool) -> str:
+    other = "" if not local or rec.get("sha256") in (None, "", sha) else "; the files given now differ ({}): a " \
+        "new release needs a new name".format(short(sha))
     return "release {} {} ({}, {} by {}, {}){}; retry explicitly: edge release try {} --retry " \
         "(deploy/ansible: -e jetson_edge_retry={})".format(
             release, rec.get("state", "refused"), rec.get("why", ""), rec.get("at", "?"), rec.get("by", "?"),
@@ -40,9 +40,10 @@ def check(dev: Device, release: str, retry: bool) -> str:
     if not os.path.isfile(os.path.join(dev.release_dir(release), "config.yaml")):
         raise EdgeError("{}: no such release (config.yaml missing)".format(dev.release_dir(release)))
     sha = dev.digest(release)
-    rec = None if retry else dev.refused(release)
+    local = None if retry else dev.refusal(release)
+    rec = None if retry else local or store.read(dev.settings["store"], release)
     if rec:
-        raise EdgeError(refusal_line(release, rec, sha))
+        raise EdgeError(refusal_line(release, rec, sha, local is not None))
     return sha
 
 
@@ -72,10 +73,13 @@ def try_release(dev: Device, release: str, *, retry: bool, by: str) -> str:
             if running and running != release:
                 dev.set_link("previous", running)
             dev.set_link("current", release)
+            # the settle unit is queued before the restart: it waits for this lock, so whatever happens to this
+            # command from here on (a dropped connection kills it), the device finishes the trial by itself
+            dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
             dev.audit(by, "switch: {} -> {} (rollout, {}, on trial)".format(running or "nothing", release,
                                                                          short(sha)))
             dev.systemctl("restart", dev.settings["service"])
-            outcome = "switched"
+            return "switched"
     dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
     return outcome
 
@@ -92,7 +96,7 @@ def wait(dev: Device, release: str, timeout_s: float) -> Optional[bool]:
 
 def settle(dev: Device, by: str) -> str:
     """What the settle unit and its timer run: finish a trial, or leave a withdrawn or failed release."""
-    with dev.lock(0) as locked:
+    with dev.lock(dev.settings["start_timeout_s"] + LOCK_WAIT_S) as locked:  # a switch in progress: after it
         if not locked:
             return "busy"
         trial = dev.trial()
@@ -195,3 +199,12 @@ def withdraw(dev: Device, release: str, *, why: str, by: str) -> str:
         trial = dev.trial()
         to = trial.get("fallback") if trial and trial["release"] == release else dev.link("previous")
         return fall_back(dev, release, to, "withdrawn", why, sha, by)
+
+
+def fail(dev: Device, release: str, *, why: str, by: str) -> str:
+    """Record a release that failed before its switch (its build or kernel): refused from now on."""
+    check_name(release)
+    sha = dev.digest(release) if os.path.isdir(dev.release_dir(release)) else ""
+    dev.record(release, "failed", why, sha, by)
+    dev.audit(by, "failed: {} ({}, {}), stays on {}".format(release, why, short(sha), dev.link("current") or "nothing"))
+    return "failed {}".format(release)
