@@ -83,7 +83,7 @@ def test_dockerfile_builds_on_the_l4t_base_as_non_root_with_jetpack_libraries():
     run = " ".join(i[1] for i in instructions if i[0] == "RUN")
     assert "python3-libnvinfer" in run and "python3-opencv" in run and "venv --system-site-packages" in run
     assert "GStreamer" in run  # the build fails on an OpenCV without GStreamer
-    assert ["USER", "1000:1000"] in instructions and keys.index("USER") > max(
+    assert ["USER", "10001:10001"] in instructions and keys.index("USER") > max(
         i for i, k in enumerate(keys) if k == "RUN")
     entry = [i[1] for i in instructions if i[0] == "ENTRYPOINT"]
     assert entry == ['["/usr/local/bin/jetson-edge-entrypoint"]']
