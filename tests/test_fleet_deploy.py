@@ -48,26 +48,30 @@ def test_playbook_syntax_and_ansible_lint():
     assert proc.returncode == 0, proc.stdout
 
 
-def test_rollout_plays_skip_unreachable_devices_and_gate_before_the_switch():
+def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_first():
     with open(os.path.join(ANSIBLE, "site.yml")) as fh:
-        reach, report, rollout = yaml.safe_load(fh)
+        plays = yaml.safe_load(fh)
+    names = [p["name"].split(" (")[0].split(",")[0] for p in plays]
+    assert names == ["Rollout state first", "Find the reachable devices", "Report the skipped devices",
+                     "Withdraw the release", "Board types and their canaries", "Roll out to the canary of each board "
+                     "type", "Bake between the canaries and the fleet", "Roll out to the rest of each board type"]
+    controller, reach, report, kill, types, canaries, bake, rest = plays
+    assert controller["hosts"] == "localhost" and controller["any_errors_fatal"] is True  # before any device
     assert reach["tasks"][0]["ignore_unreachable"] is True and report["hosts"] == "jetson_edge_unreachable"
-    assert rollout["hosts"] == "jetsons:&jetson_edge_reachable" and rollout["strategy"] == "host_pinned"
-    assert "max_fail_percentage" not in rollout  # the free strategies ignore it: a failed gate pauses instead
+    assert canaries["hosts"] == "jetson_edge_canary" and canaries["serial"] == 1
+    assert canaries["roles"][0]["vars"]["jetson_edge_fetch_only"] is False
+    assert rest["hosts"] == "jetson_edge_follower" and rest["strategy"] == "host_pinned"
+    assert rest["roles"][0]["vars"]["jetson_edge_fetch_only"] is True
+    assert all(p["gather_facts"] is False for p in plays)  # facts cost a round trip per device; nothing reads them
     tasks = os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks")
     with open(os.path.join(tasks, "gate.yml")) as fh:
-        block, = yaml.safe_load(fh)
+        gate = yaml.safe_load(fh)
+    block = [t for t in gate if "block" in t][0]
     steps = [t["name"].split(" (")[0] for t in block["block"]]
-    assert steps == ["Forget an earlier failure of this release", "Build the CUDA preprocessing kernel for this GPU",
-                     "Fetch the artifact built for this engine identity", "Build the release's artifact on the device",
-                     "Stop the service", "Latency gate", "Publish the gated artifact for devices of this type",
-                     "Seal the release"]
-    rescue = [t["name"] for t in block["rescue"]]
-    assert rescue[0].startswith("Mark the release failed") and "ansible.builtin.fail" in block["rescue"][-1]
-    with open(os.path.join(tasks, "deploy.yml")) as fh:
-        deploy = [t["name"] for t in yaml.safe_load(fh)]
-    assert deploy.index("Package, files and build of the release") < deploy.index(
-        "Switch to the release (only after its gate passed here)")
+    assert steps == ["Build the CUDA preprocessing kernel for this GPU", "Build the release's artifact on the device",
+                     "Ask the fleet's metrics first", "Try the release"]  # no step stops the service
+    assert "ansible.builtin.fail" in block["rescue"][-1]
+    assert "systemd_service" not in open(os.path.join(tasks, "gate.yml")).read()
 
 
 # -- container ----------------------------------------------------------------------------------------------
@@ -106,7 +110,7 @@ def test_entrypoint_parses_and_passes_shellcheck():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def run_entrypoint(tmp_path, small_model, fake_edge="", **env):
+def run_entrypoint(tmp_path, small_model, fake_edge="", args=(), precision="int8", **env):
     """The real entrypoint and the real manifest check (edge's own code, which finds no engine for this board);
     `edge` itself is a recorder (building a TensorRT engine needs a Jetson) running `fake_edge` after recording."""
     bin_dir = tmp_path / "bin"
@@ -116,12 +120,12 @@ def run_entrypoint(tmp_path, small_model, fake_edge="", **env):
     (bin_dir / "edge").write_text("#!/bin/sh\necho \"$*\" >> {}\n{}\n".format(tmp_path / "calls", fake_edge))
     (bin_dir / "edge").chmod(0o755)
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "engines" / "m.int8.engine")},
+    config.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "engines" / "m.{}.engine".format(precision))},
                                       "source": {"uri": "csi://0"},
-                                      "build": {"engines_dir": str(tmp_path / "engines")}}))
+                                      "build": {"engines_dir": str(tmp_path / "engines"), "precision": precision}}))
     full_env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), EDGE_CONFIG=str(config),
                     EDGE_SOURCE_MODEL=small_model, PYTHONPATH=REPO, **env)
-    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")], capture_output=True, text=True, env=full_env,
+    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")] + list(args), capture_output=True, text=True, env=full_env,
                           cwd=REPO, timeout=120)
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
     return proc, str(config), calls
@@ -142,9 +146,12 @@ def test_entrypoint_does_not_rebuild_a_failed_build_on_every_restart(tmp_path, s
     again, _, calls = run_entrypoint(tmp_path, small_model, fail_build)
     assert again.returncode == 1 and "failed before" in again.stderr
     assert [c.split()[0] for c in calls] == ["build"]  # the restart did not build again
+    # another precision (or build setting) is another build: the failure of int8 does not stop fp16
+    other, _, calls = run_entrypoint(tmp_path, small_model, precision="fp16")
+    assert other.returncode == 0 and [c.split()[0] for c in calls] == ["build", "build", "run"], other.stderr
     os.unlink(str(tmp_path / "engines" / "mobilenet_v3_small.failed"))
     retried, _, calls = run_entrypoint(tmp_path, small_model)
-    assert retried.returncode == 0 and [c.split()[0] for c in calls] == ["build", "build", "run"]
+    assert retried.returncode == 0 and [c.split()[0] for c in calls] == ["build", "build", "run", "build", "run"]
 
 
 def test_entrypoint_takes_the_source_from_a_secret_without_putting_it_in_argv(tmp_path, small_model):
@@ -162,6 +169,23 @@ def test_entrypoint_takes_the_source_from_a_secret_without_putting_it_in_argv(tm
         assert yaml.safe_load(fh)["source"]["uri"] == uri
     with open(config) as fh:
         assert "S3cretPass" not in fh.read()
+
+
+def test_the_daemonset_only_fetches_and_the_gate_job_builds_checks_and_publishes(tmp_path, small_model):
+    miss = 'case "$1 $2" in "cache fetch") exit 1;; esac'
+    shared = str(tmp_path / "shared")
+    fetch_only, _, calls = run_entrypoint(tmp_path, small_model, miss, EDGE_ENGINE_CACHE=shared, EDGE_FETCH_ONLY="1")
+    assert fetch_only.returncode == 1 and "fetch only" in fetch_only.stderr
+    assert [c.split()[:2] for c in calls] == [["cache", "fetch"]]  # never a build
+    os.unlink(str(tmp_path / "calls"))
+    gate, config, calls = run_entrypoint(tmp_path, small_model, miss, args=["gate"], EDGE_ENGINE_CACHE=shared)
+    assert gate.returncode == 0, gate.stderr
+    assert [c.split()[:2] for c in calls] == [["cache", "fetch"], ["build", "--engine"], ["check", "--config"],
+                                              ["cache", "publish"]]
+    assert "--source synthetic" in calls[2] and "run" not in [c.split()[0] for c in calls]
+    os.unlink(str(tmp_path / "calls"))
+    hit, _, calls = run_entrypoint(tmp_path, small_model, args=["gate"], EDGE_ENGINE_CACHE=shared)
+    assert hit.returncode == 0 and [c.split()[:2] for c in calls] == [["cache", "fetch"]]
 
 
 # -- docs -----------------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ else
     echo "$build_key" > "$failed"
     exit 1
   fi
-  rm -f "$failed"
+  if [ -f "$failed" ] && [ "$(cat "$failed")" = "$build_key" ]; then rm -f "$failed"; fi
   case "${EDGE_ENGINE_CACHE:-}" in
     "" | http://* | https://*) ;;
     *) edge cache publish "$EDGE_ENGINE_CACHE" --engine --config "$config" --model "$source_model" ;;
