@@ -28,9 +28,10 @@ VALUE_SETS = {
     "shared-cache-basic-auth": {"agent": {"remoteWrite": {"url": URL, "basicAuth": {
         "username": "fleet", "passwordSecret": {"name": "rw", "key": "pw"}}}},
         "engineCache": {"hostPath": "/data/engines", "shared": "/mnt/engines"}, "release": "0.2.0-model7"},
-    "gated-per-board-type": dict(BASE, engineCache={"hostPath": "/var/lib/jetson-edge/engines", "shared": "/mnt/engines"},
-                                 gate={"boardTypes": [{"name": "orin-nano", "nodeSelector": {"jetson/board": "orin-nano"}},
-                                                      {"name": "xavier-nx", "nodeSelector": {"jetson/board": "xavier-nx"}}]}),
+    "gated-per-board-type": dict(
+        BASE, engineCache={"hostPath": "/var/lib/jetson-edge/engines", "shared": "/mnt/engines"},
+        gate={"boardTypes": [{"name": "orin-nano", "nodeSelector": {"jetson/board": "orin-nano"}},
+                             {"name": "xavier-nx", "nodeSelector": {"jetson/board": "xavier-nx"}}]}),
     "agent3-no-sockets-wave": {"agent": {"remoteWrite": {"url": URL}, "image": {"tag": "v3.5.0"}},
                                "argusSocket": False, "jtopSocket": False, "maxUnavailable": "20%",
                                "nodeSelector": {"jetson-edge/enabled": "true", "jetson-edge/wave": "2"},

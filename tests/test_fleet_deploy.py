@@ -74,6 +74,59 @@ def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_firs
     assert "systemd_service" not in open(os.path.join(tasks, "gate.yml")).read()
 
 
+def agent_play(tmp_path, root, version, url=URL):
+    """The role's agent tasks (and handlers) on a folder root with the harness's stand-in systemctl, installing
+    Prometheus `version` from an archive whose `prometheus` prints its version."""
+    playbook = venv_tool("ansible-playbook", "ansible-core")
+    archive = tmp_path / "prometheus-{}.linux-arm64.tar.gz".format(version)
+    if not archive.exists():
+        src = tmp_path / "prometheus-{}.linux-arm64".format(version)
+        src.mkdir()
+        (src / "prometheus").write_text("#!/bin/sh\necho prometheus {}\n".format(version))
+        (src / "prometheus").chmod(0o755)
+        subprocess.run(["tar", "-czf", str(archive), "-C", str(tmp_path), src.name], check=True)
+    python = root / "python"
+    if not python.exists():
+        (root / "bin").mkdir(parents=True)
+        (root / "etc" / "systemd" / "system").mkdir(parents=True)  # as on any device
+        shutil.copy(os.path.join(REPO, "tests", "fleet", "systemctl"), str(root / "bin" / "systemctl"))
+        python.write_text('#!/bin/sh\nPATH="{}:$PATH" exec {} "$@"\n'.format(root / "bin", sys.executable))
+        python.chmod(0o755)
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": {
+        "name": os.path.join(ANSIBLE, "roles", "jetson_edge"), "tasks_from": "agent.yml"}}]}]
+    (tmp_path / "agent-play.yml").write_text(yaml.safe_dump(play))
+    extra = {"jetson_edge_root": str(root), "jetson_edge_agent_archive": str(archive), "jetson_edge_release": "r1",
+             "jetson_edge_agent_version": version, "jetson_edge_agent_remote_write_url": url,
+             "ansible_python_interpreter": str(python)}
+    (tmp_path / "agent-vars.yml").write_text(yaml.safe_dump(extra))
+    return subprocess.run([playbook, "-c", "local", "-i", "localhost,", str(tmp_path / "agent-play.yml"), "-e",
+                           "@" + str(tmp_path / "agent-vars.yml")], capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path), env=dict(os.environ, ANSIBLE_NOCOLOR="1",
+                                                      ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
+
+
+def test_an_agent_version_bump_installs_and_runs_that_versions_binary(tmp_path):
+    """A 2.x binary must never be started with 3.x's flags: the bump installs 3.x's binary and the unit runs it."""
+    root = tmp_path / "device"
+    first = agent_play(tmp_path, root, "2.53.4")
+    assert first.returncode == 0, first.stdout[-3000:]
+    bumped = agent_play(tmp_path, root, "3.5.0")
+    assert bumped.returncode == 0, bumped.stdout[-3000:]
+    unit = (root / "etc" / "systemd" / "system" / "jetson-edge-agent.service").read_text()
+    binary, flags = re.search(r"^ExecStart=(\S+) (.*)$", unit, re.M).groups()
+    assert flags.endswith(" --agent")
+    ran = subprocess.run([str(root) + binary], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "prometheus 3.5.0"
+    assert (root / "units.log").read_text().splitlines() == ["start jetson-edge-agent.service",
+                                                            "restart jetson-edge-agent.service"]  # the bump
+
+
+def test_the_agent_refuses_a_remote_write_url_with_credentials(tmp_path):
+    proc = agent_play(tmp_path, tmp_path / "device", "2.53.4", url="https://fleet:S3cret@prom.example.com/api/v1/write")
+    assert proc.returncode != 0 and "without user:password@" in proc.stdout
+    assert not (tmp_path / "device" / "etc" / "prometheus-agent" / "agent.yml").exists()
+
+
 # -- container ----------------------------------------------------------------------------------------------
 
 def test_dockerfile_builds_on_the_l4t_base_as_non_root_with_jetpack_libraries():
@@ -125,8 +178,8 @@ def run_entrypoint(tmp_path, small_model, fake_edge="", args=(), precision="int8
                                       "build": {"engines_dir": str(tmp_path / "engines"), "precision": precision}}))
     full_env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), EDGE_CONFIG=str(config),
                     EDGE_SOURCE_MODEL=small_model, PYTHONPATH=REPO, **env)
-    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")] + list(args), capture_output=True, text=True, env=full_env,
-                          cwd=REPO, timeout=120)
+    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")] + list(args), capture_output=True, text=True,
+                          env=full_env, cwd=REPO, timeout=120)
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
     return proc, str(config), calls
 
