@@ -85,7 +85,7 @@ def test_rollout_story(fleet, tmp_path):
     for host in fleet.hosts:
         assert fleet.current(host) == "r1" and serves(fleet, host, "r1")
         assert fleet.service_log(host) == ["restart r1"]
-        assert re.search(r"Z alice@\S+ commit: r1 \(2 s bake: \d+ frames, miss ratio 0\.0000, sha256 [0-9a-f]{12}\)$",
+        assert re.search(r"Z settle@\S+ commit: r1 \(2 s bake: \d+ frames, miss ratio 0\.0000, sha256 [0-9a-f]{12}\)$",
                          fleet.audit(host)[-1])
         venvs = os.listdir(os.path.join(fleet.root(host), "opt", "jetson-edge", "venvs"))
         assert len(venvs) == 1 and re.match(r"jetson_edge-0\.1\.0-py3-none-any-[0-9a-f]{12}$", venvs[0])
@@ -102,22 +102,24 @@ def test_rollout_story(fleet, tmp_path):
     assert logs(fleet) == before
 
     # 3. r2 misses its budget on every frame. The orin canary drops off the network as its service restarts on
-    #    r2: the device bakes, fails and returns to r1 by itself; the xavier canary fails the same way, with its
-    #    controller; nobody else switches; r2 is recorded failed on the devices and in the shared store.
+    #    r2: the device bakes, fails and returns to r1 by itself, and records r2 failed in the shared store; the
+    #    rollout stops there (a canary without a commit): nobody else switches.
     fleet.fault(ORIN, "drop-at", RESTART)
     failed = fleet.play("r2", budget_ms=0.001)
     assert failed.returncode != 0
     assert re.search(r"unreachable=1", recap(failed)[ORIN]), out(failed)
-    for host in (ORIN, XAVIER):
-        assert serves(fleet, host, "r1") and fleet.current(host) == "r1"
-        assert re.search(r"failed: r2 \(2 s bake: \d+ frames, miss ratio 1\.0000 over 0\.05, sha256 \w+\), back on r1$",
-                         fleet.audit(host)[-1])
-    assert fleet.service_log(FOLLOWER) == before[FOLLOWER] and record(fleet, "r2")["state"] == "failed"
+    assert serves(fleet, ORIN, "r1") and fleet.current(ORIN) == "r1"
+    assert re.search(r"settle@\S+ failed: r2 \(2 s bake: \d+ frames, miss ratio 1\.0000 over 0\.05, sha256 \w+\), "
+                     r"back on r1$", fleet.audit(ORIN)[-1])
+    assert fleet.service_log(ORIN)[len(before[ORIN]):] == ["restart r2", "restart r1"]
+    assert {h: fleet.service_log(h) for h in (FOLLOWER, XAVIER)} == {h: before[h] for h in (FOLLOWER, XAVIER)}
+    assert record(fleet, "r2")["state"] == "failed"
     fleet.online(ORIN)
 
     # 4. Another checkout (no pause file of its own) with a passing budget: refused before any device is touched;
     #    then the explicit retry installs r2 everywhere and clears the fleet-wide record.
-    os.unlink(fleet.pause_file)
+    if os.path.exists(fleet.pause_file):
+        os.unlink(fleet.pause_file)
     before = logs(fleet)
     refused = fleet.play("r2")
     assert refused.returncode != 0 and "release r2 was failed" in refused.stdout and "jetson_edge_retry=r2" in \

@@ -101,18 +101,19 @@ def settle(dev: Device, by: str) -> str:
             return "busy"
         trial = dev.trial()
         if trial:
-            return _settle_trial(dev, trial)
+            return _settle_trial(dev, trial, by)
         return _leave_refused(dev, by)
 
 
-def _settle_trial(dev: Device, trial: Dict[str, Any]) -> str:
-    release, by = trial["release"], trial.get("by", "?")
+def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
+    """The device's verdict (`by`: the settle unit) on the release `trial` armed."""
+    release = trial["release"]
     if dev.link("current") != release:  # a cut between arming and switching, or inside a fallback
         dev.end_trial()
         dev.systemctl("restart", dev.settings["service"])
         return "trial of {} dropped: {} is current".format(release, dev.link("current"))
     if dev.gated(release):  # a cut inside the commit
-        return _commit(dev, trial, "committed before")
+        return _commit(dev, trial, "committed before", by)
     s = dev.settings
     try:
         verdict = health.bake(metrics_url(dev, release), release, bake_s=s["bake_s"],
@@ -121,7 +122,7 @@ def _settle_trial(dev: Device, trial: Dict[str, Any]) -> str:
     except Exception as exc:  # whatever stops the bake fails the release: the trial never stays armed
         verdict = health.Verdict(False, "the bake could not run: {}".format(first_line(exc)))
     if verdict.ok:
-        return _commit(dev, trial, verdict.why)
+        return _commit(dev, trial, verdict.why, by)
     state = "withdrawn" if verdict.why.startswith("withdrawn") else "failed"
     return fall_back(dev, release, trial.get("fallback"), state, verdict.why, trial.get("sha256", ""), by)
 
@@ -134,8 +135,8 @@ def _withdrawn(dev: Device, release: str) -> Optional[str]:
     return "withdrawn ({})".format(rec.get("why", "")) if rec and rec.get("state") == "withdrawn" else None
 
 
-def _commit(dev: Device, trial: Dict[str, Any], summary: str) -> str:
-    release, sha, by = trial["release"], trial.get("sha256", ""), trial.get("by", "?")
+def _commit(dev: Device, trial: Dict[str, Any], summary: str, by: str) -> str:
+    release, sha = trial["release"], trial.get("sha256", "")
     with open(os.path.join(dev.release_dir(release), "GATED"), "w") as fh:
         fh.write("{} {} {}\n".format(now(), sha, summary))
         fh.flush()
