@@ -171,3 +171,17 @@ def test_rollout_settings_and_names_are_refused_in_one_line(device):
     proc = device.edge("try", "../etc")
     assert proc.returncode == 2 and "release '../etc': letters, digits" in proc.stderr
     assert yaml.safe_load(device.edge("status").stdout)["current"] is None
+
+
+def test_a_cut_between_a_switch_and_its_restart_is_finished_by_the_timer(device):
+    """`current` renamed, the restart never ran (a power cut, a failed systemctl): the timer's settle sees the
+    daemon serve another release than `current` and restarts it."""
+    for name in ("r1", "r2"):
+        device.release(name)
+        assert device.edge("try", name).returncode == 0
+    os.unlink(os.path.join(device.state, "current"))
+    os.symlink("releases/r1", os.path.join(device.state, "current"))
+    assert device.serves("r2")
+    settle = device.edge("settle")
+    assert settle.returncode == 0 and "restarted on r1" in settle.stdout, settle.stdout + settle.stderr
+    assert device.serves("r1") and "restart: the service ran r2, current is r1" in device.audit()[-1]

@@ -102,7 +102,7 @@ def settle(dev: Device, by: str) -> str:
         trial = dev.trial()
         if trial:
             return _settle_trial(dev, trial, by)
-        return _leave_refused(dev, by)
+        return _leave_refused(dev, by) or _reconcile(dev, by)
 
 
 def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
@@ -168,7 +168,8 @@ def fall_back(dev: Device, release: str, to: Optional[str], state: str, why: str
     return "{} {}{}".format(state, release, ", back on " + target if target else "")
 
 
-def _leave_refused(dev: Device, by: str) -> str:
+def _leave_refused(dev: Device, by: str) -> Optional[str]:
+    """Fall back from a current release that failed or was withdrawn (here, or in the store while offline)."""
     running = dev.link("current")
     if not running:
         return "nothing installed"
@@ -177,9 +178,23 @@ def _leave_refused(dev: Device, by: str) -> str:
     except (EdgeError, OSError) as exc:
         return "rollout store unreadable ({}); stays on {}".format(first_line(exc), running)
     if not rec:
-        return "{} stays".format(running)
+        return None
     return fall_back(dev, running, dev.link("previous"), rec.get("state", "withdrawn"), rec.get("why", ""),
-                     rec.get("sha256") or dev.digest(running), by)
+                     dev.digest(running), by)
+
+
+def _reconcile(dev: Device, by: str) -> str:
+    """The daemon serves `current` (a switch cut between its rename and its restart is finished here)."""
+    running = dev.link("current") or ""
+    try:
+        served = health.scrape(metrics_url(dev, running))
+    except EdgeError:  # no metrics to read: nothing to compare
+        served = None
+    if served is not None and served.release != running:
+        dev.audit(by, "restart: the service ran {}, current is {}".format(served.release or "?", running))
+        dev.systemctl("restart", dev.settings["service"])
+        return "restarted on {}".format(running)
+    return "{} stays".format(running)
 
 
 def withdraw(dev: Device, release: str, *, why: str, by: str) -> str:
