@@ -118,7 +118,7 @@ class Device:
     def refusal(self, release: str) -> Optional[Dict[str, Any]]:
         """This device's record of `release` failing or being withdrawn."""
         path = self.path("refused", release + ".json")
-        return load_json(path, "rollout record") if os.path.exists(path) else None
+        return store.load_record(path) if os.path.exists(path) else None
 
     def refused(self, release: str) -> Optional[Dict[str, Any]]:
         """The device's record of `release`, else the shared store's (an unreadable store raises)."""

@@ -32,13 +32,21 @@ def read(store: str, release: str) -> Optional[Dict[str, Any]]:
     name = release + ".json"
     if not is_url(store):
         path = os.path.join(store, FOLDER, name)
-        return load_json(path, "rollout record", MAX_RECORD_BYTES) if os.path.isfile(path) else None
+        return load_record(path) if os.path.isfile(path) else None
     with temp_dir(_scratch(), ".rollout-") as tmp:
         dest = os.path.join(tmp, name)
         # engine_cache owns reading a cache over HTTP (size bound, 404 = absent, errors as one line)
         if not engine_cache._download(store, FOLDER, name, dest):  # noqa: SLF001
             return None
-        return load_json(dest, "rollout record", MAX_RECORD_BYTES)
+        return load_record(dest)
+
+
+def load_record(path: str) -> Dict[str, Any]:
+    """A record file (the store's or a device's refused/), checked: an object whose state is failed or withdrawn."""
+    rec = load_json(path, "rollout record", MAX_RECORD_BYTES)
+    if not isinstance(rec, dict) or rec.get("state") not in ("failed", "withdrawn"):
+        raise EdgeError("{}: not a rollout record (an object with state failed or withdrawn)".format(path))
+    return rec
 
 
 def write(store: str, record: Dict[str, Any]) -> bool:
