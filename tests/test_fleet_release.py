@@ -185,3 +185,17 @@ def test_a_cut_between_a_switch_and_its_restart_is_finished_by_the_timer(device)
     settle = device.edge("settle")
     assert settle.returncode == 0 and "restarted on r1" in settle.stdout, settle.stdout + settle.stderr
     assert device.serves("r1") and "restart: the service ran r2, current is r1" in device.audit()[-1]
+
+
+def test_the_settle_unit_and_its_timer_verify():
+    """systemd's own check of the units deploy/ansible installs (run for real under systemd: docs/fleet.md)."""
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze not installed (Debian: apt-get install systemd)")
+    units = [os.path.join(os.path.dirname(HERE), "systemd", name)
+             for name in ("jetson-edge-release.service", "jetson-edge-release.timer")]
+    proc = subprocess.run([tool, "verify"] + units, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+    with open(units[0]) as fh:
+        unit = fh.read()
+    assert "$$r/venv/bin/edge" in unit and "release settle" in unit  # $$: systemd passes $ to the shell
