@@ -4,6 +4,7 @@ real daemon's metrics and commits or falls back by itself, withdrawn and failed 
 shared store), and every crash point between two steps settles to the old or the new release."""
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -199,3 +200,18 @@ def test_the_settle_unit_and_its_timer_verify():
     with open(units[0]) as fh:
         unit = fh.read()
     assert "$$r/venv/bin/edge" in unit and "release settle" in unit  # $$: systemd passes $ to the shell
+
+
+def test_the_kill_switch_reaches_a_release_in_the_middle_of_its_bake(device):
+    device.release("r1")
+    assert device.edge("try", "r1").returncode == 0
+    device.settings(store=device.store, device="dev-1", **dict(BAKE, bake_s=600))  # a bake that outlasts the test
+    device.release("r2")
+    assert device.edge("try", "r2", "--no-wait").returncode == 0
+    assert device.serves("r2")  # baking: the trial is armed, the daemon serves r2
+    assert os.path.exists(os.path.join(device.state, "trial.json"))
+    kill = device.edge("withdraw", "r2", "--why", "camera faults")
+    assert kill.returncode == 0, kill.stdout + kill.stderr
+    assert device.settled() and device.link("current") == "r1" and device.serves("r1")
+    assert re.search(r"withdrawn: r2 \(camera faults, sha256 \w+\), back on r1$", device.audit()[-1])
+    assert not any("commit: r2" in line for line in device.audit())

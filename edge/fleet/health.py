@@ -26,6 +26,7 @@ class Sample(NamedTuple):
 class Verdict(NamedTuple):
     ok: bool
     why: str
+    aborted: bool = False  # abort() ended it (the release was withdrawn meanwhile)
 
 
 def scrape(url: str) -> Optional[Sample]:
@@ -64,7 +65,7 @@ def bake(url: str, release: str, *, bake_s: float, start_timeout_s: float, max_m
     while first is None or first.release != release:
         why = abort()
         if why:
-            return Verdict(False, why)
+            return Verdict(False, why, aborted=True)
         if clock() >= deadline:
             seen = "release {!r}".format(first.release) if first else "no answer"
             return Verdict(False, "the service did not serve {} within {:g} s ({} at {})".format(
@@ -76,7 +77,7 @@ def bake(url: str, release: str, *, bake_s: float, start_timeout_s: float, max_m
     while True:
         why = abort()
         if why:
-            return Verdict(False, why)
+            return Verdict(False, why, aborted=True)
         if clock() >= end:
             break
         sleep(min(interval_s, max(0.0, end - clock())))

@@ -123,7 +123,7 @@ def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
         verdict = health.Verdict(False, "the bake could not run: {}".format(first_line(exc)))
     if verdict.ok:
         return _commit(dev, trial, verdict.why, by)
-    state = "withdrawn" if verdict.why.startswith("withdrawn") else "failed"
+    state = "withdrawn" if verdict.aborted else "failed"
     return fall_back(dev, release, trial.get("fallback"), state, verdict.why, trial.get("sha256", ""), by)
 
 
@@ -132,7 +132,7 @@ def _withdrawn(dev: Device, release: str) -> Optional[str]:
         rec = dev.refused(release)
     except (EdgeError, OSError):  # an unreachable store does not end a bake
         rec = None
-    return "withdrawn ({})".format(rec.get("why", "")) if rec and rec.get("state") == "withdrawn" else None
+    return str(rec.get("why") or "withdrawn") if rec and rec.get("state") == "withdrawn" else None
 
 
 def _commit(dev: Device, trial: Dict[str, Any], summary: str, by: str) -> str:
