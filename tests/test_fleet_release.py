@@ -4,8 +4,8 @@ real daemon's metrics and commits or falls back by itself, withdrawn and failed 
 shared store), and every crash point between two steps settles to the old or the new release."""
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
