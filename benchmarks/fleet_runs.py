@@ -57,9 +57,10 @@ def clone(fleet, source, host):
             elif os.path.getsize(path) < (1 << 20) and not name.endswith((".onnx", ".jpg", ".whl")):
                 with open(path, "rb") as fh:
                     data = fh.read()
-                if old in data or source.encode() in data:
-                    with open(path, "wb") as fh:
-                        fh.write(data.replace(old, new).replace(source.encode(), host.encode()))
+                if name == "config.yaml":  # each device's own metrics port
+                    data = data.replace(b"port: %d" % fleet.ports[source], b"port: %d" % fleet.ports[host])
+                with open(path, "wb") as fh:
+                    fh.write(data.replace(old, new).replace(source.encode(), host.encode()))
     for rel in ("releases/r1/venv", "releases/r2/venv"):
         link = os.path.join(dst, STATE, rel)
         if os.path.islink(link) and os.readlink(link).startswith(src):
@@ -101,7 +102,9 @@ def main() -> int:
         fleet.stop_services()
         for host in fleet.hosts[1:]:
             clone(fleet, first, host)
-        os.unlink(os.path.join(fleet.root(first), "live"))
+        os.unlink(os.path.join(fleet.root(first), "live"))  # state only, as its copies
+        with open(os.path.join(fleet.root(first), "service.state"), "w") as fh:
+            fh.write("active\n")
         print("{} hosts, this machine: {} cores, load {:.1f}".format(args.hosts, os.cpu_count(), os.getloadavg()[0]))
         print("| forks | no-op run (s) | changed | kill switch (s) | back on r1 |")
         print("|---|---|---|---|---|")
