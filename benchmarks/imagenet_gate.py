@@ -13,7 +13,9 @@ config's defaults (build.method auto: the method closest to FP32 on the calibrat
 each judged (without the build's float fallback: docs/build.md measures it with `edge build`) by
 edge.build.gate.evaluate with GateConfig() (the defaults) against the FP32 model on the labelled set
 (edge calibrate imagenet), Q/DQ run by the build's runner (edge.build.plan.onnx_runner: TensorRT's arithmetic,
-emulated). Prints one markdown row per candidate; docs/build.md (accuracy gate) has the table.
+emulated). Prints one markdown row per candidate: the claims, the measures behind them, the number of labels the
+claim rests on and the Q/DQ pairs (inputs fed through one; outside TensorRT's fusion placement: pairs it would have
+to keep, edge.build.placement); docs/build.md (accuracy gate) has the table.
 """
 
 import argparse
@@ -29,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from edge.build.auto_method import quantize  # noqa: E402
 from edge.build.calibration import import_calibration_set, load_calibration_set  # noqa: E402
 from edge.build.export import ARCHES, export_model  # noqa: E402
-from edge.build.gate import CONFIDENCE, evaluate  # noqa: E402
+from edge.build.gate import evaluate  # noqa: E402
 from edge.build.imagenet_set import DEFAULT_OUT  # noqa: E402
 from edge.build.plan import onnx_runner  # noqa: E402
 from edge.config import BuildConfig, GateConfig, PreprocessConfig  # noqa: E402
@@ -84,13 +86,24 @@ def candidates(fp32, pre, work, factors, only_saturated):
         yield "saturated (scales / {:g})".format(factor), out, time.monotonic() - started
 
 
-def row(arch, name, r, quantize_s):
+def qdq_pairs(fp32, candidate):
+    """(inputs fed through a Q/DQ pair, how many of them lie outside TensorRT's fusion placement)."""
+    import onnx
+
+    from edge.build.placement import pairs_by_consumer, pairs_outside, residual_inputs
+
+    model = onnx.load(candidate)
+    return len(pairs_by_consumer(model)), pairs_outside(model, residual_inputs(onnx.load(fp32)))
+
+
+def row(arch, name, r, quantize_s, pairs):
     lo, hi = r["top1_drop_interval_pp"]
-    return ("| {} | {} | {:.1f} / {:.1f} | {:.1f} / {:.1f} | {} / {} | {:+.2f} ({:+.2f}..{:+.2f}) | {:.2g} | {:.3f} | "
-            "{:.4f} | **{}** | {:.0f} + {:.0f} |").format(
-        arch, name, 100 * r["reference_top1"], 100 * r["reference_top5"], 100 * r["candidate_top1"],
-        100 * r["candidate_top5"], r["right_to_wrong"], r["wrong_to_right"], r["top1_drop_pp"], lo, hi,
-        r["mcnemar_p"], r["agreement"], r["mean_cosine"], r["verdict"], quantize_s, r["seconds"])
+    flo, fhi = r["confident_flip_interval_pct"]
+    return ("| {} | {} | {:.1f} / {:.1f} | {} / {} | {:+.2f} ({:+.2f}..{:+.2f}) | {} of {} ({:.1f}..{:.1f} %) | "
+            "{:.4f} / {:.4f} | {} / {} | {} | **{}** | {:.0f} + {:.0f} |").format(
+        arch, name, 100 * r["reference_top1"], 100 * r["candidate_top1"], r["right_to_wrong"], r["wrong_to_right"],
+        r["top1_drop_pp"], lo, hi, r["confident_flips"], r["confident_images"], flo, fhi, r["mean_cosine"],
+        r["p5_cosine"], pairs[0], pairs[1], r["labelled"], r["verdict"], quantize_s, r["seconds"])
 
 
 def main():
@@ -102,10 +115,11 @@ def main():
     args = parser.parse_args()
     labelled = load_calibration_set(args.set)
     gate = GateConfig()
-    print("gate defaults: {}; {} labelled images; drop interval {:.0f}% exact (McNemar)".format(
-        vars(gate), len(labelled), 100 * CONFIDENCE))
-    print("| model | candidate | FP32 top-1 / top-5 % | INT8 top-1 / top-5 % | right->wrong / wrong->right | "
-          "drop pp (interval) | McNemar p | agreement | mean cosine | verdict | seconds (make + gate) |")
+    print("gate defaults: {}; {} labelled images; top-1 drop: Tango's 95 % interval; confident flips: "
+          "Clopper-Pearson".format(vars(gate), len(labelled)))
+    print("| model | candidate (auto chose) | top-1 % FP32 / INT8 | right->wrong / wrong->right | top-1 drop pp "
+          "(95 %) | confident flips (95 %) | cosine mean / p5 | Q/DQ inputs / outside placement | labels | verdict | "
+          "seconds (make + gate) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as work:
         for arch in args.arch:
@@ -116,9 +130,9 @@ def main():
                                                     args.only_saturated):
                 with onnx_runner(fp32) as reference, onnx_runner(candidate) as infer:
                     result = evaluate(reference, infer, labelled, pre, gate)
-                print(row(arch, name, result.report, made_s), flush=True)
-                if result.report["failures"] or result.report["inconclusive"]:
-                    print("  " + "; ".join(result.report["failures"] + result.report["inconclusive"]), flush=True)
+                print(row(arch, name, result.report, made_s, qdq_pairs(fp32, candidate)), flush=True)
+                print("  " + "; ".join(result.report["failures"] + result.report["inconclusive"] or
+                                       result.report["claims"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import platform
 import re
 import socket
 import subprocess
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 NV_TEGRA_RELEASE = "etc/nv_tegra_release"  # relative to `root`
 
@@ -67,14 +67,34 @@ def gpu_identity() -> Dict[str, Any]:
         return dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda"))
 
 
+def device_tree(name: str, root: str = "/") -> Optional[str]:
+    """A device-tree property (`model`, `compatible`: NUL-separated) as text; None off a device-tree machine.
+    /proc/device-tree is a link to /sys/firmware/devicetree/base, read directly where /proc has no link."""
+    for folder in ("proc/device-tree", "sys/firmware/devicetree/base"):
+        text = _read(os.path.join(root, folder, name))
+        if text is not None:
+            return text.rstrip("\x00").strip() or None
+    return None
+
+
 def board_model(root: str = "/") -> Optional[str]:
-    """'NVIDIA Jetson AGX Orin Developer Kit' from /proc/device-tree/model; None elsewhere."""
-    model = (_read(os.path.join(root, "proc/device-tree/model")) or "").rstrip("\x00").strip()
-    return model or None
+    """'NVIDIA Jetson AGX Orin Developer Kit' from the device tree's model; None elsewhere."""
+    return device_tree("model", root)
+
+
+# The GPU of each Tegra SoC, from the device tree's `compatible` (a build for the board without a CUDA device).
+TEGRA_ARCH = {"tegra194": "sm_72", "tegra234": "sm_87", "tegra264": "sm_110"}
+
+
+def tegra_arch(root: str = "/") -> Optional[str]:
+    """'sm_87' on an Orin (`nvidia,tegra234` in the device tree's compatible list); None when it names none."""
+    compatible = (device_tree("compatible", root) or "").replace("\x00", " ").split()
+    return next((TEGRA_ARCH[c.split(",")[-1]] for c in compatible if c.split(",")[-1] in TEGRA_ARCH), None)
 
 
 def current_system(root: str = "/") -> Dict[str, Any]:
-    """The running system's identity: what an engine is tied to (ENGINE_SYSTEM_KEYS), L4T, the CPU runtime."""
+    """The running system's identity: what an engine is tied to (edge.artifact.ENGINE_SYSTEM_KEYS), L4T, the CPU
+    runtime."""
     trt = tensorrt_version()
     system: Dict[str, Any] = {"tensorrt": trt, "board": board_model(root)}
     system.update(gpu_identity() if trt else dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda")))
@@ -82,22 +102,59 @@ def current_system(root: str = "/") -> Dict[str, Any]:
     return system
 
 
-# --- what an engine is tied to (edge.artifact.check_engine compares a model info with it) -------------
+class PowerMode(NamedTuple):
+    """One `< POWER_MODEL ID=n NAME=x >` block of nvpmodel.conf: its watts from the name (None when the name gives
+    none; MAXN has no cap), and the CPU cores it leaves online."""
 
-# What a TensorRT engine only runs on. Not the GPU name ("Orin" for 4 to 16 SMs) and not L4T: an L4T patch
-# that keeps TensorRT and CUDA keeps engines valid (a changed L4T is a warning, ENGINE_WARN_KEYS).
-ENGINE_SYSTEM_KEYS = ("board", "sm_count", "compute_capability", "tensorrt", "cuda")
-ENGINE_WARN_KEYS = ("l4t",)
+    id: int
+    name: str
+    watts: Optional[float]
+    cores: int
+
+    def __str__(self) -> str:
+        return "{} ({})".format(self.name, self.id)
 
 
-def engine_expectations(system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The model-info keys an engine must match here: {'system.tensorrt': '10.3.0', ...}."""
-    system = system or current_system()
-    return {"system." + key: system[key] for key in ENGINE_SYSTEM_KEYS}
+def is_maxn(name: str) -> bool:
+    return name.upper().startswith("MAXN")  # MAXN, MAXN_SUPER: no power cap
 
 
-def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optional[int], Optional[bool], str]:
-    """(mode name, mode id, at max?, problem) from `nvpmodel -q` and the modes in /etc/nvpmodel.conf."""
+def power_modes(conf: str) -> List[PowerMode]:
+    """The power modes an nvpmodel.conf defines, in file order (comment lines skipped)."""
+    modes: List[PowerMode] = []
+    current: Optional[List[Any]] = None
+    for line in (raw.strip() for raw in conf.splitlines()):
+        header = re.match(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)\s*>", line)
+        if header or line.startswith("<"):  # a new mode, or PARAM / PM_CONFIG: the block before it ends
+            if current is not None:
+                modes.append(PowerMode(*current))
+            current = None
+        if header:
+            watts = re.search(r"(?:^|_)(\d+(?:\.\d+)?)W(?:_|$)", header.group(2).upper())
+            current = [int(header.group(1)), header.group(2), float(watts.group(1)) if watts else None, 0]
+        elif current is not None and re.match(r"CPU_ONLINE\s+CORE_\d+\s+1$", line):
+            current[3] += 1
+    if current is not None:
+        modes.append(PowerMode(*current))
+    return modes
+
+
+def max_power_mode(modes: List[PowerMode]) -> Optional[PowerMode]:
+    """The board's highest-power mode: its MAXN when it has one, else the most watts named, ties broken by the
+    cores online (Xavier NX: MODE_20W_6CORE, id 8, not mode 0, MODE_15W_2CORE). None ("unknown") rather than a
+    guess: no modes, a mode whose name gives no watts, or a tie that the core count does not break."""
+    maxn = [m for m in modes if is_maxn(m.name)]
+    ranked = maxn or modes
+    if not ranked or (not maxn and any(m.watts is None for m in modes)):
+        return None
+    key = (lambda m: m.cores) if maxn else (lambda m: (m.watts, m.cores))
+    best = max(key(m) for m in ranked)
+    top = [m for m in ranked if key(m) == best]
+    return top[0] if len(top) == 1 else None
+
+
+def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optional[int], Optional[PowerMode], str]:
+    """(mode name, mode id, the board's maximum mode or None, problem) from `nvpmodel -q` and /etc/nvpmodel.conf."""
     try:
         proc = subprocess.run(["nvpmodel", "-q"], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -107,16 +164,7 @@ def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optiona
     mode_id = next((int(ln) for ln in lines if ln.isdigit()), None)
     if name is None:
         return None, None, None, "nvpmodel -q said nothing usable"
-    conf = _read(os.path.join(root, "etc/nvpmodel.conf")) or ""
-    modes = {int(i): n for i, n in re.findall(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)", conf)}
-    maxn = [i for i, n in modes.items() if "MAXN" in n.upper()]
-    if maxn:  # MAXN / MAXN_SUPER: the unconstrained mode where the board has one
-        at_max = mode_id in maxn if mode_id is not None else "MAXN" in name.upper()
-    elif modes:
-        at_max = mode_id == min(modes)  # by convention mode 0 is the highest-power one
-    else:
-        at_max = "MAXN" in name.upper() or None
-    return name, mode_id, at_max, ""
+    return name, mode_id, max_power_mode(power_modes(_read(os.path.join(root, "etc/nvpmodel.conf")) or "")), ""
 
 
 def _min_eq_max(folder: str, lo: str, hi: str) -> Optional[bool]:
@@ -149,20 +197,26 @@ def jetson_clocks_state(root: str = "/") -> str:
 
 
 def clock_state(root: str = "/") -> Tuple[Dict[str, Any], List[str]]:
-    """({jetson, l4t, board, nvpmodel, nvpmodel_max, jetson_clocks}, warnings about DVFS)."""
+    """({jetson, l4t, board, nvpmodel, nvpmodel_max (at the maximum mode?), nvpmodel_max_mode, jetson_clocks},
+    warnings about DVFS)."""
     if not is_jetson(root):
         return {"jetson": False, "l4t": None, "board": None, "nvpmodel": None, "nvpmodel_max": None,
-                "jetson_clocks": "unknown"}, [NOT_A_JETSON]
+                "nvpmodel_max_mode": None, "jetson_clocks": "unknown"}, [NOT_A_JETSON]
     state: Dict[str, Any] = {"jetson": True, "l4t": read_l4t(root), "board": board_model(root)}
     warnings = []
-    name, mode_id, at_max, problem = _nvpmodel(root)
+    name, mode_id, top, problem = _nvpmodel(root)
     state["nvpmodel"] = None if name is None else "{} ({})".format(name, mode_id) if mode_id is not None else name
+    state["nvpmodel_max_mode"] = None if top is None else str(top)
+    at_max = None if top is None or name is None else (mode_id == top.id if mode_id is not None else name == top.name)
     state["nvpmodel_max"] = at_max
     if problem:
         warnings.append("nvpmodel: {}: power mode unknown".format(problem))
+    elif top is None:
+        warnings.append("nvpmodel is '{}'; the maximum power mode is unknown (/etc/nvpmodel.conf names no MAXN and "
+                        "no watts that rank its modes)".format(name))
     elif at_max is False:
-        warnings.append("nvpmodel is '{}', not the maximum power mode: timings reflect capped clocks "
-                        "(sudo nvpmodel -m <max id>)".format(name))
+        warnings.append("nvpmodel is '{}', not the maximum power mode {}: timings reflect capped clocks "
+                        "(sudo nvpmodel -m {})".format(name, top, top.id))
     clocks = jetson_clocks_state(root)
     state["jetson_clocks"] = clocks
     if clocks == "off":

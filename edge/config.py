@@ -89,9 +89,14 @@ class RuntimeConfig:
 class GateConfig:
     min_agreement: float = setting(0.98, "top-1 agreement of INT8 with FP32 on the unlabelled regression images",
                                    low=0.0, high=1.0)
-    min_mean_cosine: float = setting(0.98, "mean cosine similarity of the logits", low=0.0, high=1.0)
-    max_top1_drop_pp: float = setting(1.0, "top-1 accuracy drop on the labelled images, percentage points", low=0.0,
-                                      high=100.0)
+    min_mean_cosine: float = setting(0.975, "mean cosine similarity of the logits", low=0.0, high=1.0)
+    min_p5_cosine: float = setting(0.95, "5th percentile of the logits' cosine similarity (the tail)", low=-1.0,
+                                   high=1.0)
+    max_confident_flip_pct: float = setting(10.0, "changed top-1 answers among the images FP32 is confident about "
+                                                  "(top-1 probability >= 0.5), percent, judged with its 95 % "
+                                                  "interval", low=0.0, high=100.0)
+    max_top1_drop_pp: float = setting(3.0, "top-1 accuracy drop on the labelled images, percentage points: passes "
+                                           "when its 95 % upper bound is within it", low=0.0, high=100.0)
 
 
 @dataclass

@@ -4,6 +4,11 @@
 A write goes to a temporary file created exclusively (O_EXCL, no link followed) beside the target, is fsynced,
 then renamed over it: a reader sees the old file or the new one, never half of one. Only a regular file (or
 nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
+
+A folder written whole (`atomic_dir`: a calibration set) is made under a temporary name, fsynced, and swapped with
+the old one in one step (edge.durable.exchange; where the filesystem cannot, two renames, and an old set a crash
+left aside is put back by the next writer: `recover_dir`). A temporary folder is flock'ed by its writer while it
+lives, so a sweep removes only what a killed writer left.
 """
 
 import contextlib
@@ -13,10 +18,11 @@ import os
 import secrets
 import shutil
 import stat
-import struct
-from typing import IO, Any, Callable, Iterator, Optional, Set, Tuple
+from typing import IO, Any, Callable, Iterator, List, Optional, Set, Tuple
 
+from edge.durable import exchange, fsync_path, fsync_tree, held_folder, is_abandoned, remove_path
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
+from edge.image_header import image_size
 from edge.uri import redact
 
 MAX_IMAGE_BYTES = 256 << 20  # an image file larger than this is not a photograph
@@ -32,6 +38,14 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def path_kind(path: str) -> str:
+    """What is at `path`, in words ("a FIFO", "a device", ...), for a one-line refusal."""
+    try:
+        return _kind(os.lstat(path).st_mode)
+    except OSError:
+        return "missing"
+
+
 def check_output(path: str, what: str = "output") -> None:
     """Refuse, before any work is done, an output path that is not a regular file or cannot be written."""
     try:
@@ -42,6 +56,11 @@ def check_output(path: str, what: str = "output") -> None:
         raise EdgeError("{}: cannot write the {}: {}".format(path, what, exc.strerror)) from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise EdgeError("{}: cannot write the {}: it is {}, not a regular file".format(path, what, _kind(st.st_mode)))
+    check_folder(path, what)
+
+
+def check_folder(path: str, what: str) -> None:
+    """Refuse, before any work, a `path` whose folder (or nearest existing one) this user cannot write."""
     probe = os.path.dirname(os.path.abspath(path))
     while not os.path.lexists(probe):
         probe = os.path.dirname(probe)
@@ -59,12 +78,12 @@ def temp_name(parent: str, prefix: str, suffix: str = "") -> str:
 @contextlib.contextmanager
 def temp_dir(parent: str, prefix: str) -> Iterator[str]:
     """A new private folder in `parent` (made if missing), removed with its contents when the block ends, however
-    it ends."""
+    it ends; flock'ed meanwhile, so no sweep takes it from a living writer."""
     os.makedirs(parent, exist_ok=True)
     path = temp_name(parent, prefix)
     try:
-        os.mkdir(path, 0o700)
-        yield path
+        with held_folder(path):
+            yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -144,29 +163,65 @@ def _check_out_dir(out_dir: str, what: str) -> None:
 
 
 def _commit(tmp: str, out_dir: str, manifest: str) -> None:
-    """Rename `tmp` to `out_dir`, the old set (one this tool wrote) moved aside and removed once it is done."""
+    """Put `tmp` at `out_dir` in one step: exchanged with the old set (one this tool wrote, then removed), or
+    renamed into place. Without RENAME_EXCHANGE the old set is first renamed aside; a crash between the two
+    renames leaves it there, and `recover_dir` puts it back."""
     check_replaceable(out_dir, manifest)  # still true after the (long) work
-    old = None
+    fsync_tree(tmp)  # a power cut after the swap finds every image and the manifest whole
     try:
-        if os.path.exists(out_dir):
-            old = temp_name(os.path.dirname(out_dir), _temp_prefix(out_dir, "old"))
-            os.mkdir(old, 0o700)
-            os.rename(out_dir, os.path.join(old, "set"))
-        os.rename(tmp, out_dir)
+        if os.path.exists(out_dir) and exchange(tmp, out_dir):
+            shutil.rmtree(tmp, ignore_errors=True)  # now the old set
+        elif os.path.exists(out_dir):
+            _two_renames(tmp, out_dir)
+        else:
+            os.rename(tmp, out_dir)
+        fsync_path(os.path.dirname(out_dir))
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):  # another writer renamed in between
             raise EdgeError("{}: another command wrote this folder at the same time; nothing of this run was "
                             "kept (run it again)".format(out_dir)) from None
         raise
-    finally:
-        if old is not None:
+
+
+def _two_renames(tmp: str, out_dir: str) -> None:
+    old = temp_name(os.path.dirname(out_dir), _temp_prefix(out_dir, "old"))
+    with held_folder(old):
+        try:
+            os.rename(out_dir, os.path.join(old, "set"))
+            os.rename(tmp, out_dir)
+        finally:
             if os.path.lexists(os.path.join(old, "set")) and not os.path.lexists(out_dir):
                 os.rename(os.path.join(old, "set"), out_dir)  # the new set did not land: the old one goes back
-            shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _temp_prefix(out_dir: str, kind: str) -> str:
     return ".{}.{}-".format(os.path.basename(out_dir)[:64], kind)  # short: the folder's own name may be 255 bytes
+
+
+def recover_dir(out_dir: str) -> List[str]:
+    """What a killed writer of the folder `out_dir` left beside it: an old set moved aside while `out_dir` is
+    missing goes back; unfinished or replaced sets are removed. Folders a living writer holds are left alone.
+    Returns what it did, one line each."""
+    out_dir = os.path.abspath(out_dir)
+    parent, done = os.path.dirname(out_dir), []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return done
+    for kind in ("old", "tmp"):  # an old set first: it may be the only copy
+        prefix = _temp_prefix(out_dir, kind)
+        for name in (n for n in names if n.startswith(prefix)):
+            path = os.path.join(parent, name)
+            if not is_abandoned(path):
+                continue
+            kept = os.path.join(path, "set")
+            if kind == "old" and os.path.isdir(kept) and not os.path.lexists(out_dir):
+                os.rename(kept, out_dir)
+                done.append("{}: restored from {} (a writer was killed between its renames)".format(out_dir, name))
+            remove_path(path)
+            done.append("{}: removed (left by a killed writer)".format(path))
+    return done
 
 
 @contextlib.contextmanager
@@ -174,7 +229,7 @@ def atomic_dir(out_dir: str, manifest: str, what: str, keep_out: Optional[str] =
     """Yields a temporary folder beside `out_dir`; on success it replaces `out_dir` (only a folder written here:
     `check_replaceable`), on any error or signal it is removed. `keep_out` (the source) and `out_dir` must not
     overlap. The name and the parent are checked first; a write that fails (a full disk, a read-only folder) is
-    one EdgeError naming the folder."""
+    one EdgeError naming the folder. What a killed earlier writer left is restored or removed first."""
     out_dir = os.path.abspath(out_dir)
     real = os.path.realpath(out_dir)
     if keep_out is not None:
@@ -182,8 +237,9 @@ def atomic_dir(out_dir: str, manifest: str, what: str, keep_out: Optional[str] =
         if other == real or other.startswith(real + os.sep) or real.startswith(other + os.sep):
             raise EdgeError("{}: the output folder must not contain, or be inside, {}".format(out_dir, keep_out))
     _check_out_dir(out_dir, what)
-    check_replaceable(out_dir, manifest)
     try:
+        recover_dir(out_dir)
+        check_replaceable(out_dir, manifest)
         with temp_dir(os.path.dirname(out_dir), _temp_prefix(out_dir, "tmp")) as tmp:
             yield tmp
             os.chmod(tmp, 0o755)
@@ -278,68 +334,3 @@ def load_json(path: str, what: str, max_bytes: int = 64 << 20) -> Any:
         raise EdgeError("{}: the {} is nested too deeply".format(path, what)) from None
     except ValueError as exc:
         raise EdgeError("{}: the {} is not JSON: {}".format(path, what, str(exc)[:120])) from None
-
-
-def image_size(data: bytes) -> Optional[Tuple[int, int]]:
-    """(width, height) from the header of a PNG, JPEG, GIF, BMP, WebP, PNM or TIFF; None when not found."""
-    try:
-        if data[:8] == b"\x89PNG\r\n\x1a\n":
-            return struct.unpack(">II", data[16:24])
-        if data[:6] in (b"GIF87a", b"GIF89a"):
-            return struct.unpack("<HH", data[6:10])
-        if data[:2] == b"BM":
-            w, h = struct.unpack("<ii", data[18:26])
-            return abs(w), abs(h)
-        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-            return _webp_size(data)
-        if data[:2] == b"\xff\xd8":
-            return _jpeg_size(data)
-        if data[:2] in (b"II", b"MM"):
-            return _tiff_size(data)
-        if data[:1] == b"P" and data[1:2] in b"123456":
-            fields = b" ".join(ln.split(b"#")[0] for ln in data[2:4096].splitlines()).split()
-            return int(fields[0]), int(fields[1])
-    except (struct.error, ValueError, IndexError):
-        return None
-    return None
-
-
-def _webp_size(data: bytes) -> Optional[Tuple[int, int]]:
-    chunk = data[12:16]
-    if chunk == b"VP8X":
-        return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
-    if chunk == b"VP8L":
-        bits = int.from_bytes(data[21:25], "little")
-        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
-    if chunk == b"VP8 ":
-        w, h = struct.unpack("<HH", data[26:30])
-        return w & 0x3FFF, h & 0x3FFF
-    return None
-
-
-def _jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
-    i = 2
-    while i + 9 < len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
-            i += 1 if marker == 0xFF else 2
-            continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            h, w = struct.unpack(">HH", data[i + 5:i + 9])
-            return w, h
-        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
-    return None
-
-
-def _tiff_size(data: bytes) -> Optional[Tuple[int, int]]:
-    end = "<" if data[:2] == b"II" else ">"
-    (offset,) = struct.unpack(end + "I", data[4:8])
-    (count,) = struct.unpack(end + "H", data[offset:offset + 2])
-    size = {}
-    for n in range(count):
-        tag, typ, _, value = struct.unpack(end + "HHI4s", data[offset + 2 + 12 * n:offset + 14 + 12 * n])
-        if tag in (256, 257):
-            size[tag] = struct.unpack(end + ("H" if typ == 3 else "I"), value[:2 if typ == 3 else 4])[0]
-    return (size[256], size[257]) if len(size) == 2 else None

@@ -18,7 +18,12 @@ MAX_URI_CHARS = 4096
 # RFC 3986 characters minus the sub-delimiters that are GStreamer syntax ('!' links, "'" quotes); '%' only
 # as %XX. A password with one of them is percent-encoded (%21, %27).
 _URI_CHARS = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@$&()*+,;=]|%[0-9A-Fa-f]{2})*\Z")
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/\"'<>\\]*@")
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
+# userinfo: everything from :// to the last '@' before the next URI, the end of a quoted string (a quote then ',',
+# ':', a bracket, a space or the end: JSON fields, repr()) or the line's end, whatever it holds (a password may have
+# spaces, quotes, '<', '\' or '/'): masking too much is safe, too little is a leak
+_USERINFO = re.compile(r"(" + _SCHEME + r")(?:(?!" + _SCHEME + r")(?![\"'](?:[,:)}\]\s]|$))[^\n\r])*@")
+_FRAGMENT = re.compile(r"(" + _SCHEME + r"[^\s#\"'<>]*)#[^\s\"'<>]+")
 _HOST = re.compile(r"(?:[A-Za-z0-9.\-]+|[0-9A-Fa-f:.]+)\Z")  # a name, IPv4, or IPv6 (urlsplit drops [ ])
 _SECRET_PARAM = re.compile(r"([?&;][^=&#\s\"']*(?:pass|pwd|token|key|secret|auth|sig|cred)[^=&#\s\"']*=)"
                            r"[^&#\s\"'<>\\]*?(?=:?(?:[&#\s\"'<>\\]|$))", re.IGNORECASE)  # "uri: why" keeps its ':'
@@ -39,8 +44,18 @@ class SourceURI:
 
 
 def redact(text: str) -> str:
-    """`text` with every URI's userinfo and every secret-looking query value (token=, password=, ...) masked."""
-    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+    """`text` with every URI's userinfo, fragment and secret-looking query value (token=, password=, ...)
+    masked."""
+    return _FRAGMENT.sub(r"\1#***", _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text)))
+
+
+def argv_note(uri: str) -> Optional[str]:
+    """A line to print when a URI given on the command line holds a secret: every local user can read a
+    process's arguments (ps, /proc/PID/cmdline)."""
+    if redact(uri) == uri:
+        return None
+    return ("note: the credentials in {} are readable by every local user in the process list (ps); put the URI in "
+            "the config file (source.uri), readable only by the service".format(redact(uri)))
 
 
 def _refuse(uri: str, why: str, field: str) -> EdgeError:

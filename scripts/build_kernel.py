@@ -3,7 +3,9 @@
 
     scripts/build_kernel.py                          # for this device's GPU, into the kernel dir
     scripts/build_kernel.py --into /var/lib/jetson-edge/kernels --arch sm_87
-    scripts/build_kernel.py --fatbin                 # regenerate the shipped edge/cuda/preprocess.fatbin
+    scripts/build_kernel.py --fatbin                 # regenerate the shipped CUDA 13.x fatbin (nvcc 13)
+    scripts/build_kernel.py --prebuilt               # regenerate the shipped CUDA 11.x / 12.x cubins (NVRTC
+                                                     # from PyPI's pinned wheels: edge/build/prebuilt_kernels.py)
 
 Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels, else /var/lib/jetson-edge/kernels (where the
 service, `edge doctor` and `edge check` all look). nvcc's temporary files go inside the output folder (an
@@ -22,18 +24,24 @@ from edge.frame import cuda_kernel  # noqa: E402
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--into", help="output folder (default: the kernel dir)")
-    p.add_argument("--arch", help="GPU architecture, e.g. sm_87 (default: this device's CUDA device 0)")
-    p.add_argument("--fatbin", action="store_true", help="regenerate the fatbin shipped in the package")
+    p.add_argument("--arch", help="GPU architecture, e.g. sm_87 (default: this device's CUDA device 0, else the "
+                                  "Jetson SoC its device tree names)")
+    p.add_argument("--fatbin", action="store_true", help="regenerate the CUDA 13.x fatbin shipped in the package")
+    p.add_argument("--prebuilt", action="store_true", help="regenerate the CUDA 11.x and 12.x cubins shipped in the "
+                                                           "package, from PyPI's NVRTC wheels")
 
 
 def build(args: argparse.Namespace) -> int:
-    if args.fatbin:
-        info = cuda_kernel.build_fatbin()
-        print("build_kernel: {} ({}, nvcc {})".format(cuda_kernel.FATBIN, ", ".join(cuda_kernel.FATBIN_TARGETS),
-                                                      info["nvcc"]))
+    if args.fatbin or args.prebuilt:
+        from edge.build.prebuilt_kernels import build_prebuilt
+
+        for entry in ([cuda_kernel.build_fatbin()] if args.fatbin else []) + (build_prebuilt() if args.prebuilt
+                                                                               else []):
+            print("build_kernel: {}".format(cuda_kernel.describe(entry)))
         return 0
-    path = cuda_kernel.build_cubin(args.arch or cuda_kernel.device_arch(), args.into)
-    print("build_kernel: {}".format(path))
+    arch, why = (args.arch, "--arch") if args.arch else cuda_kernel.device_arch()
+    path = cuda_kernel.build_cubin(arch, args.into)
+    print("build_kernel: {} ({} from {})".format(path, arch, why))
     return 0
 
 

@@ -28,23 +28,81 @@ step() {  # a recipe step: its failure stops the install with its message, nothi
   act "$@" || { echo "install_service.sh: step failed (exit $?): $* (see above; docs/service.md)" >&2; exit 1; }
 }
 
-# On a Jetson: the one install recipe (docs/service.md and README.md show these same lines;
+# On a Jetson: the one install recipe (docs/service.md shows these lines per JetPack and README.md names them;
 # tests/test_install_recipe.py compares them). JetPack's TensorRT and OpenCV (GStreamer: csi:// cameras; never
-# PyPI's OpenCV here, the constraints refuse it), nvcc of JetPack's CUDA where a minimal flash lacks it, a venv
-# that sees JetPack's packages, pip under this JetPack's constraints (NumPy 1.x: JetPack's OpenCV and TensorRT
-# are built against it), pycuda built against JetPack's CUDA, jtop's service, and the preprocessing kernel built
-# into the state directory the service and the CLI both read (the service never runs nvcc; docs/gpu.md).
+# PyPI's OpenCV here, the constraints refuse it), g++ (pycuda compiles at install), gst-inspect-1.0 (edge doctor's
+# nvarguscamerasrc check), the CUDA parts pycuda builds against where a minimal flash lacks them (nvcc, cuda.h,
+# cudaProfiler.h, curand.h and libcurand), a venv that sees JetPack's packages with a pip that has the 2020 resolver
+# (JetPack 5's venv has pip 20.0), pip under this JetPack's constraints (NumPy 1.x: JetPack's OpenCV and TensorRT
+# are built against it), pycuda built against JetPack's CUDA, and the preprocessing kernel built into the state
+# directory the service and the CLI both read (the service never runs nvcc; docs/gpu.md). jtop: jtop_service.
 jetson_recipe() {
   local jp cuda
   jp="$(jetpack)" && cuda="$(cuda_package_version)" || exit 1
-  step apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev
-  has_nvcc || step apt-get install -y "cuda-nvcc-$cuda"
+  step apt-get update
+  step apt-get install -y g++ python3-libnvinfer python3-opencv python3-venv python3-dev gstreamer1.0-tools
+  has_cuda_dev || step apt-get install -y "cuda-nvcc-$cuda" "cuda-cudart-dev-$cuda" "cuda-profiler-api-$cuda" "libcurand-dev-$cuda"
   step python3 -m venv --system-site-packages .venv
+  step env PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/python -m pip install --upgrade 'pip>=23.1'
   step env PATH="/usr/local/cuda/bin:$PATH" PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/pip install -e '.[jetson,service,check]'
-  step .venv/bin/jtop --install-service
   step env PATH="/usr/local/cuda/bin:$PATH" .venv/bin/python scripts/build_kernel.py --into "$state/kernels"
 }
-has_nvcc() { [ -x /usr/local/cuda/bin/nvcc ]; }  # pycuda's build and the kernel's need it; minimal flashes lack it
+has_cuda_dev() {  # pycuda's build: nvcc, cuda.h, cudaProfiler.h, curand.h and libcurand; the kernel's: nvcc
+  local h
+  [ -x /usr/local/cuda/bin/nvcc ] && compgen -G '/usr/local/cuda/lib*/libcurand.so' >/dev/null || return 1
+  for h in cuda.h cudaProfiler.h curand.h; do [ -f "/usr/local/cuda/include/$h" ] || return 1; done
+}
+# jtop's service, running the venv's jtop: jetson-stats' --install-service writes ExecStart=/usr/local/bin/jtop, which
+# the recipe never installs (203/EXEC every 10 s, for ever) or which is another jetson-stats whose service the venv's
+# client refuses ("Mismatch version"). The drop-in (systemd/jtop.service.d/) is in place before --install-service
+# reloads, enables and starts the unit; a restart replaces a jtop.service already running; the step waits for the
+# service to answer on its socket (it prints "installed and enabled" whether or not it started).
+jtop_service() {
+  local dropin=/etc/systemd/system/jtop.service.d/jetson-edge.conf
+  foreign_jtop
+  act install -d -m 0755 "$(dirname "$dropin")"
+  render "$here/systemd/jtop.service.d/jetson-edge.conf" | write_if_changed "$dropin" || true
+  step "$prefix/.venv/bin/jtop" --install-service
+  step systemctl restart jtop.service
+  step jtop_answers 30
+}
+jtop_answers() {  # the jtop service accepts a connection on /run/jtop.sock within $1 s
+  [ "$dry_run" = 1 ] && return 0
+  local i
+  for i in $(seq "$(( $1 * 5 ))"); do
+    "$prefix/.venv/bin/python" -c 'import socket; socket.socket(socket.AF_UNIX).connect("/run/jtop.sock")' \
+      2>/dev/null && { say "jtop.service answers on /run/jtop.sock"; return 0; }
+    sleep 0.2
+  done
+  echo "install_service.sh: jtop.service does not answer on /run/jtop.sock after $1 s:" >&2
+  systemctl --no-pager --lines=5 status jtop.service >&2 || true
+  return 1
+}
+jtop_elsewhere=(/usr/local/bin/jtop /usr/bin/jtop)  # where a system-wide jetson-stats puts its jtop
+foreign_jtop() {  # a jtop outside the venv of another major.minor: named; the service never runs it (the drop-in)
+  local ours theirs path
+  ours="$("$prefix/.venv/bin/jtop" --version 2>/dev/null | awk '{print $NF}')"
+  for path in "${jtop_elsewhere[@]}"; do
+    [ -x "$path" ] || continue
+    theirs="$("$path" --version 2>/dev/null | awk '{print $NF}')"
+    [ -n "$theirs" ] && [ "${theirs%.*}" = "${ours%.*}" ] && continue
+    say "warning: refusing $path (jetson-stats ${theirs:-of unknown version}) for jtop.service: it runs the venv's" \
+      "jetson-stats $ours instead, and $path cannot talk to that ('Mismatch version'): sudo pip3 uninstall jetson-stats"
+  done
+}
+render() { sed "s|/opt/jetson-edge|${prefix%/}|g" "$1"; }  # a shipped file with the checkout's --prefix
+write_if_changed() {  # stdin -> $1 (mode 0644) unless it already holds exactly that; status 1 when it did
+  local staged status=0
+  staged="$(mktemp)"
+  cat > "$staged"
+  if [ -f "$1" ] && cmp -s "$staged" "$1"; then
+    status=1
+  else
+    act install -m 0644 "$staged" "$1"
+  fi
+  rm -f "$staged"
+  return "$status"
+}
 jetpack() {  # jetpack5/6/7 from L4T's release file ('# R36 (release), REVISION: 4.0, ...')
   local release
   release="$(sed -n 's/^# R\([0-9]*\) .*/\1/p' /etc/nv_tegra_release 2>/dev/null | head -n 1)"
@@ -100,7 +158,10 @@ if system_changes && [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then
   echo "install_service.sh: run as root (or use --dry-run, or DESTDIR=... to stage files)" >&2
   exit 1
 fi
-[ -f "$shipped_unit" ] && [ -f "$shipped_config" ] || { echo "install_service.sh: missing $shipped_unit or $shipped_config" >&2; exit 2; }
+for shipped in "$shipped_unit" "$shipped_config" "$here/systemd/jtop.service.d/jetson-edge.conf" \
+               "$here/calibration/default" "$here/calibration/regression"; do
+  [ -e "$shipped" ] || { echo "install_service.sh: missing $shipped (a partial checkout?)" >&2; exit 2; }
+done
 if [ ! -x "$edge_bin" ]; then
   say "warning: $edge_bin does not exist yet (clone the repo to $prefix; on a Jetson this script makes it, elsewhere run scripts/bootstrap.sh)"
 fi
@@ -119,7 +180,7 @@ refuse_links() {
     done
   done
 }
-refuse_links "$config" "$record" "$config.dist" "$unit" "$state/engines" "$state/kernels"
+refuse_links "$config" "$record" "$config.dist" "$unit" "$state/engines" "$state/kernels" "$state/calibration"
 
 # 1. groups and the service user
 if system_changes; then
@@ -153,8 +214,10 @@ if system_changes && [ "$dry_run" = 0 ]; then
   chown "$user:$user" "$state" "$state/engines"
 fi
 
+on_jetson=0
 if system_changes && [ -f /etc/nv_tegra_release ]; then
   if [ -f "$prefix/setup.py" ]; then
+    on_jetson=1
     (cd "$prefix" && jetson_recipe) || exit 1
     if [ "$dry_run" = 0 ] && [ -d "$state/kernels" ]; then chown -R "$user:$user" "$state/kernels"; fi
   else
@@ -182,23 +245,35 @@ else
   fi
 fi
 
-# 4. the unit, with ExecStart under --prefix
-rendered="$(mktemp)"
-trap 'rm -f "$rendered"' EXIT
-sed "s|/opt/jetson-edge|${prefix%/}|g" "$shipped_unit" > "$rendered"
-unit_changed=0
-if [ -f "$unit" ] && cmp -s "$rendered" "$unit"; then
-  say "unit $unit unchanged"
-else
-  say "installing $unit (ExecStart=$edge_bin)"
-  act install -m 0644 "$rendered" "$unit"
-  unit_changed=1
+# 4. the shipped calibration and regression sets where the config's build section points (edge build's default
+#    inputs); a set already there (your own, or one a rebuild installed) is kept
+for set in default regression; do
+  if [ -e "$state/calibration/$set" ]; then
+    say "calibration set $state/calibration/$set exists: kept"
+  else
+    say "installing the shipped calibration set $state/calibration/$set"
+    act install -d -m 0755 "$state/calibration/$set"
+    act cp -R "$here/calibration/$set/." "$state/calibration/$set/"
+  fi
+done
+if system_changes && [ "$dry_run" = 0 ]; then
+  chown -R "$user:$user" "$state/calibration"
 fi
 
-# 5. systemd
+# 5. the unit, with ExecStart under --prefix
+unit_changed=0
+if render "$shipped_unit" | write_if_changed "$unit"; then
+  unit_changed=1
+  say "installed $unit (ExecStart=$edge_bin)"
+else
+  say "unit $unit unchanged"
+fi
+
+# 6. systemd: jtop's service from the venv (on a Jetson), then the unit enabled (not started: see 7)
 if system_changes; then
   if [ -d /run/systemd/system ]; then
     if [ "$unit_changed" = 1 ]; then act systemctl daemon-reload; fi
+    if [ "$on_jetson" = 1 ]; then jtop_service; fi
     if [ "$enable" = 1 ]; then
       if systemctl is-enabled --quiet jetson-edge.service 2>/dev/null; then
         say "jetson-edge.service already enabled"
@@ -206,10 +281,17 @@ if system_changes; then
         act systemctl enable jetson-edge.service
       fi
     fi
-    say "start it with: systemctl start jetson-edge; follow it with: journalctl -u jetson-edge -f"
   else
     say "systemd is not running here: run 'systemctl daemon-reload && systemctl enable --now jetson-edge' on the device"
   fi
 else
   say "staged under $destdir (DESTDIR): no users, groups or systemctl"
+fi
+
+# 7. the model: without it the service stops at once (exit 2, RestartPreventExitStatus=2), no restart loop
+model="$(awk '/^model:/ {m = 1; next} /^[^ #]/ {m = 0} m && $1 == "path:" {print $2; exit}' "$config" 2>/dev/null || true)"
+if [ -n "$model" ] && [ ! -f "$destdir$model" ]; then
+  say "no model at $model yet: make it (docs/service.md, 'The first model'), then: systemctl start jetson-edge"
+else
+  say "start it with: systemctl start jetson-edge; follow it with: journalctl -u jetson-edge -f"
 fi

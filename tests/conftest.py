@@ -4,6 +4,7 @@ written with OpenCV."""
 import contextlib
 import fcntl
 import io
+import json
 import os
 import subprocess
 import sys
@@ -50,9 +51,10 @@ def once_per_run(tmp_path_factory, name, make):
 # The files that take longest on a loaded 2-core machine, longest first (pytest --durations under
 # ../shared/tools/under_load.sh). pytest-xdist hands each worker a whole file, in this order (pytest.ini keeps it
 # from reordering): started first, no long file is left running alone at the end. Only the order depends on this.
-LONGEST = ("test_real_weights.py", "test_hostile.py", "test_gstreamer.py", "test_typecheck.py", "test_fleet_deploy.py",
-           "test_rebuild.py", "test_export.py", "test_check.py", "test_calibration.py", "test_artifacts.py",
-           "test_fallback.py", "test_build.py", "test_auto_method.py", "test_quantize.py", "test_gate.py")
+LONGEST = ("test_rehearsal.py", "test_real_weights.py", "test_hostile.py", "test_gstreamer.py", "test_typecheck.py",
+           "test_fleet_deploy.py", "test_rebuild.py", "test_export.py", "test_check.py", "test_calibration.py",
+           "test_artifacts.py", "test_fallback.py", "test_build.py", "test_auto_method.py", "test_quantize.py",
+           "test_gate.py")
 
 
 # fixture -> its folder in the run's shared folder, in the order the background maker makes them
@@ -168,6 +170,47 @@ def run_edge(*args, timeout=120, env=None):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "edge"] + [str(a) for a in args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=full_env)
+
+
+NOBODY = 65534
+
+
+def as_nobody(act, warm):
+    """`act()`'s JSON-able result, computed in a forked child that dropped to nobody (uid and gid 65534, no groups).
+
+    The interpreter and the checkout may lie in folders nobody cannot enter (a venv under a 0700 home, a clone in a
+    `mktemp -d` folder): nothing may be imported after the drop. The child runs `warm()` as root first (the same
+    work as `act`, plus what only `act`'s permission errors import) and fails the test naming any module `act` still
+    imported after the drop, on any machine, whether or not that import happened to work here."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to the user nobody")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest (no teardown, no second report)
+        try:
+            os.close(read_fd)
+            warm()
+            before = set(sys.modules)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            answer = {"result": act(), "late": sorted(set(sys.modules) - before)}
+        except BaseException as exc:  # reported to the parent, which fails the test with it
+            import traceback
+
+            answer = {"error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+        with os.fdopen(write_fd, "w") as out:
+            json.dump(answer, out)
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as reply:
+        text = reply.read()
+    os.waitpid(pid, 0)
+    answer = json.loads(text)
+    assert "error" not in answer, answer.get("error")
+    assert not answer["late"], ("imported after dropping to nobody: {} (import them in warm(): an interpreter or "
+                                "checkout nobody cannot read fails there)".format(", ".join(answer["late"])))
+    return answer["result"]
 
 
 @contextlib.contextmanager

@@ -1,24 +1,30 @@
-"""A built model on disk (edge.artifact): one strict reader, verification of the bytes against the model info,
-install with a kept previous whose files change together, and a rollback that verifies what it puts back."""
+"""A built model on disk (edge.artifact): one strict reader, verification of the bytes and the labels against the
+model info, install as one set (a folder switched by one flip) with a kept previous, a rollback that verifies the
+whole set it puts back, today's flat layout read and migrated, and one lock per artifact folder."""
 
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from edge import artifact as af
-from edge.artifact import info_path, install, make_manifest, read_model_info, rollback, sha256_file, staging_path
-from edge.board import current_system, engine_expectations, read_l4t
+from edge.artifact import (
+    engine_expectations,
+    info_path,
+    install,
+    make_model_info,
+    read_model_info,
+    rollback,
+    sha256_file,
+    staging_path,
+)
+from edge.board import current_system, read_l4t
 from edge.build.artifacts import verify_onnx
 from edge.build.plan import FORMATS
 from edge.errors import EdgeError
-from edge.fileio import write_json_atomic
 
-from conftest import REPO, assert_refused, run_edge
+from conftest import assert_refused, run_edge
 
 quiet = lambda *a: None  # noqa: E731
 
@@ -49,9 +55,10 @@ def staged_copy(src, dest):
     return staged
 
 
-def manifest_for(artifact, source, **extra):
-    m = make_manifest(artifact, read_model_info(source), source, "onnx-qdq", "int8",
-                      {"sha256": "c" * 64, "method": "minmax"}, {"passed": True}, current_system(), {})
+def info_for(artifact, source, **extra):
+    m = make_model_info(artifact, read_model_info(source), source, fmt="onnx-qdq", precision="int8",
+                        calibration={"sha256": "c" * 64, "method": "minmax"}, gate={"passed": True},
+                        system=current_system(), build={})
     m.update(extra)
     return m
 
@@ -81,6 +88,7 @@ BAD_MODEL_INFO = [  # (what is written as m.json, what the one line says)
     ('{"trained": "yes"}', "boolean 'trained'"),
     ('{"trained": true, "sha256": "abc"}', "64 hex digits"),
     ('{"trained": true, "sha256": 7}', "64 hex digits"),
+    ('{"trained": true, "labels_sha256": "abc"}', "64 hex digits"),
     ('{"trained": true, "artifact": "other.int8.onnx"}', "describes 'other.int8.onnx'"),
     (b"\xff\xfe not utf-8", "not UTF-8"),
     ("FOLDER", "not a regular file"),
@@ -110,28 +118,29 @@ def test_the_one_reader_refuses_every_malformed_model_info_in_one_line(tmp_path)
 
 def test_verify_hashes_the_bytes_and_names_the_rebuild_command(small_model, tmp_path):
     artifact = str(tmp_path / "m.int8.onnx")
-    shutil.copyfile(small_model, artifact)
-    manifest = manifest_for(artifact, small_model, system=dict(current_system(), tensorrt="10.3.0", gpu="Orin"))
-    write_json_atomic(info_path(artifact), manifest)
+    staged = staged_copy(small_model, artifact)
+    manifest = info_for(staged, small_model, system=dict(current_system(), tensorrt="10.3.0", gpu="Orin"))
+    install(artifact, artifact=staged, info=manifest, log=quiet)
     assert read_model_info(artifact)["trained"] is False  # the runtime's reader accepts it
     assert manifest["source"] == {"path": os.path.relpath(small_model, str(tmp_path)),
                                   "sha256": sha256_file(small_model)}
-    assert manifest["sha256"] == sha256_file(artifact) and not os.path.isabs(manifest["source"]["path"])
+    assert read_model_info(artifact)["sha256"] == sha256_file(artifact)
+    assert not os.path.isabs(manifest["source"]["path"])
     ok = {"precision": "int8", "calibration.sha256": "c" * 64, "system.tensorrt": "10.3.0"}
-    assert af.verify(artifact, ok, "edge build --config x.yaml")["precision"] == "int8"
+    assert af.verify(artifact, ok, rebuild="edge build --config x.yaml")["precision"] == "int8"
     assert af.is_current(artifact, ok) == (True, "")
     with pytest.raises(EdgeError) as err:
-        af.verify(artifact, dict(ok, **{"system.tensorrt": "8.5.2"}), "edge build --config x.yaml --engine")
+        af.verify(artifact, dict(ok, **{"system.tensorrt": "8.5.2"}), rebuild="edge build --config x.yaml --engine")
     msg = str(err.value)
     assert "built for system.tensorrt '10.3.0', expected '8.5.2'" in msg
     assert msg.endswith("rebuild with: edge build --config x.yaml --engine") and "\n" not in msg
     current, reason = af.is_current(artifact, {"calibration.method": "entropy"})
     assert not current and "calibration.method 'minmax', expected 'entropy'" in reason
-    with open(artifact, "ab") as fh:
+    with open(artifact, "ab") as fh:  # through the link: the set's own file
         fh.write(b"\0")
     with pytest.raises(EdgeError, match="differs from the sha256 in its model info"):
         af.verify(artifact)
-    os.unlink(info_path(artifact))
+    os.unlink(os.path.realpath(info_path(artifact)))
     with pytest.raises(EdgeError, match="no model info m.int8.json"):
         af.verify(artifact)
     assert not af.is_current(str(tmp_path / "none.onnx"), {})[0]
@@ -153,11 +162,21 @@ def test_engine_model_info_is_checked_against_this_system(tmp_path):
     assert FORMATS["tensorrt-engine"].tied_to_board and not FORMATS["onnx-qdq"].tied_to_board
 
 
-def _install(src, dest, tag, verify=verify_onnx, log=quiet):
-    labels = staged_copy(src[:-5] + ".labels.txt", dest[:-5] + ".labels.txt") if os.path.exists(
-        src[:-5] + ".labels.txt") else None
+def _install(src, dest, tag, verify=verify_onnx, log=quiet, labels=None):
+    """`src` installed at `dest` as build installs (staged copies, the model info, `labels` text or src's)."""
+    if labels is not None:
+        staged_labels = staging_path(dest[:-5] + ".labels.txt")
+        with open(staged_labels, "w") as fh:
+            fh.write(labels)
+    else:
+        staged_labels = staged_copy(src[:-5] + ".labels.txt", dest[:-5] + ".labels.txt") if os.path.exists(
+            src[:-5] + ".labels.txt") else None
     staged = staged_copy(src, dest)
-    install(staged, dest, manifest_for(staged, src, tag=tag), labels, verify, log)
+    try:
+        install(dest, artifact=staged, info=info_for(staged, src, tag=tag), labels=staged_labels,
+                verify_staged=verify, log=log)
+    finally:
+        af.remove_quietly([staged, staged_labels])
 
 
 def test_install_keeps_previous_and_rollback_swaps(tiny_classifiers, tmp_path):
@@ -165,18 +184,19 @@ def test_install_keeps_previous_and_rollback_swaps(tiny_classifiers, tmp_path):
     engines = tmp_path / "engines"
     dest = str(engines / "m.int8.onnx")
     _install(first, dest, "one")
-    assert not (engines / "previous").exists()
+    assert not (engines / "previous" / "m.int8.onnx").exists()  # nothing kept yet
     lines = []
     _install(second, dest, "two", log=lines.append)
     assert "previous kept in previous/" in lines[0]
+    assert read_model_info(dest)["labels"] == "m.int8.labels.txt"  # the installed name, never a staging name
     assert sha256_file(dest) == sha256_file(second)
     assert sha256_file(str(engines / "previous" / "m.int8.onnx")) == sha256_file(first)
     assert json.load(open(str(engines / "previous" / "m.int8.json")))["tag"] == "one"
     assert debris(engines) == []
-    rollback(dest, verify_onnx, log=quiet)
+    rollback(dest, verify_kept=verify_onnx, log=quiet)
     assert sha256_file(dest) == sha256_file(first) and json.load(open(info_path(dest)))["tag"] == "one"
     af.verify(dest)  # the restored model info matches the restored file
-    rollback(dest, verify_onnx, log=quiet)  # and back again
+    rollback(dest, verify_kept=verify_onnx, log=quiet)  # and back again
     assert sha256_file(dest) == sha256_file(second) and json.load(open(info_path(dest)))["tag"] == "two"
     assert debris(engines) == []
     with pytest.raises(EdgeError, match="nothing to roll back to"):
@@ -193,12 +213,12 @@ def test_every_file_of_an_artifact_is_0644_whatever_the_umask(tiny_classifiers, 
         try:
             _install(first, dest, "one")
             _install(second, dest, "two")
-            rollback(dest, verify_onnx, log=quiet)
+            rollback(dest, verify_kept=verify_onnx, log=quiet)
         finally:
             os.umask(old)
-        modes = {rel: oct(os.stat(str(engines / rel)).st_mode & 0o777) for rel, kind in snapshot(engines).items()
-                 if kind != "folder"}
-        assert len(modes) == 6 and set(modes.values()) == {"0o644"}, (umask, modes)
+        modes = {rel: oct(os.lstat(str(engines / rel)).st_mode & 0o777) for rel, kind in snapshot(engines).items()
+                 if kind not in ("folder",) and not kind.startswith("link")}
+        assert len(modes) == 6 and set(modes.values()) == {"0o644"}, (umask, modes)  # two sets of three files
         held += 1
     assert held == 3
 
@@ -221,7 +241,10 @@ def _planted(engines, dest, plant):
         os.symlink(str(outside), str(engines / "link.json"))
         os.replace(str(engines / "link.json"), str(prev / "m.int8.json"))
     elif plant == "no model info":
-        os.unlink(str(prev / "m.int8.json"))
+        os.unlink(os.path.realpath(str(prev / "m.int8.json")))
+    elif plant == "previous labels edited":
+        with open(str(prev / "m.int8.labels.txt"), "a") as fh:  # the kept set's own labels file
+            fh.write("one label too many\n")
     elif plant == "not a model, sha matches":
         (prev / "m.int8.onnx").write_bytes(b"not onnx")
         info = json.loads((prev / "m.int8.json").read_text())
@@ -239,7 +262,7 @@ def _planted(engines, dest, plant):
 
 ROLLBACK_PLANTS = ("artifact is a symlink", "sha mismatch", "folder in place of the model info",
                    "model info is a symlink", "no model info", "not a model, sha matches", "previous is a symlink",
-                   "installed labels are a symlink")
+                   "installed labels are a symlink", "previous labels edited")
 
 
 def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(tiny_classifiers, tmp_path):
@@ -253,7 +276,7 @@ def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(tiny_
         outside = _planted(engines, dest, plant)
         before, outside_before = snapshot(engines.parent), outside.read_text()
         with pytest.raises(EdgeError) as err:
-            rollback(dest, verify_onnx, log=quiet)
+            rollback(dest, verify_kept=verify_onnx, log=quiet)
         assert "\n" not in str(err.value) and "engines" in str(err.value), (plant, err.value)
         assert snapshot(engines.parent) == before, plant  # nothing swapped, no .staged or .swap left
         assert outside.read_text() == outside_before
@@ -271,6 +294,7 @@ def test_a_previous_that_is_a_symlink_is_never_written_through(tiny_classifiers,
     _install(first, dest, "one")
     target = tmp_path / "target"
     target.mkdir()
+    shutil.rmtree(str(engines / "previous"), ignore_errors=True)
     os.symlink(str(target), str(engines / "previous"))
     before = snapshot(tmp_path)
     with pytest.raises(EdgeError, match="previous: is not a folder .*refusing to write through it"):
@@ -279,64 +303,90 @@ def test_a_previous_that_is_a_symlink_is_never_written_through(tiny_classifiers,
     assert {k: v for k, v in snapshot(tmp_path).items() if ".staged" not in k} == before
 
 
-GAP_SCRIPT = textwrap.dedent("""
-    import os, signal, sys, threading
-    from edge import artifact as af
-    from edge.commands.common import execute
-    first, second, dest, gap, sig = sys.argv[1:6]
-    # Ctrl-C as in a terminal: a process started with SIGINT ignored (under a non-interactive shell's background
-    # job) keeps ignoring it, by design, and the wait below would never end
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    # a thread that does not hold signals, as ONNX Runtime's and OpenCV's: the kernel delivers there what the
-    # main thread holds, and Python still runs the handler on the main thread
-    threading.Thread(target=threading.Event().wait, daemon=True).start()
-    woke, wake = os.pipe()
-    os.set_blocking(wake, False)
-    signal.set_wakeup_fd(wake)  # written once the signal has arrived, whichever thread the kernel chose
-    real, calls = os.replace, []
-    def replace(src, dst):
-        real(src, dst)
-        calls.append(dst)
-        if len(calls) == int(gap):
-            os.kill(os.getpid(), getattr(signal, sig))  # delivered in the gap after this rename
-            os.read(woke, 1)
-    os.replace = replace
-    def command(args):  # as `edge build` installs, through the CLI's one error path
-        staged = af.staging_path(dest)
-        try:
-            with open(second, "rb") as src, open(staged, "wb") as out:
-                out.write(src.read())
-            manifest = {"trained": False, "sha256": af.sha256_file(staged)}
-            af.install(staged, dest, manifest, None, None, lambda *a: None)
-        finally:
-            af.remove_quietly([staged])
-        print("finished")
-        return 0
-    sys.exit(execute("install", command, None))
-""")
 
 
-def test_a_signal_between_the_renames_never_pairs_an_artifact_with_another_model_info(tmp_path):
-    """Whatever rename a SIGTERM, SIGINT or SIGHUP follows, the artifact and its model info match afterwards."""
-    first, second = tmp_path / "first.bin", tmp_path / "second.bin"
-    first.write_bytes(b"first artifact")
-    second.write_bytes(b"second artifact, longer")
-    held = tried = 0
-    for sig in ("SIGTERM", "SIGINT", "SIGHUP"):
-        for gap in (1, 2, 3, 4, 5):  # the model info's temp write, previous/ (2 copies), model info, artifact
-            tried += 1
-            engines = tmp_path / "{}-{}".format(sig, gap) / "engines"
-            dest = str(engines / "m.int8.onnx")
-            staged = staging_path(dest)
-            shutil.copyfile(str(first), staged)
-            install(staged, dest, {"trained": False, "sha256": sha256_file(staged)}, log=quiet)
-            proc = subprocess.run([sys.executable, "-c", GAP_SCRIPT, str(first), str(second), dest, str(gap), sig],
-                                  capture_output=True, text=True, cwd=REPO, timeout=60)
-            assert proc.returncode != 0 and "finished" not in proc.stdout, (sig, gap, proc.stdout, proc.stderr)
-            info = af.verify(dest)  # the pair matches: both old (before the renames) or both new (it waited)
-            assert info["sha256"] == sha256_file(str(second) if gap > 1 else str(first)), (sig, gap)
-            assert debris(engines) == [], (sig, gap)
-            held += 1
-    assert held == tried == 15
+def labelled(dest, model, tag):
+    """`model` installed at `dest` with labels of its own (tag0..tag9), as a build installs."""
+    _install(model, dest, tag, labels="".join("{}{}\n".format(tag, i) for i in range(10)))
 
 
+def test_one_writer_at_a_time_the_second_is_one_line_exit_2(tiny_classifiers, tmp_path):
+    """Two rollbacks at once once left artifact B with A's model info and labels, and no way back."""
+    dest = str(tmp_path / "engines" / "m.int8.onnx")
+    labelled(dest, tiny_classifiers[0], "a")
+    labelled(dest, tiny_classifiers[1], "b")
+    before = snapshot(tmp_path / "engines")
+    with af.writing(str(tmp_path / "engines"), "edge build"):  # a build (or rebuild, fetch, export) is running
+        proc = run_edge("rollback", "--artifact", dest)
+        assert_refused(proc, str(tmp_path / "engines"), "in use by another edge command")
+        assert snapshot(tmp_path / "engines") == before
+    assert run_edge("rollback", "--artifact", dest).returncode == 0  # once it has ended
+    assert af.read_set(dest).labels == ["a{}".format(i) for i in range(10)]
+
+
+def test_a_torn_or_stale_set_is_refused_at_load_on_every_path(tiny_classifiers, tmp_path):
+    """The ONNX path too: labels that are not the ones the model info records, or bytes it does not describe."""
+    dest = str(tmp_path / "engines" / "m.int8.onnx")
+    labelled(dest, tiny_classifiers[0], "a")
+    image = tmp_path / "a.png"
+    __import__("cv2").imwrite(str(image), __import__("numpy").zeros((32, 32, 3), "uint8"))
+    assert run_edge("classify", image, "--model", dest).returncode == 0
+    labels = os.path.realpath(dest[:-5] + ".labels.txt")
+    with open(labels) as fh:
+        names = fh.read().splitlines()
+    names[0], names[1] = names[1], names[0]  # two class names swapped: same count, wrong names
+    with open(labels, "w") as fh:
+        fh.write("\n".join(names) + "\n")
+    assert_refused(run_edge("classify", image, "--model", dest), dest, "labels are not the ones")
+    assert_refused(run_edge("run", "--model", dest, "--source", "synthetic"), dest, "labels are not the ones")
+    plain = tmp_path / "plain"  # an export's flat files: a model replaced by hand beside its old model info
+    plain.mkdir()
+    for ext in (".onnx", ".json", ".labels.txt"):
+        shutil.copyfile(tiny_classifiers[0][:-5] + ext, str(plain / ("m" + ext)))
+    shutil.copyfile(tiny_classifiers[1], str(plain / "m.onnx"))
+    assert_refused(run_edge("classify", image, "--model", plain / "m.onnx"), plain / "m.onnx",
+                   "differs from the sha256 in its model info")
+
+
+def test_todays_flat_layout_loads_as_is_and_the_first_writer_migrates_it(tiny_classifiers, tmp_path):
+    engines = tmp_path / "engines"
+    (engines / "previous").mkdir(parents=True)
+    for base, model, tag in ((engines / "previous", tiny_classifiers[0], "a"), (engines, tiny_classifiers[1], "b")):
+        shutil.copyfile(model, str(base / "m.int8.onnx"))  # what an install wrote before sets: files, no labels hash
+        (base / "m.int8.labels.txt").write_text("".join("{}{}\n".format(tag, i) for i in range(10)))
+        (base / "m.int8.json").write_text(json.dumps({"trained": False, "sha256": sha256_file(model),
+                                                      "artifact": "m.int8.onnx", "tag": tag}))
+    dest = str(engines / "m.int8.onnx")
+    model = af.read_set(dest)
+    assert model.labels[0] == "b0" and "not covered by a sha256" in model.notes[0]
+    proc = run_edge("rollback", "--artifact", dest)
+    assert proc.returncode == 0, proc.stderr
+    assert af.read_set(dest).labels[0] == "a0" and os.path.islink(dest)
+    assert sorted(os.listdir(str(engines / "m.int8.sets"))) == ["0001", "0002", "current"]
+    assert run_edge("rollback", "--artifact", dest).returncode == 0
+    assert af.read_set(dest).labels[0] == "b0" and af.read_set(str(engines / "previous" / "m.int8.onnx")).labels[0] \
+        == "a0"
+
+
+def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_path):
+    engines = tmp_path / "engines"
+    dest = str(engines / "m.int8.onnx")
+    labelled(dest, tiny_classifiers[0], "a")
+    labelled(dest, tiny_classifiers[1], "b")
+    kept = snapshot(engines)
+    left = [engines / ".m.int8.onnx.0123456789abcdef.staged", engines / ".m.int8.qdq.onnx.fedcba9876543210.staged",
+            engines / ".m.int8.gate.json.00112233445566aa.tmp", engines / "m.int8.sets" / ".new-0123456789abcdef",
+            engines / ".cache-0123456789abcdef.aabbccddeeff0011", engines / "m.int8.sets" / "0009"]
+    for path in left:
+        if path.name.startswith(".new") or path.name.startswith(".cache") or path.name == "0009":
+            path.mkdir()
+            (path / "m.int8.onnx").write_bytes(b"x" * 1000)  # a half-made set, an unfinished download
+        else:
+            path.write_bytes(b"x" * 1000)
+    (engines / "notes.txt").write_text("the user's own file\n")
+    with af.writing(str(engines), "test"):
+        af.rollback(dest, log=quiet)
+        af.rollback(dest, log=quiet)
+    assert [p for p in left if os.path.lexists(str(p))] == []
+    after = {k: v for k, v in snapshot(engines).items() if k != "m.int8.sets/0001/previous"}  # set by the rollback
+    assert after == dict(kept, **{"notes.txt": sha256_file(str(engines / "notes.txt"))})

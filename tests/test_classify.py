@@ -56,3 +56,14 @@ def test_nothing_readable_is_exit_2_in_one_line(small_model, images):
     proc = run_edge("classify", images / "broken.jpg", images / "notes.txt", "--model", small_model)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines()[-1] == "edge classify: error: no image could be read (2 skipped)"
+
+
+def test_image_types_it_does_not_read_are_named_not_silently_left_out(small_model, images, capsys):
+    for name in ("anim.gif", "favicon.ico", "scan.jp2"):
+        (images / name).write_bytes(b"not read either way")
+    assert main([str(images), "--model", small_model, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert len([json.loads(line) for line in out.splitlines()]) == 3  # every line valid JSON
+    for name in ("anim.gif", "favicon.ico", "scan.jp2"):
+        assert "skipped {}: .{} images are not read".format(images / name, name.rsplit(".", 1)[1]) in err
+    assert "notes.txt" not in err  # not an image at all: still not listed

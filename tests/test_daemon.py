@@ -1,5 +1,6 @@
 """`edge run` as a daemon: fault injection and recovery, per-frame logging, signals (SIGTERM, SIGHUP)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -138,16 +139,18 @@ def test_inference_errors_are_logged_counted_and_the_loop_continues(small_model)
 
 
 def _bad_shape_model(path):
-    """A valid ONNX model that loads (its class count depends on the data: NonZero of `input > 1e9`, so none)
-    but does not match its 2 labels: every frame fails in top-k."""
+    """A valid ONNX model that loads (on the blank input load runs, sqrt(-x*x) is 0) but gives NaN on every real
+    frame (any pixel off the mean makes -x*x negative): every frame fails in top-k."""
     from onnx import TensorProto, helper, numpy_helper
 
     inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])
-    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [4, "n"])
-    big = numpy_helper.from_array(np.array(1e9, np.float32), "big")
-    nodes = [helper.make_node("Greater", ["input", "big"], ["mask"]), helper.make_node("NonZero", ["mask"], ["idx"]),
-             helper.make_node("Cast", ["idx"], ["logits"], to=TensorProto.FLOAT)]
-    graph = helper.make_graph(nodes, "bad", [inp], [out], initializer=[big])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2])
+    weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
+    nodes = [helper.make_node("Mul", ["input", "input"], ["square"]), helper.make_node("Neg", ["square"], ["neg"]),
+             helper.make_node("Sqrt", ["neg"], ["root"]),
+             helper.make_node("ReduceMean", ["root"], ["mean"], axes=[2, 3], keepdims=0),
+             helper.make_node("MatMul", ["mean", "w"], ["logits"])]
+    graph = helper.make_graph(nodes, "bad", [inp], [out], initializer=[weight])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     (path.parent / (path.stem + ".labels.txt")).write_text("a\nb\n")
     return str(path)
@@ -327,6 +330,10 @@ def _distinct_copy(model, dest_dir, stem):
     m = onnx.load(path)
     m.doc_string = "re-exported " + stem
     onnx.save(m, path)
+    info = json.load(open(path[:-5] + ".json"))
+    info["sha256"] = sha256_file(path)  # its own model info (a stale one is refused at load)
+    with open(path[:-5] + ".json", "w") as fh:
+        json.dump(info, fh)
     return path
 
 

@@ -1,6 +1,7 @@
 """The camera demo: the overlay drawn on real frames, JPEG encoding only when someone watches, and the headless
 server end to end (status page, MJPEG stream, stats JSON, a real headless Chromium rendering the page)."""
 
+import contextlib
 import json
 import os
 import queue
@@ -106,12 +107,12 @@ def test_port_in_use_is_one_line(small_model, video_file):
     assert_refused(proc, "cannot listen")
 
 
-@pytest.fixture
-def demo(small_model, tmp_path):
-    """A running headless demo on a free port; yields (base url, raw frames written, process)."""
+@contextlib.contextmanager
+def running_demo(model, tmp_path):
+    """A running headless demo of `model` on a free port; yields (base url, raw frames written, process)."""
     video = tmp_path / "clip.avi"
     raw = write_video(video, frames=30, size=SIZE)
-    proc = subprocess.Popen([sys.executable, SCRIPT, "--model", small_model, "--source", str(video), "--headless",
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--model", model, "--source", str(video), "--headless",
                              "--port", "0", "--budget-ms", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO)
     lines = queue.Queue()
@@ -136,6 +137,12 @@ def demo(small_model, tmp_path):
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@pytest.fixture
+def demo(small_model, tmp_path):
+    with running_demo(small_model, tmp_path) as running:
+        yield running
 
 
 def wait_for_frames(url, timeout=30):
@@ -183,7 +190,11 @@ def test_headless_serves_page_stream_and_stats(demo):
         page = resp.read().decode()
         assert resp.headers["Content-Type"].startswith("text/html")
     assert '<img id="stream" src="/stream.mjpg" width="320" height="240"' in page
-    assert "/stats.json" in page and UNTRAINED_WARNING in page
+    assert '<script src="/demo.js">' in page and UNTRAINED_WARNING in page
+    with urllib.request.urlopen(url + "demo.js", timeout=10) as resp:
+        script = resp.read().decode()
+        assert resp.headers["Content-Security-Policy"] == "default-src 'self'"
+    assert "/stats.json" in script and "textContent" in script and "innerHTML" not in script
 
     ctype, parts = read_mjpeg_frames(url + "stream.mjpg", 4)
     assert ctype == "multipart/x-mixed-replace; boundary=frame" and len(parts) == 4
@@ -243,3 +254,45 @@ def test_edge_demo_is_registered():
     proc = run_edge("demo", "--help")
     assert proc.returncode == 0, proc.stderr
     assert "--headless" in proc.stdout and "--port" in proc.stdout
+
+
+def chromium_or_skip():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        print("SKIP reason: chromium not installed (scripts/bootstrap.sh --dev installs Debian's chromium)")
+        pytest.skip("chromium not installed (scripts/bootstrap.sh --dev installs it)")
+    return chromium
+
+
+def test_labels_reach_the_page_as_text_never_as_html(small_model, tmp_path):
+    """Every label a script tag: the page shows them as text (its DOM holds no element they made), under a
+    Content-Security-Policy that would block inline script anyway."""
+    chromium = chromium_or_skip()
+    model = tmp_path / "m.onnx"
+    shutil.copyfile(small_model, str(model))  # the user's own model and labels: no model info
+    (tmp_path / "m.labels.txt").write_text("".join(
+        "<img src=x onerror=\"document.title='pwned{}'\">\n".format(i) for i in range(1000)))
+    with running_demo(str(model), tmp_path) as (url, _, _):
+        wait_for_frames(url)
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert resp.headers["Content-Security-Policy"] == "default-src 'self'"
+        proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                               "--user-data-dir={}".format(tmp_path / "profile"), "--virtual-time-budget=4000",
+                               "--dump-dom", url], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    assert "&lt;img src=x onerror=" in dom  # the labels, shown as text in the stats table
+    assert "<img src=\"x\"" not in dom and "pwned" not in dom.split("<body>")[0]  # no element, no script ran
+
+
+def test_the_demo_answers_only_to_its_own_names(demo):
+    url, _, _ = demo
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    for host, code in (("evil.example:{}".format(port), 421), ("rebind.attacker.test", 421),
+                       ("127.0.0.1:{}".format(port), 200), ("localhost:{}".format(port), 200),
+                       ("[::1]:{}".format(port), 200)):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall("GET /stats.json HTTP/1.1\r\nHost: {}\r\n\r\n".format(host).encode())
+            answer = sock.recv(4096).decode("latin-1")
+        assert answer.split()[1] == str(code), (host, answer[:200])

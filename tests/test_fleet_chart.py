@@ -36,7 +36,7 @@ VALUE_SETS = {
                                "argusSocket": False, "jtopSocket": False, "maxUnavailable": "20%",
                                "nodeSelector": {"jetson-edge/enabled": "true", "jetson-edge/wave": "2"},
                                "engineCache": {"hostPath": "/var/lib/jetson-edge/engines",
-                                               "shared": "http://cache.local/engines"}},
+                                               "shared": "https://cache.local/engines"}},
 }
 
 
@@ -83,7 +83,8 @@ def test_chart_lints_strictly_for_kubernetes_1_33(helm):
     ({"agent": {"remoteWrite": {"url": URL, "extra": {"bearer_token": "x"}}}}, "extra"),
     ({"agent": {"remoteWrite": {"url": URL, "extra": {"tls_config": {"key": "-----BEGIN"}}}}}, "extra"),
     ({"agent": {"remoteWrite": {"url": "https://fleet:S3cret@prometheus.example.com/api/v1/write"}}}, "url"),
-    ({"engineCache": {"hostPath": "/var/lib/jetson-edge/engines", "shared": "http://u:pw@cache.local/e"}}, "shared"),
+    ({"engineCache": {"hostPath": "/var/lib/jetson-edge/engines", "shared": "https://u:pw@cache.local/e"}}, "shared"),
+    ({"engineCache": {"hostPath": "/var/lib/jetson-edge/engines", "shared": "http://cache.local/e"}}, "shared"),
     # host folders: never a system folder, never .. (the chart hands its folder to the pod's user)
     ({"engineCache": {"hostPath": "/"}}, "hostPath"),
     ({"engineCache": {"hostPath": "/etc"}}, "hostPath"),

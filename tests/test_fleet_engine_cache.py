@@ -1,8 +1,11 @@
 """The per-identity artifact cache (edge/build/engine_cache.py, `edge cache`): one real CPU build is
-published, then fetched by a second "device" from a folder and over real HTTP; a miss, a corrupt entry and
-another identity fall back to a local build (nothing installed)."""
+published, then fetched by a second "device" from a folder and over real HTTP (a pinned digest); a miss, a corrupt
+entry (its artifact or its labels changed) and another identity fall back to a local build (nothing installed); a
+cache URL that cannot be used is one redacted line, exit 2."""
 
+import errno
 import functools
+import hashlib
 import http.server
 import os
 import shutil
@@ -14,9 +17,10 @@ import yaml
 from edge.artifact import companions, read_model_info, sha256_file, verify
 from edge.build import engine_cache
 from edge.build.calibration import import_calibration_set
-from edge.build.plan import check_inputs, expected_manifest
+from edge.build.plan import check_inputs, expected_model_info
 from edge.commands.cli import main as cli
 from edge.config import load_config
+from edge.errors import EdgeError
 
 from conftest import REPO, assert_refused, run_edge
 
@@ -64,7 +68,7 @@ def canary(model, tmp_path_factory):
 def test_publish_keys_the_artifact_by_its_identity(canary):
     tmp, sets, config, cache, folder = canary
     plan = plan_of(config)
-    assert os.path.basename(folder) == engine_cache.identity(expected_manifest(plan))
+    assert os.path.basename(folder) == engine_cache.identity(expected_model_info(plan))
     assert sorted(os.listdir(folder)) == sorted(os.path.basename(p) for p in companions(plan.artifact))
     assert sha256_file(os.path.join(folder, os.path.basename(plan.artifact))) == sha256_file(plan.artifact)
     assert [n for n in os.listdir(cache) if n.startswith(".")] == []  # no temporary folder left
@@ -76,10 +80,11 @@ def test_hit_from_a_folder_installs_the_verified_artifact(canary, tmp_path, mode
     plan = plan_of(device(tmp_path, "jetson-07", model, sets))
     assert engine_cache.fetch(plan, cache, log=logged.append) is True
     assert "engine cache: hit" in logged[-1]
-    verify(plan.artifact, expected_manifest(plan))
+    verify(plan.artifact, expected_model_info(plan))
     assert read_model_info(plan.artifact)["built_at"] == read_model_info(plan_of(config).artifact)["built_at"]
-    assert sorted(os.listdir(os.path.dirname(plan.artifact))) == sorted(
-        os.path.basename(p) for p in companions(plan.artifact))  # the three files, no temporary left
+    names = sorted(os.path.basename(p) for p in companions(plan.artifact))
+    assert sorted(os.listdir(os.path.dirname(plan.artifact))) == sorted(names + ["tiny0.int8.sets"])  # no temporary
+    assert sorted(os.listdir(os.path.join(os.path.dirname(plan.artifact), "tiny0.int8.sets", "0001"))) == names
 
 
 def test_miss_and_another_identity_install_nothing(canary, tmp_path, model):
@@ -110,20 +115,93 @@ def test_corrupt_entry_is_refused_and_nothing_installed(canary, tmp_path, model)
     assert os.listdir(os.path.dirname(plan.artifact)) == []
 
 
-def test_hit_and_miss_over_http_and_the_cli_exit_codes(canary, tmp_path, model):
-    _, sets, _, cache, _ = canary
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=cache)
+def entry_digest(folder, plan):
+    with open(os.path.join(folder, os.path.basename(companions(plan.artifact)[1])), "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def test_changed_labels_in_an_entry_are_refused_and_nothing_installed(canary, tmp_path, model):
+    """Two class names swapped in the cache: the labels are part of the verified set."""
+    _, sets, config, cache, folder = canary
+    broken = str(tmp_path / "broken")
+    shutil.copytree(cache, broken)
+    labels = os.path.join(broken, os.path.basename(folder), os.path.basename(companions(plan_of(config).artifact)[0]))
+    names = open(labels).read().splitlines()
+    names[0], names[1] = names[1], names[0]
+    open(labels, "w").write("\n".join(names) + "\n")
+    logged = []
+    plan = plan_of(device(tmp_path, "jetson-10", model, sets))
+    assert engine_cache.fetch(plan, broken, log=logged.append) is False
+    assert "corrupt entry" in logged[-1] and "labels" in logged[-1], logged[-1]
+    assert not os.path.exists(plan.artifact)
+
+
+@pytest.fixture
+def served_cache(canary):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=canary[3])
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = "http://127.0.0.1:{}/".format(server.server_address[1])
-        config = device(tmp_path, "jetson-09", model, sets)
-        missed = run_edge("cache", "fetch", url, "--config", device(tmp_path, "x", model, sets[::-1]))
-        assert missed.returncode == 1 and "engine cache: miss" in missed.stdout, missed.stdout + missed.stderr
-        hit = run_edge("cache", "fetch", url, "--config", config)
-        assert hit.returncode == 0 and "engine cache: hit" in hit.stdout, hit.stdout + hit.stderr
-        verify(plan_of(config).artifact, expected_manifest(plan_of(config)))
-        assert_refused(run_edge("cache", "publish", url, "--config", config), url, code=2)
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield "http://127.0.0.1:{}/".format(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def test_hit_and_miss_over_http_with_a_pinned_digest_and_the_cli_exit_codes(canary, served_cache, tmp_path, model):
+    _, sets, canary_config, cache, folder = canary
+    url = served_cache
+    digest = entry_digest(folder, plan_of(canary_config))
+    config = device(tmp_path, "jetson-09", model, sets)
+    missed = run_edge("cache", "fetch", url, "--digest", digest, "--config", device(tmp_path, "x", model, sets[::-1]))
+    assert missed.returncode == 1 and "engine cache: miss" in missed.stdout, missed.stdout + missed.stderr
+    hit = run_edge("cache", "fetch", url, "--digest", digest, "--config", config)
+    assert hit.returncode == 0 and "engine cache: hit" in hit.stdout, hit.stdout + hit.stderr
+    verify(plan_of(config).artifact, expected_model_info(plan_of(config)))
+    wrong = run_edge("cache", "fetch", url, "--digest", "0" * 64, "--config", device(tmp_path, "y", model, sets))
+    assert wrong.returncode == 1 and "not the pinned --digest" in wrong.stdout, wrong.stdout + wrong.stderr
+    assert_refused(run_edge("cache", "publish", url, "--config", config), url, code=2)
+    # plain http without a pin: the model info that vouches for the artifact and labels travels unprotected
+    assert_refused(run_edge("cache", "fetch", url, "--config", device(tmp_path, "z", model, sets)), "--digest",
+                   "https://")
+    assert not os.path.exists(plan_of(device(tmp_path, "z", model, sets)).artifact)
+
+
+HOSTILE_CACHE_URLS = [  # (cache URL, what the one line says); the password must never show
+    ("http://admin:S3cretPW@127.0.0.1/cache", "in the clear"),
+    ("https://admin:S3cretPW@127.0.0.1:abc/cache", "not a well-formed URL"),
+    ("https://admin:S3cretPW@[::1/cache", "not a well-formed URL"),
+    ("https://admin:S3cret PW@127.0.0.1:99999/cache", "not a well-formed URL"),
+    ("ftp://admin:S3cretPW@127.0.0.1/cache", "expected a folder or an https://"),
+    ("https://admin:S3cretPW@127.0.0.1:9/cache?token=S3cretPW#S3cretPW", "127.0.0.1:9"),  # nothing listens
+]
+
+
+@pytest.mark.parametrize("url,says", HOSTILE_CACHE_URLS)
+def test_a_cache_url_that_cannot_be_used_is_one_redacted_line(canary, tmp_path, model, url, says):
+    _, sets, _, _, _ = canary
+    proc = run_edge("cache", "fetch", url, "--config", device(tmp_path, "d", model, sets))
+    assert_refused(proc, says, code=2)
+    assert "S3cretPW" not in proc.stdout + proc.stderr
+
+
+def test_credentials_go_as_basic_auth_and_the_query_stays_last():
+    url, headers = engine_cache._endpoint("https://ad%20min:pa:ss@cache.example:8443/c/?token=t", None)
+    assert url == "https://cache.example:8443/c?token=t"
+    assert headers == {"Authorization": "Basic " + __import__("base64").b64encode(b"ad min:pa:ss").decode()}
+    assert engine_cache._url(url, "k" * 64, "m.int8.onnx") == \
+        "https://cache.example:8443/c/{}/m.int8.onnx?token=t".format("k" * 64)
+
+
+def test_a_full_disk_here_is_exit_2_naming_the_destination_not_a_miss(canary, tmp_path, model, monkeypatch):
+    from edge import artifact_store
+
+    _, sets, _, cache, _ = canary
+
+    def full(src, dst, link):
+        raise OSError(errno.ENOSPC, "No space left on device", dst)
+
+    monkeypatch.setattr(artifact_store, "_place", full)
+    plan = plan_of(device(tmp_path, "full", model, sets))
+    with pytest.raises(EdgeError) as err:
+        engine_cache.fetch(plan, cache, log=lambda *a: None)
+    assert err.value.exit_code == 2 and plan.artifact in str(err.value) and "No space left" in str(err.value)
+    assert not os.path.exists(plan.artifact)

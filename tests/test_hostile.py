@@ -147,6 +147,153 @@ def test_unreadable_sidecar_or_labels_is_one_line(small_model, tmp_path, name, c
     assert_refused(refused_run(model, "--budget-ms", "1000"), tmp_path / name, says)
 
 
+# --- round 4: outputs that are not one finite float score per label, a full disk, odd files -----------------
+
+def graph_model(path, nodes, outputs, initializers=(), labels=10, side=224):
+    """An ONNX model of `nodes` on a 1x3xSxS float input named "input", its `outputs` ((name, elem type, shape)),
+    with `labels` label lines beside it."""
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "hostile", [helper.make_tensor_value_info(
+        "input", onnx.TensorProto.FLOAT, [1, 3, side, side])],
+        [helper.make_tensor_value_info(n, t, shape) for n, t, shape in outputs], list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    (path.parent / (path.stem + ".labels.txt")).write_text("".join("c{}\n".format(i) for i in range(labels)))
+    return path
+
+
+def head(weight, then=()):
+    """mean over the image -> MatMul by `weight` (3 x N) -> `then` nodes; the first output is "logits"."""
+    from onnx import helper, numpy_helper
+
+    last = "scores" if then else "logits"
+    return ([helper.make_node("ReduceMean", ["input"], ["m"], axes=[2, 3], keepdims=0),
+             helper.make_node("MatMul", ["m", "w"], [last])] + list(then),
+            [numpy_helper.from_array(np.asarray(weight, np.float32), "w")])
+
+
+def test_a_model_with_a_nan_weight_is_refused_at_load_never_printed_as_nan(tmp_path):
+    from onnx import TensorProto
+
+    weight = np.ones((3, 10), np.float32)
+    weight[1, 4] = np.nan
+    nodes, inits = head(weight)
+    model = graph_model(tmp_path / "nan.onnx", nodes, [("logits", TensorProto.FLOAT, [1, 10])], inits)
+    image = tmp_path / "a.png"
+    import cv2
+
+    cv2.imwrite(str(image), np.full((64, 64, 3), 128, np.uint8))
+    proc = run_edge("classify", image, "--model", model, "--json")
+    assert_refused(proc, str(model), "non-finite output")
+    assert proc.stdout == ""
+    assert_refused(refused_run(model, "--budget-ms", "1000"), str(model), "non-finite output")
+
+
+def test_non_finite_outputs_on_real_frames_are_failed_frames_up_to_the_limit(tmp_path, video_file):
+    """sqrt of the normalised image: 0 on the blank input load proves, NaN on any darker-than-mean pixel."""
+    from onnx import TensorProto, helper
+
+    nodes, inits = head(np.ones((3, 3), np.float32))
+    nodes = [helper.make_node("Sqrt", ["input"], ["root"])] + nodes
+    nodes[1].input[0] = "root"
+    model = graph_model(tmp_path / "sqrt.onnx", nodes, [("logits", TensorProto.FLOAT, [1, 3])], inits, labels=3)
+    import cv2
+
+    dark = tmp_path / "dark.png"
+    cv2.imwrite(str(dark), np.zeros((64, 64, 3), np.uint8))
+    proc = run_edge("classify", dark, "--model", model, "--json")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert "failed {}: non-finite model output".format(dark) in proc.stderr
+    cfg = tmp_path / "c.yaml"
+    sh.write_config(cfg, {"runtime": {"max_consecutive_errors": 3, "warmup": 0}, "backend": sh.QUIET_ORT})
+    proc = run_edge("run", "--config", cfg, "--model", model, "--source", video_file, "--backend", "onnxruntime",
+                    "--preprocess", "cpu")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    errors = [line for line in lines if line["event"] == "frame_error"]
+    assert len(errors) >= 3 and "non-finite model output" in errors[0]["error"]
+    assert "4 consecutive frames failed" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_outputs_that_are_not_one_score_per_label_are_refused_at_load(tmp_path):
+    from onnx import TensorProto, helper
+
+    cases = []
+    nodes, inits = head(np.ones((3, 1000), np.float32), [helper.make_node("Concat", ["scores", "scores"], ["logits"],
+                                                                            axis=0)])
+    cases.append((graph_model(tmp_path / "two.onnx", nodes, [("logits", TensorProto.FLOAT, [2, 1000])], inits,
+                              labels=1000), "gives 2000 scores"))
+    nodes, inits = head(np.ones((3, 1000), np.float32), [helper.make_node(
+        "Reshape", ["scores", "shape"], ["logits"])])
+    inits.append(__import__("onnx").numpy_helper.from_array(np.array([1, 2, 500], np.int64), "shape"))
+    cases.append((graph_model(tmp_path / "split.onnx", nodes, [("logits", TensorProto.FLOAT, [1, 2, 500])], inits,
+                              labels=500), "gives 1000 scores"))
+    nodes, inits = head(np.ones((3, 10), np.float32), [helper.make_node("ArgMax", ["scores"], ["logits"], axis=1),
+                                                       helper.make_node("Identity", ["scores"], ["probs"])])
+    cases.append((graph_model(tmp_path / "argmax.onnx", nodes, [("logits", TensorProto.INT64, [1, 1]),
+                                                                ("probs", TensorProto.FLOAT, [1, 10])], inits),
+                  "first output is int64"))
+    for model, says in cases:
+        assert_refused(refused_run(model, "--budget-ms", "1000"), model.stem, says)
+
+
+def test_a_model_that_ends_in_softmax_is_not_given_softmax_again(tmp_path):
+    from onnx import TensorProto, helper
+
+    weight = np.linspace(-3, 3, 30, dtype=np.float32).reshape(3, 10)
+    nodes, inits = head(weight, [helper.make_node("Softmax", ["scores"], ["logits"], axis=1)])
+    model = graph_model(tmp_path / "soft.onnx", nodes, [("logits", TensorProto.FLOAT, [1, 10])], inits)
+    import cv2
+    import onnxruntime as ort
+
+    from edge.config import PreprocessConfig
+    from edge.frame.preprocess import CpuPreprocessor
+
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8))
+    proc = run_edge("classify", image, "--model", model, "--json", "--top-k", "1")
+    assert proc.returncode == 0, proc.stderr
+    probs = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(
+        None, {"input": CpuPreprocessor(PreprocessConfig())(cv2.imread(str(image)))})[0][0]
+    top = json.loads(proc.stdout)["top"][0]
+    assert top["index"] == int(np.argmax(probs)) and top["score"] == round(float(probs.max()), 4)
+    assert top["score"] > 1.5 / 10  # softmax of probabilities would squeeze it towards 1/10
+
+
+def test_a_full_disk_under_stdout_drops_log_lines_and_inference_goes_on(small_model, tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    cfg = tmp_path / "c.yaml"
+    sh.write_config(cfg, {"runtime": {"frames": 5, "warmup": 0}, "backend": sh.QUIET_ORT,
+                          "source": {"width": 96, "height": 72}})
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "edge", "run", "--config", str(cfg), "--model", small_model,
+                               "--source", "synthetic"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                              timeout=120)
+    # before: OSError "No space left on device" from the first log line, exit 1, and systemd restarts it forever
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "No space left" not in proc.stderr and "end_to_end" in proc.stderr  # the closing table on stderr
+
+
+def test_a_fifo_or_a_device_is_named_as_not_a_regular_file(small_model, tmp_path):
+    fifo = tmp_path / "camera.fifo"
+    os.mkfifo(str(fifo))
+    assert_refused(edge_here("run", "--model", small_model, "--source", fifo), str(fifo), "not a regular file")
+    assert_refused(refused_run("/dev/zero"), "/dev/zero", "not a regular file")
+
+
+def test_a_label_longer_than_a_class_name_is_refused_with_its_line(small_model, tmp_path):
+    model = sh.copy_model(small_model, tmp_path, "m")
+    os.unlink(str(tmp_path / "m.json"))  # the labels are the user's own
+    labels = ["c{}".format(i) for i in range(1000)]
+    labels[7] = "x" * (5 << 20)
+    (tmp_path / "m.labels.txt").write_text("\n".join(labels) + "\n")
+    assert_refused(refused_run(model, "--budget-ms", "1000"), "m.labels.txt", "line 8", "at most 256")
+
+
 # --- edge check: output paths, --compare, sizes -------------------------------------------------------------
 
 # Nothing here is about ORT threading or frame size: ORT runs one thread that does not spin (QUIET_ORT) and synthetic

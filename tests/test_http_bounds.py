@@ -130,3 +130,34 @@ def test_demo_slowloris_clients_do_not_lock_out_others():
         hub.close()
         server.shutdown()
         server.server_close()
+
+
+def answer_to(port, request):
+    """The status line of the answer to the raw bytes `request`."""
+    with connect(port) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.split(b"\r\n", 1)[0].decode("latin-1")
+
+
+def test_metrics_answer_only_to_their_own_names_and_never_http_0_9():
+    """DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example; answered 421. A
+    request line over the head bound is 431, not parsed as a bare HTTP/0.9 request."""
+    sink = MetricsSink(30.0)
+    port = sink.serve("127.0.0.1", 0)
+    try:
+        for host, code in (("evil.example:{}".format(port), "421"), ("a.b.attacker.test.", "421"),
+                           ("127.0.0.1:{}".format(port), "200"), ("localhost", "200"), ("[::1]:9108", "200"),
+                           (socket.gethostname(), "200")):
+            line = answer_to(port, "GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n".format(host).encode())
+            assert line.split()[1] == code, (host, line)
+        assert answer_to(port, b"GET /metrics HTTP/1.0\r\n\r\n").split()[1] == "200"  # no Host at all
+        line = answer_to(port, b"GET /" + b"a" * (20 << 10) + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert line.startswith("HTTP/1.0 431"), line
+    finally:
+        sink.close()

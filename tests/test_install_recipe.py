@@ -18,13 +18,13 @@ JETPACKS = {"5": ("jetpack5", "11-4"), "6": ("jetpack6", "12-6"), "7": ("jetpack
 
 
 def normalise(command: str, jetpack: str = "6") -> str:
-    """The same command written by hand (sudo ...) or by the installer (step ...; $state for the state dir,
-    $jp and $cuda for the JetPack's constraints and CUDA)."""
+    """The same command written in the docs or by the installer (step ...; $state for the state dir, $jp and $cuda
+    for the JetPack's constraints and CUDA), without quotes."""
     jp, cuda = JETPACKS[jetpack]
-    command = re.sub(r"^has_nvcc \|\| ", "", command.strip())
+    command = re.sub(r"^has_cuda_dev \|\| ", "", command.strip())
     command = re.sub(r"^(sudo|step) ", "", command)
     command = command.replace('"$state', "/var/lib/jetson-edge").replace("$jp", jp).replace("$cuda", cuda)
-    return command.replace('"', "")
+    return command.replace('"', "").replace("'", "")
 
 
 def installer_recipe(jetpack: str = "6") -> List[str]:
@@ -36,12 +36,13 @@ def installer_recipe(jetpack: str = "6") -> List[str]:
 
 def test_recipe_is_the_jetpack_one() -> None:
     assert installer_recipe("6") == [
-        "apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev",
-        "apt-get install -y cuda-nvcc-12-6",
+        "apt-get update",
+        "apt-get install -y g++ python3-libnvinfer python3-opencv python3-venv python3-dev gstreamer1.0-tools",
+        "apt-get install -y cuda-nvcc-12-6 cuda-cudart-dev-12-6 cuda-profiler-api-12-6 libcurand-dev-12-6",
         "python3 -m venv --system-site-packages .venv",
+        "env PIP_CONSTRAINT=constraints/jetpack6.txt .venv/bin/python -m pip install --upgrade pip>=23.1",
         "env PATH=/usr/local/cuda/bin:$PATH PIP_CONSTRAINT=constraints/jetpack6.txt .venv/bin/pip install -e "
-        "'.[jetson,service,check]'",
-        ".venv/bin/jtop --install-service",
+        ".[jetson,service,check]",
         "env PATH=/usr/local/cuda/bin:$PATH .venv/bin/python scripts/build_kernel.py --into "
         "/var/lib/jetson-edge/kernels",
     ]
@@ -53,15 +54,23 @@ def test_recipe_is_the_jetpack_one() -> None:
 @pytest.mark.parametrize("jetpack", sorted(JETPACKS))
 def test_docs_show_the_installer_lines_in_order_for_each_jetpack(jetpack: str) -> None:
     text = (ROOT / "docs" / "service.md").read_text()
-    section = text[text.index("## Installing on a Jetson"):]
-    section = section[section.index("### JetPack " + jetpack):]
+    section = text[text.index("### What `install_service.sh` runs, per JetPack"):]
+    section = section[section.index("#### JetPack " + jetpack):]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None
-    shown = [normalise(line.split("  #")[0], jetpack) for line in block.group(1).splitlines()]
-    recipe = installer_recipe(jetpack)
-    start = shown.index(recipe[0])
-    assert shown[start:start + len(recipe)] == recipe
-    assert "bootstrap.sh" not in block.group(1)
+    shown = [normalise(line, jetpack) for line in block.group(1).splitlines()]
+    assert shown == installer_recipe(jetpack)
+
+
+def test_the_day_one_install_runs_the_installer_once() -> None:
+    """The docs' install block runs install_service.sh, which runs the recipe: not the recipe lines by hand first
+    (they ran twice: pycuda and the kernel built twice)."""
+    text = (ROOT / "docs" / "service.md").read_text()
+    block = re.search(r"<!-- day-one: install -->\n```sh\n(.*?)```", text, re.S)
+    assert block is not None
+    lines = block.group(1).splitlines()
+    assert sum("scripts/install_service.sh" in line for line in lines) == 1
+    assert not set(installer_recipe("6")) & {normalise(line) for line in lines}
 
 
 def test_readme_jetson_row_names_the_same_lines() -> None:
@@ -90,9 +99,9 @@ def stand_ins(tmp_path: Path) -> Dict[str, str]:
 def run_recipe(tmp_path: Path, fail_at: str) -> subprocess.CompletedProcess:
     """jetson_recipe from the installer, sourced, as the installer runs it (a subshell in the checkout)."""
     paths = stand_ins(tmp_path)
-    # This machine is no Jetson: name the JetPack and its CUDA; nvcc is treated as missing.
-    body = 'source "$1"; jetpack() { echo jetpack6; }; cuda_package_version() { echo 12-6; }; has_nvcc() { false; }; ' \
-           'dry_run=0; state="$2"; (cd "$3" && jetson_recipe) || exit 1; echo recipe done'
+    # This machine is no Jetson: name the JetPack and its CUDA; the CUDA parts are treated as missing.
+    body = 'source "$1"; jetpack() { echo jetpack6; }; cuda_package_version() { echo 12-6; }; ' \
+           'has_cuda_dev() { false; }; dry_run=0; state="$2"; (cd "$3" && jetson_recipe) || exit 1; echo recipe done'
     env = dict(os.environ, PATH=paths["bin"] + os.pathsep + os.environ["PATH"], FAIL_AT=fail_at)
     return subprocess.run(["bash", "-c", body, "recipe",
                            str(INSTALL), str(tmp_path / "state"), paths["checkout"]],
@@ -100,9 +109,10 @@ def run_recipe(tmp_path: Path, fail_at: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("fail_at,ran", [
-    ("apt-get", ["apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev"]),
-    ("pip", ["apt-get", "apt-get", "python3", "pip install -e .[jetson,service,check]"]),
-    ("jtop", ["apt-get", "apt-get", "python3", "pip", "jtop --install-service"]),
+    ("apt-get", ["apt-get update"]),
+    ("pip", ["apt-get", "apt-get", "apt-get", "python3", "python -m pip install --upgrade pip>=23.1",
+             "pip install -e .[jetson,service,check]"]),
+    ("python", ["apt-get", "apt-get", "apt-get", "python3", "python -m pip install --upgrade pip>=23.1"]),
 ])
 def test_a_failed_step_stops_the_install_with_its_message(tmp_path: Path, fail_at: str, ran: List[str]) -> None:
     proc = run_recipe(tmp_path, fail_at)
@@ -119,10 +129,33 @@ def test_the_whole_recipe_runs_in_order_and_installs_nvcc_where_missing(tmp_path
     proc = run_recipe(tmp_path, fail_at="")
     assert proc.returncode == 0 and "recipe done" in proc.stdout, proc.stdout + proc.stderr
     assert (tmp_path / "ran.log").read_text().splitlines() == [
-        "apt-get install -y python3-libnvinfer python3-opencv python3-venv python3-dev",
-        "apt-get install -y cuda-nvcc-12-6",
+        "apt-get update",
+        "apt-get install -y g++ python3-libnvinfer python3-opencv python3-venv python3-dev gstreamer1.0-tools",
+        "apt-get install -y cuda-nvcc-12-6 cuda-cudart-dev-12-6 cuda-profiler-api-12-6 libcurand-dev-12-6",
         "python3 -m venv --system-site-packages .venv",
+        "python -m pip install --upgrade pip>=23.1",
         "pip install -e .[jetson,service,check]",
-        "jtop --install-service",
         "python scripts/build_kernel.py --into {}/kernels".format(tmp_path / "state"),
     ]
+
+
+def test_a_foreign_jtop_is_named_and_refused(tmp_path: Path) -> None:
+    """A jtop outside the venv (an earlier `sudo pip3 install jetson-stats`) of another major.minor is named: the
+    service runs the venv's (the drop-in), and that one's client would get "Mismatch version"; one of the same
+    major.minor is not."""
+    def jtop(path: Path, version: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('#!/bin/sh\necho "jtop {}"\n'.format(version))
+        path.chmod(0o755)
+        return path
+
+    jtop(tmp_path / "prefix" / ".venv" / "bin" / "jtop", "7.2.2")
+    old, same = jtop(tmp_path / "local" / "jtop", "4.2.12"), jtop(tmp_path / "usr" / "jtop", "7.2.0")
+    body = 'source "$1"; prefix="$2"; jtop_elsewhere=("$3" "$4" "$2/missing"); foreign_jtop'
+    proc = subprocess.run(["bash", "-c", body, "foreign", str(INSTALL), str(tmp_path / "prefix"), str(old), str(same)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "install_service: warning: refusing {} (jetson-stats 4.2.12) for jtop.service: it runs the venv's jetson-stats "
+        "7.2.2 instead, and {} cannot talk to that ('Mismatch version'): sudo pip3 uninstall jetson-stats".format(
+            old, old)]

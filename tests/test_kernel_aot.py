@@ -1,20 +1,22 @@
 """The preprocessing kernel is built ahead of time (edge/frame/cuda_kernel.py, scripts/build_kernel.py).
 
-- The shipped fatbin is current: built from today's sources (recorded hash) and, with the nvcc that built it,
-  byte-identical to a fresh build (nvcc's fatbin output is deterministic and path-independent).
+- A kernel prebuilt for each driver family (edge/cuda/prebuilt.json): current (the recorded hash of today's sources,
+  whose math the host build checks against the CPU: tests/test_cuda_host_math.py), SASS for its GPU with both
+  kernels, and what its toolchain builds: NVRTC from PyPI's pinned wheels (11.x, 12.x) and nvcc 13 (the 13.x
+  fatbin) rebuild each byte for byte. The driver's CUDA major version picks among them, after the device's own build.
 - Defect 1's conditions without a GPU: the build step as an unprivileged user with an unwritable /tmp
   (a read-only tmpfs over /tmp in a private mount namespace) still builds into the state directory, where
   plain nvcc fails; nvcc's own message is kept in a failure.
 """
 
-import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -34,20 +36,87 @@ def nvcc() -> str:
     return NVCC
 
 
-def test_shipped_fatbin_matches_the_sources() -> None:
-    assert cuda_kernel.fatbin_current() is None, "regenerate: scripts/build_kernel.py --fatbin"
-    assert "cuda/*.fatbin" in (ROOT / "setup.py").read_text()  # shipped in the package
+# Each driver family's prebuilt kernel (edge/cuda/prebuilt.json): JetPack 5 (CUDA 11.x) Xavier and Orin, JetPack 6
+# (12.x) Orin, JetPack 7 (13.x) Orin and Thor.
+FAMILIES = {11: {"sm_72", "sm_87"}, 12: {"sm_87"}, 13: {"sm_87", "sm_110", "compute_110"}}
+EM_CUDA = 190
+
+
+def test_prebuilt_kernels_are_current_and_cover_each_driver_family() -> None:
+    entries = cuda_kernel.prebuilt()
+    served: Dict[int, set] = {}
+    for entry in entries:
+        path = os.path.join(cuda_kernel.CUDA_DIR, entry["file"])
+        assert entry["source_sha256"] == cuda_kernel.source_sha256(), "stale: scripts/build_kernel.py --prebuilt"
+        assert entry["sha256"] == cuda_kernel.file_sha256(path)
+        served.setdefault(entry["driver"], set()).update(entry["targets"])
+    assert served == FAMILIES
+    assert '"cuda/*.cubin"' in (ROOT / "setup.py").read_text() and '"cuda/*.fatbin"' in (ROOT / "setup.py").read_text()
+
+
+@pytest.mark.parametrize("entry", [k for k in cuda_kernel.prebuilt() if k["file"].endswith(".cubin")],
+                         ids=lambda k: k["file"])
+def test_each_cubin_is_sass_for_its_gpu_with_both_kernels(entry: Dict[str, Any]) -> None:
+    data = (Path(cuda_kernel.CUDA_DIR) / entry["file"]).read_bytes()
+    machine, = struct.unpack_from("<H", data, 18)
+    flags, = struct.unpack_from("<I", data, 48)
+    (target,) = entry["targets"]
+    assert data[:4] == b"\x7fELF" and machine == EM_CUDA
+    assert flags & 0xFF == int(target[len("sm_"):])  # the SASS's SM
+    for name in cuda_kernel.KERNELS:  # extern "C": the names pycuda looks up
+        assert name.encode() + b"\0" in data
+
+
+def test_prebuilt_cubins_are_what_the_registry_toolchains_build(tmp_path: Path) -> None:
+    """NVRTC from PyPI's pinned wheels, downloaded by pip, rebuilds each shipped cubin byte for byte."""
+    from edge.build.prebuilt_kernels import build_prebuilt
+
+    try:
+        entries = build_prebuilt(out_dir=str(tmp_path), record=str(tmp_path / "prebuilt.json"))
+    except cuda_kernel.EdgeError as exc:
+        if "pip download" in str(exc):
+            pytest.skip("PyPI not reachable for the NVRTC wheels: {}".format(exc))
+        raise
+    shipped = {k["file"]: k for k in cuda_kernel.prebuilt()}
+    assert entries and {e["file"] for e in entries} == {f for f in shipped if f.endswith(".cubin")}
+    for entry in entries:
+        assert entry == shipped[entry["file"]]
+        assert (tmp_path / entry["file"]).read_bytes() == (Path(cuda_kernel.CUDA_DIR) / entry["file"]).read_bytes()
 
 
 def test_shipped_fatbin_is_what_nvcc_builds(nvcc: str, tmp_path: Path) -> None:
-    with open(cuda_kernel.FATBIN_INFO) as fh:
-        recorded = json.load(fh)
-    if cuda_kernel.nvcc_version(nvcc) != recorded["nvcc"]:
+    recorded = next(k for k in cuda_kernel.prebuilt() if k["file"] == "preprocess.fatbin")
+    if "nvcc " + cuda_kernel.nvcc_version(nvcc) != recorded["toolkit"]:
         pytest.skip("nvcc {} here, the fatbin was built by {}".format(cuda_kernel.nvcc_version(nvcc),
-                                                                       recorded["nvcc"]))
+                                                                       recorded["toolkit"]))
     out = str(tmp_path / "preprocess.fatbin")
-    assert cuda_kernel.build_fatbin(nvcc, out) == recorded
+    assert cuda_kernel.build_fatbin(nvcc, out, str(tmp_path / "prebuilt.json")) == recorded
     assert Path(out).read_bytes() == Path(cuda_kernel.FATBIN).read_bytes()
+
+
+@pytest.mark.parametrize("arch,driver,chosen", [
+    ("sm_72", 11, ["preprocess-cuda11.8-sm_72.cubin"]),  # Xavier, JetPack 5
+    ("sm_87", 11, ["preprocess-cuda11.8-sm_87.cubin"]),  # Orin, JetPack 5
+    ("sm_87", 12, ["preprocess-cuda12.6-sm_87.cubin"]),  # Orin, JetPack 6
+    ("sm_87", 13, ["preprocess.fatbin"]),  # Orin, JetPack 7
+    ("sm_110", 13, ["preprocess.fatbin"]),  # Thor
+    ("sm_110", 14, ["preprocess.fatbin"]),  # a later driver: the compute_110 PTX
+    ("sm_87", 14, []),  # SASS does not cross majors, and PTX for 11.0 does not run on 8.7
+    ("sm_72", 12, []),  # no Xavier on JetPack 6
+    ("sm_87", None, ["preprocess-cuda11.8-sm_87.cubin", "preprocess-cuda12.6-sm_87.cubin", "preprocess.fatbin"]),
+])
+def test_the_driver_version_chooses_the_prebuilt_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str,
+                                                        driver: Optional[int], chosen: List[str]) -> None:
+    monkeypatch.setenv("EDGE_KERNEL_DIR", str(tmp_path))
+    (tmp_path / cuda_kernel.cubin_name(arch, "12.6")).write_bytes(b"\x7fELF built here")
+    paths, missing = cuda_kernel.candidates(arch, driver)
+    assert paths[0][0] == str(tmp_path / cuda_kernel.cubin_name(arch, "12.6"))  # the device's own build first
+    assert [os.path.basename(p) for p, _ in paths[1:]] == chosen
+    if not chosen:
+        assert missing == ["no prebuilt kernel for {} under a CUDA {} driver".format(
+            arch, "{}.x".format(driver) if driver is not None else "(unknown)")]
+    else:
+        assert all(w.startswith("shipped edge/cuda/") and "for CUDA" in w for _, w in paths[1:])
 
 
 @pytest.fixture
@@ -110,3 +179,29 @@ def test_nvcc_message_is_kept(nvcc: str, tmp_path: Path) -> None:
     assert "build_kernel.py: error: nvcc failed on edge/cuda/preprocess.cu (--cubin -arch sm_10): " in proc.stderr
     assert "sm_10" in proc.stderr.split("): ", 1)[1]  # nvcc's own words
     assert os.listdir(str(tmp_path)) == []  # nothing half-written
+
+
+@pytest.mark.parametrize("compatible,arch", [
+    ("nvidia,p3509-0000+p3668-0000\0nvidia,p3668-0000\0nvidia,tegra194\0", "sm_72"),  # Xavier NX
+    ("nvidia,p3768-0000+p3767-0005\0nvidia,p3767-0005\0nvidia,tegra234\0", "sm_87"),  # Orin Nano
+    ("nvidia,p3971-0089+p3834-0008\0nvidia,p3834-0008\0nvidia,tegra264\0", "sm_110"),  # Thor
+    (None, None),  # not a device-tree machine
+])
+def test_without_a_cuda_device_the_kernel_is_built_for_the_soc_the_device_tree_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compatible: str, arch: str) -> None:
+    """An install in an image build or a chroot has no CUDA device: the Jetson's SoC says which GPU it has."""
+    from edge import board
+
+    if compatible is not None:
+        folder = tmp_path / "sys/firmware/devicetree/base"
+        folder.mkdir(parents=True)
+        (folder / "compatible").write_text(compatible)
+    assert board.tegra_arch(str(tmp_path)) == arch
+    real = board.tegra_arch
+    monkeypatch.setattr(board, "tegra_arch", lambda root="/": real(str(tmp_path)))
+    if arch is None:
+        with pytest.raises(cuda_kernel.EdgeError, match="no CUDA device to build the kernel for"):
+            cuda_kernel.device_arch()
+    else:  # this machine has no CUDA device (nor pycuda): the device tree decides
+        found, why = cuda_kernel.device_arch()
+        assert found == arch and why.startswith("the device tree's SoC (no CUDA device")

@@ -15,10 +15,12 @@ from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.qdq_emulation import emulated_model, fake_quantize, int8_kernels_saturate
 
 
-def _session(model, level):
+def _session(model, level, prepacking=True):
     options = ort.SessionOptions()
     options.graph_optimization_level = level
     options.log_severity_level = 3
+    if not prepacking:  # a constant weight is prepacked (another summation order); a dequantized one never is
+        options.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -41,8 +43,8 @@ def test_emulated_model_is_the_exact_fake_quantisation_at_every_optimisation_lev
     emulated = emulated_model(qdq)
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in emulated.graph.node)
     onnx.checker.check_model(emulated)
-    unfused = _session(qdq, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)  # Q/DQ run as float ops, one by one
-    same_order = _session(emulated, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    unfused = _session(qdq, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, prepacking=False)  # Q/DQ one by one
+    same_order = _session(emulated, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, prepacking=False)
     optimised = _session(emulated, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     for tensor in _tensors(digits):
         want = unfused.run(None, {"input": tensor})[0]
@@ -118,3 +120,30 @@ def test_probe_model_detects_the_saturating_product_it_was_built_for():
 def test_a_float_model_passes_through_unchanged(digits):
     model = onnx.load(digits.onnx)
     assert emulated_model(model).SerializeToString() == model.SerializeToString()
+
+
+@pytest.mark.parametrize("dq_scale, activation_scale", [(0.1, [0.05]), (0.05, [0.05, 0.05])])
+def test_a_pair_it_cannot_rewrite_is_refused_not_left_to_the_fused_kernels(dq_scale, activation_scale):
+    """A DequantizeLinear with another scale than its QuantizeLinear, or a per-channel activation scale: TensorRT's
+    arithmetic is undefined there, so the emulation names the node instead of handing it to ONNX Runtime."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge.errors import EdgeError
+
+    q_scale = np.asarray(activation_scale, np.float32).reshape(-1 if len(activation_scale) > 1 else ())
+    inits = [numpy_helper.from_array(q_scale, "qs"), numpy_helper.from_array(np.zeros(q_scale.shape, np.int8), "qz"),
+             numpy_helper.from_array(np.full(q_scale.shape, dq_scale, np.float32), "ds")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "qs", "qz"], ["xq"], name="xq", axis=1),
+             helper.make_node("DequantizeLinear", ["xq", "ds", "qz"], ["y"], name="xd", axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(EdgeError, match="^(QuantizeLinear xq|DequantizeLinear xd): cannot be computed as TensorRT "
+                                        "computes it"):
+        emulated_model(model)
+
+
+def test_every_session_asks_for_int8_kernels_that_do_not_saturate():
+    """session.x64quantprecision: u8u8 products on x86 without VNNI (a no-op elsewhere), in every session of ours."""
+    options = onnxruntime_backend.session_options(ort, 1, False)
+    assert options.get_session_config_entry(onnxruntime_backend.X64_QUANT_PRECISION) == "1"

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edge.build import quantize as quant
 from edge.build.calibration import CalibrationSet, load_calibration_set
+from edge.build.placement import pairs_outside, residual_inputs, tensorrt_placement
 from edge.build.qdq_rules import max_opset, validate_qdq
 from edge.build.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes
 from edge.config import PreprocessConfig
@@ -65,6 +66,30 @@ def test_qdq_model_meets_every_tensorrt_requirement(digits, digits_qdq):
     assert {i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8} == zero_points
 
 
+def test_qdq_pairs_sit_where_tensorrt_fuses(digits, digits_qdq, tmp_path):
+    """Weighted-layer inputs and residual inputs only: every activation stays in the graph, the residual Adds read
+    their skip branch quantised and the convolution they fuse into in float. ONNX Runtime's own placement (pairs
+    on every quantisable op) is rewritten to the same rule."""
+    fp32, qdq = onnx.load(digits.onnx), onnx.load(digits_qdq)
+    residual = residual_inputs(fp32)
+    adds = [n for n in fp32.graph.node if n.op_type == "Add"]
+    assert adds and len(residual) == len(adds)  # MobileNetV3-Small's inverted residuals
+    assert pairs_outside(qdq, residual) == 0
+    for op in ("HardSwish", "Relu", "HardSigmoid", "Mul", "GlobalAveragePool"):
+        assert sum(n.op_type == op for n in qdq.graph.node) == sum(n.op_type == op for n in fp32.graph.node), op
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    for add in (n for n in qdq.graph.node if n.op_type == "Add"):
+        fed = [producers.get(i) is not None and producers[i].op_type == "DequantizeLinear" for i in add.input]
+        assert fed == [(add.name, i) in residual for i in range(2)] and sum(fed) == 1
+    everywhere = _ort_quantize(digits, str(tmp_path / "ort.onnx"))  # ONNX Runtime's placement
+    model = onnx.load(everywhere)
+    before = pairs_outside(model, residual)
+    placed = tensorrt_placement(model, residual)
+    assert before > 0 and placed["removed"] == before and pairs_outside(model, residual) == 0
+    onnx.save(model, everywhere)
+    assert validate_qdq(everywhere) == []
+
+
 def _ort_quantize(digits, out, **changes):
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -110,6 +135,46 @@ def test_validator_rejects_nonzero_zero_point_opset_21_float_and_garbage(digits,
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x00not a protobuf" * 10)
     assert validate_qdq(str(garbage))[0].startswith("not a readable ONNX model")
+
+
+def _one_layer(tmp_path, op, weight, axis, scale=None, **attributes):
+    """x -> Q/DQ -> `op`(x, Q/DQ(weight)) with the weight's scale per channel on `axis` (or `scale`)."""
+    channels = weight.shape[axis]
+    weight_scale = np.full(channels, 0.01, np.float32) if scale is None else np.asarray(scale, np.float32)
+    inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(weight_scale, "ws"),
+             numpy_helper.from_array(np.zeros(weight_scale.shape, np.int8), "wz"),
+             numpy_helper.from_array(np.float32(0.05), "xs"), numpy_helper.from_array(np.int8(0), "xz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="xq"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="xd"),
+             helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="wq", axis=axis),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="wd", axis=axis),
+             helper.make_node(op, ["xd", "wd"], ["y"], name="layer", **attributes)]
+    shape = [1, weight.shape[0], 4, 4] if op.startswith("Conv") else [1, weight.shape[1 if attributes else 0]]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = str(tmp_path / "{}-{}.onnx".format(op, axis))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return validate_qdq(path)
+
+
+def test_validator_knows_each_weighted_layers_output_channel_axis_and_refuses_bad_scales(tmp_path):
+    deconv = np.ones((4, 6, 3, 3), np.float32)  # ConvTranspose: (C_in, C_out, kH, kW)
+    assert _one_layer(tmp_path, "ConvTranspose", deconv, 1) == []
+    assert "ConvTranspose weight scale must be per-channel on axis 1 (6 channels), got 4 values on axis 0" in \
+        _one_layer(tmp_path, "ConvTranspose", deconv, 0)[0]
+    gemm = np.ones((5, 3), np.float32)  # Gemm B (N, K) with transB=1: output channels on axis 0
+    assert _one_layer(tmp_path, "Gemm", gemm, 0, transB=1) == []
+    assert "Gemm weight scale must be per-channel on axis 0" in _one_layer(tmp_path, "Gemm", gemm, 1, transB=1)[0]
+    matmul = np.ones((3, 5), np.float32)  # MatMul (K, N): the last axis
+    assert _one_layer(tmp_path, "MatMul", matmul, 1) == []
+    assert _one_layer(tmp_path, "MatMul", matmul, 1, scale=[0.01]) == []  # per-tensor weights are fine there
+    assert "MatMul weight scale must be per-channel on axis 1" in _one_layer(tmp_path, "MatMul", matmul, 0)[0]
+    conv = np.ones((6, 4, 3, 3), np.float32)
+    for bad in (0.0, -0.01, np.inf, np.nan):
+        scale = np.full(6, 0.01, np.float32)
+        scale[2] = bad
+        problems = _one_layer(tmp_path, "Conv", conv, 0, scale=scale)
+        assert any("DequantizeLinear wd: scale must be positive and finite" in p for p in problems), (bad, problems)
 
 
 def test_sensitive_nodes_cover_mobilenet_v3_and_the_legacy_hardswish_form(digits, digits_qdq):

@@ -84,12 +84,14 @@ def build_config(model, engines, regression, calibration="calibration/default", 
 
 @pytest.fixture(scope="session")
 def int8(effnet, labelled, tmp_path_factory):
-    """The real `edge build` of the Q/DQ INT8 model, gate enforced (the model info says trained)."""
+    """The real `edge build` of the Q/DQ INT8 model, gate enforced (the model info says trained). 83 labelled images
+    cannot carry the default 3 pp claim (0 changed answers still allow 4.4 pp at 95 %): the build accepts an
+    inconclusive verdict, as --accept-inconclusive does, and the test reads which it was."""
     engines = str(tmp_path_factory.mktemp("engines"))
     # The config names the model's constants: the build reads preprocessing from the config.
     cfg = build_config(effnet, engines, labelled.root, os.path.join(REPO, "calibration", "default"),
                        **ARCHES[EFFICIENTNET].preprocess)
-    manifest = run_build(check_inputs(cfg, show_progress=False), log=quiet)
+    manifest = run_build(check_inputs(cfg, show_progress=False, accept_inconclusive=True), log=quiet)
     return os.path.join(engines, "efficientnet_lite0.int8.onnx"), manifest
 
 
@@ -148,14 +150,16 @@ def test_int8_build_passes_the_enforced_gate_and_records_it(int8, labelled):
 
     artifact, manifest = int8
     gate = manifest["gate"]
-    assert gate["enforced"] is True and gate["passed"] is True and gate["verdict"] in ("pass", "inconclusive")
+    assert gate["enforced"] is True and gate["verdict"] in ("pass", "inconclusive")
+    assert gate["accepted_inconclusive"] is (gate["verdict"] == "inconclusive")
     assert gate["labelled"] == len(labelled) == 83 and gate["regression_sha256"] == labelled.sha256
     r = json.load(open(os.path.splitext(artifact)[0] + ".gate.json"))  # the verdict's statistics, on real images
     assert r["verdict"] == gate["verdict"] and r["reference_top1"] >= 0.4 and r["reference_top5"] >= r["reference_top1"]
     assert r["right_to_wrong"] - r["wrong_to_right"] == round(r["top1_drop_pp"] * 83 / 100)
     assert round(83 * (r["reference_top1"] - r["candidate_top1"])) == r["right_to_wrong"] - r["wrong_to_right"]
     lo, hi = r["top1_drop_interval_pp"]
-    assert lo <= r["top1_drop_pp"] <= hi and lo < 0 < hi
+    assert lo <= r["top1_drop_pp"] <= hi and lo < 0 < hi and hi >= 4.4  # Tango's bound for 0 changes of 83
+    assert gate["claims"] and gate["claims"][0] == r["top1_claim"]
     assert gate["mean_cosine"] >= DEFAULT_GATE.min_mean_cosine
     assert manifest["trained"] is True and manifest["preprocess"] == read_model_info(int8[0])["preprocess"]
     assert manifest["build"]["quantize"]["quantizer"] == "onnxruntime"

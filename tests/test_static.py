@@ -1,9 +1,13 @@
-"""Static checks CI runs with the tests: Python 3.8 compatibility (no 3.8 interpreter here) and lint."""
+"""Static checks CI runs with the tests: Python 3.8 compatibility (no 3.8 interpreter here), lint, and the list of
+tests whose premise could differ between machines (tests/premises.py)."""
 
+import ast
+import glob
 import os
 import subprocess
 import sys
 
+import premises
 from conftest import REPO
 
 
@@ -18,3 +22,37 @@ def test_lint_is_clean():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "edge", "tests", "scripts", "benchmarks"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _tests_by_kind():
+    """FILE::TEST of every test that uses a trained model (a fixture of TRAINED_FIXTURES), runs as another user
+    (calls as_nobody, or says nobody/unprivileged in its name) or shares the jtop socket (WORKER_FIXTURES)."""
+    found = {kind: set() for kind in premises.KINDS}
+    for path in sorted(glob.glob(os.path.join(REPO, "tests", "test_*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            key = "{}::{}".format(os.path.basename(path), node.name)
+            params = {a.arg for a in node.args.args}
+            calls = {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+            if params & TRAINED_FIXTURES:
+                found["TRAINED"].add(key)
+            if "as_nobody" in calls or "nobody" in node.name or "unprivileged" in node.name:
+                found["USER"].add(key)
+            if params & WORKER_FIXTURES:
+                found["WORKERS"].add(key)
+    return found
+
+
+TRAINED_FIXTURES = {"digits", "digits_qdq", "effnet", "int8", "labelled"}
+WORKER_FIXTURES = {"jtop_service", "no_jtop_service"}
+
+
+def test_every_test_with_a_machine_dependent_premise_says_how_it_holds_everywhere():
+    for kind, tests in _tests_by_kind().items():
+        listed = premises.KINDS[kind]
+        missing = [t for t in sorted(tests) if t not in listed and t.split("::")[0] + "::*" not in listed]
+        assert not missing, "tests/premises.py {}: say how each premise holds on any machine: {}".format(kind, missing)
+        files = {t.split("::")[0] for t in tests}
+        stale = [k for k in listed if k not in tests and not (k.endswith("::*") and k.split("::")[0] in files)]
+        assert not stale, "tests/premises.py {}: no such test of that kind: {}".format(kind, stale)

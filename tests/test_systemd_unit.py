@@ -66,6 +66,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
 def test_unit_is_a_hardened_notify_service_that_keeps_devices_visible():
     assert get("Type") == "notify" and get("NotifyAccess") == "main"
     assert get("Restart") == "on-failure" and get("RestartSec") and get("WatchdogSec") == "10s"
+    assert get("RestartPreventExitStatus") == "2"  # a config error or a missing model: stop at once
     assert get("StartLimitIntervalSec", "Unit") and get("StartLimitBurst", "Unit")
     assert get("User") == "jetson-edge"
     assert set(get("SupplementaryGroups").split()) == {"video", "render", "jtop"}
@@ -119,10 +120,27 @@ def test_installer_stages_files_and_is_idempotent(tmp_path):
     assert "/opt/jetson-edge" not in unit
     assert (dest / "etc/jetson-edge/config.yaml").read_text() == open(CONFIG).read()
     assert (dest / "var/lib/jetson-edge/engines").is_dir()
+    for name in ("default", "regression"):  # where the config's build section points
+        shipped = os.path.join(REPO, "calibration", name)
+        staged = dest / "var/lib/jetson-edge/calibration" / name
+        assert sorted(os.listdir(str(staged))) == sorted(os.listdir(shipped))
+    assert load_config(CONFIG).build.calibration_dir == "/var/lib/jetson-edge/calibration/default"
     before = tree(dest)
     second = run_install("--prefix", "/srv/edge", destdir=dest)
     assert second.returncode == 0 and tree(dest) == before
     assert "unchanged" in second.stdout and "installing" not in second.stdout
+
+
+def test_installer_keeps_a_calibration_set_that_is_there(tmp_path):
+    dest = tmp_path / "root"
+    own = dest / "var/lib/jetson-edge/calibration/default"
+    own.mkdir(parents=True)
+    (own / "mine.jpg").write_bytes(b"my own set")
+    proc = run_install(destdir=dest)
+    assert proc.returncode == 0 and "calibration set {} exists: kept".format(
+        "/var/lib/jetson-edge/calibration/default") in proc.stdout.replace(str(dest), "")
+    assert os.listdir(str(own)) == ["mine.jpg"]
+    assert (dest / "var/lib/jetson-edge/calibration/regression").is_dir()
 
 
 def test_installer_never_overwrites_an_edited_config(tmp_path):
@@ -143,6 +161,7 @@ def test_installer_updates_an_untouched_config_when_the_shipped_one_changes(tmp_
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(INSTALL, str(repo / "scripts"))
     shutil.copytree(os.path.join(REPO, "systemd"), str(repo / "systemd"))
+    shutil.copytree(os.path.join(REPO, "calibration"), str(repo / "calibration"))
     script = str(repo / "scripts" / "install_service.sh")
     dest = tmp_path / "root"
     assert run_install(destdir=dest, script=script).returncode == 0
@@ -358,3 +377,20 @@ def test_a_private_tmp_with_the_socket_file_bound_keeps_the_dead_socket(tmp_path
     # the layout before issue 20 item 6: the emulation above does tell the two apart
     before, after = argus_restart_seen_by(tmp_path, "yes", ["-/tmp/argus_socket"])
     assert before == "daemon 1" and after.startswith("error")
+
+
+def test_jtop_service_runs_the_venvs_jtop_and_the_container_default_matches_it():
+    """The drop-in replaces jetson-stats' ExecStart=/usr/local/bin/jtop (never installed by the recipe, or another
+    version) with the venv's jtop, under --prefix; the container's default jetson-stats satisfies setup.py's pin, so
+    its client talks to the jtop.service the installer sets up on the node."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    dropin = os.path.join(REPO, "systemd", "jtop.service.d", "jetson-edge.conf")
+    lines = [line for line in open(dropin).read().splitlines() if line and not line.startswith("#")]
+    assert lines == ["[Service]", "ExecStart=", "ExecStart=/opt/jetson-edge/.venv/bin/jtop --force"]
+    setup = open(os.path.join(REPO, "setup.py")).read()
+    spec = re.search(r'"jetson": \[[^]]*"jetson-stats([^"]+)"', setup).group(1)
+    dockerfile = open(os.path.join(REPO, "deploy", "container", "Dockerfile")).read()
+    default = re.search(r"^ARG JTOP_VERSION=(\S+)$", dockerfile, re.M).group(1)
+    assert Version(default) in SpecifierSet(spec), (default, spec)

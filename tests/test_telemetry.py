@@ -1,5 +1,6 @@
 """Telemetry: jtop key mapping, the Linux reader, degraded paths, and jetson-stats' real service in testing mode."""
 
+import functools
 import importlib
 import json
 import os
@@ -12,6 +13,8 @@ from prometheus_client import generate_latest
 
 from edge.service.metrics import MetricsSink
 from edge.service.telemetry import LinuxReader, Telemetry, TelemetrySnapshot, snapshot_from_jtop
+
+from conftest import as_nobody
 
 XAVIER_STATS = {
     "time": None, "uptime": None, "CPU1": 12, "CPU2": 30, "CPU3": "OFF", "RAM": 0.41, "SWAP": 0.0, "EMC": 7,
@@ -205,32 +208,21 @@ def test_real_service_version_mismatch_is_degraded(jtop_service, monkeypatch):
 
 
 def test_real_service_without_the_jtop_group_is_degraded(jtop_service):
-    """A user outside the `jtop` group (here: nobody, in a forked child) gets EACCES on the socket."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: drop to nobody, sample once, report, exit without running pytest's teardown
-        code = 1
-        try:
-            os.close(read_fd)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            snap = Telemetry(0.5).sample()
-            os.write(write_fd, json.dumps([snap.source, snap.degraded]).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    data = b""
-    while True:
-        chunk = os.read(read_fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    os.close(read_fd)
-    _, status = os.waitpid(pid, 0)
-    assert os.WEXITSTATUS(status) == 0, data
-    source, degraded = json.loads(data.decode())
+    """A user outside the `jtop` group (here: nobody) gets EACCES on the socket."""
+    def sample():
+        snap = Telemetry(0.5).sample()
+        return [snap.source, snap.degraded]
+
+    def warm():  # a connection as root imports the jtop client and multiprocessing's managers
+        # jtop reads its own __init__.py at each connection (its version, and the service's auth key from it):
+        # read once here, as root
+        common, client_module = importlib.import_module("jtop.core.common"), importlib.import_module("jtop.jtop")
+        common.get_var = client_module.get_var = functools.lru_cache()(common.get_var)
+        telemetry = Telemetry(0.5)
+        assert telemetry.sample().source == "jtop"
+        telemetry.stop()
+
+    source, degraded = as_nobody(sample, warm)
     assert source == "linux" and "can't access jtop.service" in degraded
 
 

@@ -67,7 +67,22 @@ HOSTILE_SECRETS = [
     "rtsp://cam/s?token={}".format(TOKEN), "rtsp://cam/s?a=1&password={}&b=2".format(TOKEN),
     "rtsp://cam/s?X-Auth-Key={}".format(TOKEN), "RTSPS://admin:{}@cam/".format(PASSWORD),
     "source rtsp://u:{}@cam/s: no frame".format(PASSWORD), "http://u:{}@h/x".format(PASSWORD),
+    # round 4: whatever the password holds, everything between :// and the last @ before the host is masked
+    "rtsp://admin:{} PW@127.0.0.1/cam".format(PASSWORD), "rtsp://admin:{}\"PW@h/c".format(PASSWORD),
+    "(got 'rtsp://admin:{}'PW@h/c')".format(PASSWORD), "rtsp://admin:{}<PW@h/c".format(PASSWORD),
+    "rtsp://admin:{}\\PW@h/c".format(PASSWORD), "rtsp://admin:{}/PW@h/c".format(PASSWORD),
+    '{{"uri": "rtsp://a:{}\\"b@h/x", "size": "96x72@50"}}'.format(PASSWORD),
+    "rtsp://cam/s#{}".format(TOKEN),
 ]
+
+
+@pytest.mark.parametrize("password", ["S3cret PW", 'S3cret"PW', "S3cret'PW", "S3cret<PW", "S3cret\\PW",
+                                      "S3cret/PW"])
+def test_the_refusal_of_a_uri_never_prints_its_password(password):
+    proc = edge_here("run", "--source", "rtsp://admin:{}@127.0.0.1/cam#{}".format(password, TOKEN))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "S3cret" not in proc.stdout + proc.stderr and TOKEN not in proc.stdout + proc.stderr, proc.stderr
+    assert "process list (ps)" in proc.stderr  # and it says where the URI belongs instead
 
 
 @pytest.mark.parametrize("text", HOSTILE_SECRETS)

@@ -14,6 +14,7 @@ whose manifest lists every file in it is ever replaced (anything else may hold t
 
 import hashlib
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -271,14 +272,51 @@ def _decode_candidate(path: str, rel: str) -> Tuple[bytes, Optional[np.ndarray],
     return data, image, None
 
 
+WORDNET_ID = re.compile(r"^n[0-9]{8}$")
+
+
+def class_index_of(labels: Optional[List[str]], wordnet: Callable[[], Dict[str, int]],
+                   where: str) -> Callable[[str], str]:
+    """ImageFolder labels: a class-per-folder name -> the class index the set stores (`<index>/<image>`, what the
+    gate reads without a labels file). A folder is a class index, a line of `labels` (the model's labels file) or
+    an ImageNet WordNet id (n01440764: ImageNet-1k's index, from `wordnet()`); anything else is an EdgeError naming
+    the folder under `where`. Without `labels`, other names are kept as they are (the gate reads them as labels)."""
+    lines = {name: i for i, name in enumerate(labels or [])}
+
+    def resolve(folder: str) -> str:
+        if folder.isdigit() and (labels is None or int(folder) < len(labels)):
+            return str(int(folder))
+        if folder in lines:
+            return str(lines[folder])
+        if WORDNET_ID.match(folder):
+            table = wordnet()
+            if folder in table and (labels is None or table[folder] < len(labels)):
+                return str(table[folder])
+        if labels is None and not WORDNET_ID.match(folder):
+            return folder
+        raise EdgeError("{}/{}: a label folder must be a class index, a line of the labels file or an ImageNet "
+                        "WordNet id (e.g. n01440764){}".format(where, folder, "" if labels is not None else
+                                                               "; pass the model's labels with --labels"))
+
+    return resolve
+
+
+def _relabelled(rel: str, relabel: Optional[Callable[[str], str]]) -> str:
+    parts = rel.split("/")
+    if relabel is None or len(parts) < 2:
+        return rel
+    return "/".join([relabel(parts[0])] + parts[1:])
+
+
 def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, source: Optional[str] = None,
-                           log: Callable[..., None] = print) -> CalibrationSet:
-    """Copy the usable images under `src_dir` (subfolders kept: they are labels) into a new set at `out_dir`.
+                           log: Callable[..., None] = print,
+                           relabel: Optional[Callable[[str], str]] = None) -> CalibrationSet:
+    """Copy the usable images under `src_dir` (subfolders kept: they are labels, renamed by `relabel`, e.g.
+    class_index_of) into a new set at `out_dir`.
 
     3-channel 8-bit images are copied byte for byte; grey, 4-channel and 16-bit ones are converted to BGR PNG.
-    Sizes are recorded as the set is read (EXIF orientation applied); names that are not UTF-8 are skipped.
-    Zero-byte, unreadable, non-image and too-small (< MIN_SIDE px) files are skipped and listed in one line.
-    """
+    Sizes are recorded as the set is read (EXIF orientation applied); names that are not UTF-8 are skipped. Zero-byte,
+    unreadable, non-image and too-small (< MIN_SIDE px) files are skipped and listed in one line."""
     cv2 = require("cv2")
     if not os.path.isdir(src_dir):
         raise EdgeError("{}: source folder not found".format(src_dir))
@@ -312,8 +350,8 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
                 if not ok:
                     raise EdgeError("{}: could not encode as PNG".format(rel))
                 data = encoded.tobytes()
-            base, ext = os.path.splitext(rel)
-            n = 1
+            base, ext = os.path.splitext(_relabelled(rel, relabel))
+            n, rel = 1, base + ext
             while rel in hashes:
                 rel = "{}-{}{}".format(base, n, ext)
                 n += 1

@@ -10,8 +10,10 @@ or a dict holding one under 'state_dict' or 'model').
 
 The export is checked against torch on the same input: max |ORT - torch| / max |torch| < 1e-4. The model info
 records the preprocessing the network was trained with (resize, crop, mean, std); edge.frame.stages feeds it that.
-The ONNX, labels and model info are written under temporary names and renamed into place together (signals held
-back meanwhile); an existing set is replaced only when it is a previous export, or with `force`.
+The ONNX, labels and model info are installed by edge.artifact.install as three plain files (an export travels:
+into images, over scp), the model info last: it records the sha256 of the other two, so a crash between the
+renames leaves a set every reader refuses, never one it serves. An existing set is replaced only when it is a
+previous export, or with `force`.
 """
 
 import os
@@ -26,16 +28,18 @@ import numpy as np
 from edge.artifact import (
     companions,
     info_path,
+    install,
     labels_file,
     remove_quietly,
     sha256_file,
     staging_path,
+    writable_set,
+    writing,
 )
 from edge.config import IMAGENET_MEAN, IMAGENET_STD
 from edge.errors import EdgeError, first_line, require
-from edge.fileio import check_output, load_json, write_json_atomic
+from edge.fileio import load_json
 from edge.frame.backend import INPUT_NAME, OUTPUT_NAME
-from edge.interrupts import deferred
 
 OPSET = 17
 MAX_RELATIVE_ERROR = 1e-4
@@ -206,11 +210,10 @@ def _refuse(path: str, why: str) -> None:
 
 
 def check_replaceable(out_path: str, force: bool = False) -> None:
-    """Before any work: the ONNX, labels and model info paths must be writable files (or absent), and existing
-    ones a previous export unless `force`: its model info a JSON object with `exported_at` and no `built_at` (that
-    is an `edge build` artifact), and the ONNX beside it the bytes whose sha256 it records."""
-    for path in companions(out_path):
-        check_output(path, "export")
+    """Before any work: the ONNX, labels and model info paths must be files or a set (or absent), and an existing
+    set a previous export unless `force`: its model info a JSON object with `exported_at` and no `built_at` (that
+    is an `edge build` artifact), and the ONNX the bytes whose sha256 it records."""
+    writable_set(out_path, "export")
     present = [p for p in companions(out_path) if os.path.lexists(p)]
     if force or not present:
         return
@@ -252,7 +255,7 @@ def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: 
     `preprocess` (resize, crop, mean, std) goes into the model info: what every stage then feeds the model."""
     torch = require("torch")
     started = time.monotonic()
-    staged = {path: staging_path(path) for path in companions(out_path)}
+    staged = {path: staging_path(path) for path in (out_path, labels_file(out_path))}
     try:
         sample = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 3, input_size, input_size),
                                                                           dtype=np.float32))
@@ -267,19 +270,13 @@ def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: 
             "input": {"name": INPUT_NAME, "shape": [1, 3, input_size, input_size], "dtype": "float32",
                       "layout": "NCHW RGB, (x/255 - mean)/std"},
             "output": {"name": OUTPUT_NAME, "shape": [1, len(labels)], "dtype": "float32"},
-            "precision": "fp32", "sha256": sha256_file(staged[out_path]),
-            "labels": os.path.basename(labels_file(out_path)),
-            "max_relative_error_vs_torch": rel_error, "torch": torch.__version__,
+            "precision": "fp32", "max_relative_error_vs_torch": rel_error, "torch": torch.__version__,
             "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         if preprocess is not None:
             info["preprocess"] = dict(preprocess)
-        write_json_atomic(staged[info_path(out_path)], info, "model info")
-        for tmp in staged.values():
-            os.chmod(tmp, 0o644)
-        with deferred():  # labels, model info, then the ONNX: the set changes together
-            for final, tmp in staged.items():
-                os.replace(tmp, final)
+        info = install(out_path, artifact=staged[out_path], info=info, labels=staged[labels_file(out_path)],
+                       files=True, log=lambda *a: None)
     finally:
         remove_quietly(list(staged.values()))
     log("export: {} ({:.1f} MB, {}, max relative error vs torch {:.2e}) in {:.1f} s{}".format(
@@ -294,7 +291,10 @@ def export_model(arch: str = DEFAULT_ARCH, weights: str = "auto", out: Optional[
     _arch(arch)
     out = out or os.path.join("engines", arch + ".onnx")
     check_replaceable(out, force)
-    require("torch").set_num_threads(os.cpu_count() or 1)
-    model, labels, desc, trained = build_model(arch, weights, seed, log)
-    return export_onnx(model, out, labels, desc, trained, arch, log=log, preprocess=ARCHES[arch].preprocess)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with writing(os.path.dirname(os.path.abspath(out)), "edge export"):
+        check_replaceable(out, force)  # still true now that the folder is ours
+        require("torch").set_num_threads(os.cpu_count() or 1)
+        model, labels, desc, trained = build_model(arch, weights, seed, log)
+        return export_onnx(model, out, labels, desc, trained, arch, log=log, preprocess=ARCHES[arch].preprocess)
 

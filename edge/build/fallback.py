@@ -1,11 +1,13 @@
-"""Float fallback for the layers INT8 breaks: find them, leave them unquantised, judge again.
+"""Float fallback for the layers INT8 breaks: find them and leave them unquantised, on the calibration side only.
 
-Sensitivity of a layer: how much of the INT8 model's damage (mean 1 - cosine of its logits against FP32's, run
-as TensorRT computes it: edge.frame.qdq_emulation) leaving that one layer in float recovers, on calibration
-images — never the regression set the gate judges with. The search removes the Q/DQ pairs in front of
-the 1, 2, 4, ... most sensitive layers (the scales of every other tensor stay as calibrated, so this is the
-model `nodes_to_exclude` would have given) until the gate passes or `limit` layers are float. TensorRT builds
-layers without Q/DQ in FP16 (edge.build.tensorrt_engine sets the flag next to INT8).
+Everything here is judged on the held-out split of the calibration set (edge.build.fidelity), never on the
+regression set: the gate then looks at the regression set once, at the model this step chose. When the Q/DQ model
+misses the gate's cosine thresholds on the held-out images, every quantised layer is ranked by how much of the
+damage (mean 1 - cosine of the logits against FP32's, run as TensorRT computes it: edge.frame.qdq_emulation)
+leaving that one layer in float recovers; the Q/DQ pairs in front of the 1, 2, 4, ... most damaging layers are
+removed (every other scale as calibrated: the model `nodes_to_exclude` would have given) until the held-out images
+meet the thresholds or `limit` layers are float. TensorRT builds layers without Q/DQ in FP16
+(edge.build.tensorrt_engine sets the flag next to INT8).
 """
 
 import os
@@ -13,9 +15,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edge.build.calibration import CalibrationSet
-from edge.build.fidelity import IMAGES, Fidelity
-from edge.config import PreprocessConfig
+from edge.build.fidelity import Fidelity
+from edge.build.placement import drop_unread_pairs, pairs_by_consumer
+from edge.config import GateConfig
 from edge.errors import require
 from edge.frame.qdq_emulation import emulated_model, ordered_nodes
 
@@ -26,15 +28,9 @@ SWITCH = "edge_float_layer"  # the ranking model's extra input
 
 def quantized_inputs(model: Any) -> Dict[str, List[Tuple[Any, Any]]]:
     """Consumer node name -> the (QuantizeLinear, DequantizeLinear) pairs feeding it."""
-    producers = {out: node for node in model.graph.node for out in node.output}
     pairs: Dict[str, List[Tuple[Any, Any]]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            dq = producers.get(name)
-            if dq is not None and dq.op_type == "DequantizeLinear":
-                q = producers.get(dq.input[0])
-                if q is not None and q.op_type == "QuantizeLinear":
-                    pairs.setdefault(node.name, []).append((q, dq))
+    for node, _, q, dq in pairs_by_consumer(model):
+        pairs.setdefault(node.name, []).append((q, dq))
     return pairs
 
 
@@ -48,17 +44,7 @@ def without_quantization(model: Any, nodes: Sequence[str]) -> Any:
         if node.name in set(nodes):
             for i, name in enumerate(node.input):
                 node.input[i] = rewire.get(name, name)
-    read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
-    for _ in range(2):  # the DequantizeLinear nodes nothing reads, then their QuantizeLinear nodes
-        keep = [n for n in model.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
-                or n.output[0] in read]
-        del model.graph.node[:]
-        model.graph.node.extend(keep)
-        read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
-    used = read | {n.output[0] for n in model.graph.node}
-    kept = [i for i in model.graph.initializer if i.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    drop_unread_pairs(model)
     return model
 
 
@@ -89,12 +75,11 @@ def _switchable(emulated: Any, qdq: Any, layers: Sequence[str]) -> Any:
     return emulated
 
 
-def rank_layers(fp32_path: str, qdq: Any, images: CalibrationSet, preprocess: PreprocessConfig) -> List[Dict[str, Any]]:
+def rank_layers(fidelity: Fidelity, qdq: Any) -> List[Dict[str, Any]]:
     """Every quantised compute layer with what leaving it alone in float recovers, most first."""
     pairs = quantized_inputs(qdq)
     layers = [node.name for node in qdq.graph.node
               if node.op_type in _COMPUTE and node.name and node.name in pairs]  # an unnamed one cannot be singled out
-    fidelity = Fidelity(fp32_path, images, preprocess)
     everything, *alone = fidelity.damages(_switchable(emulated_model(qdq), qdq, layers),
                                           [{SWITCH: np.array(i, np.int64)} for i in range(-1, len(layers))])
     ranked = [{"node": layer, "recovers": round(everything - damage, 6)} for layer, damage in zip(layers, alone)]
@@ -128,29 +113,27 @@ def expected_cost(fp32_path: str, nodes: Sequence[str]) -> Dict[str, Any]:
                      "not measured on a device".format(FP16_TIME_PER_INT8)}
 
 
-Judge = Callable[[str], Any]  # staged Q/DQ path -> GateResult
-
-
-def search(fp32_path: str, qdq_path: str, images: CalibrationSet, preprocess: PreprocessConfig, limit: int,
-           judge: Judge, stage: Callable[[str], str], log: Callable[..., None]) -> Tuple[Optional[str], Any,
-                                                                                        List[Dict[str, Any]]]:
-    """Leave the most damaging layers in float until `judge` passes: (passing model path or None, last
-    GateResult, the float layers with their damage)."""
+def search(fidelity: Fidelity, qdq_path: str, thresholds: GateConfig, limit: int, stage: Callable[[str], str],
+           log: Callable[..., None]) -> Tuple[Optional[str], List[Dict[str, Any]], Dict[str, Any]]:
+    """Leave the most damaging layers in float until the held-out images meet the gate's cosine thresholds:
+    (that model's path or None, the float layers with what each recovers, the last held-out verdict)."""
     onnx = require("onnx")
     qdq = onnx.load(qdq_path)
-    ranked = rank_layers(fp32_path, qdq, images, preprocess)
-    log("fallback: ranked {} quantised layers on {} calibration images; worst: {}".format(
-        len(ranked), min(len(images), IMAGES),
+    ranked = rank_layers(fidelity, qdq)
+    log("fallback: ranked {} quantised layers on {} held-out calibration images; worst: {}".format(
+        len(ranked), fidelity.images,
         ", ".join("{} ({:+.4f})".format(r["node"], r["recovers"]) for r in ranked[:3])))
-    count, result, chosen = 1, None, []
+    count, chosen, verdict = 1, [], {}
     while count <= min(limit, len(ranked)):
         chosen = ranked[:count]
-        path = stage(os.path.splitext(qdq_path)[0] + ".float{}.onnx".format(count))
-        onnx.save(without_quantization(qdq, [r["node"] for r in chosen]), path)
-        result = judge(path)
-        log("fallback: {} layer(s) in float -> gate {} ({})".format(count, "passed" if result.passed else "failed",
-                                                                    result.summary()))
-        if result.passed:
-            return path, result, chosen
+        model = without_quantization(qdq, [r["node"] for r in chosen])
+        verdict = fidelity.verdict(model, thresholds)
+        log("fallback: {} layer(s) in float -> held-out mean cosine {:.4f}, p5 {:.4f}{}".format(
+            count, verdict["mean_cosine"], verdict["p5_cosine"], " (meets the gate's thresholds)"
+            if verdict["passed"] else ""))
+        if verdict["passed"]:
+            path = stage(os.path.splitext(qdq_path)[0] + ".float{}.onnx".format(count))
+            onnx.save(model, path)
+            return path, chosen, verdict
         count = count * 2 if count * 2 <= limit or count == limit else limit
-    return None, result, chosen
+    return None, chosen, verdict

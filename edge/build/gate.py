@@ -1,38 +1,45 @@
-"""Accuracy regression gate: a candidate (INT8 Q/DQ in ONNX Runtime, or a TensorRT engine) against the FP32
-reference on the held-out regression set.
+"""Accuracy regression gate: a candidate (INT8 Q/DQ as TensorRT computes it, or a TensorRT engine) against the FP32
+reference on the held-out regression set, with a verdict that states what it proves.
 
-Both models see the same tensors, made by the runtime's CpuPreprocessor. Measured per image: the top-1 of
-each, the cosine of the two logit vectors and, for labelled images, whether each is right (top-1/top-5).
-Labels are subfolder names (`regression/<label>/img.png`): a label text from the model's labels file or a
-class index. Every image counts for the logit cosine; top-1 agreement is judged on the unlabelled ones.
+Both models see the same tensors, made by the runtime's CpuPreprocessor. Per image: the top-1 of each, the cosine of
+the two logit vectors, FP32's softmax confidence and, for labelled images (`regression/<label>/img.png`), whether
+each is right. Claims (edge.build.gate_stats):
 
-Labelled images give top-1/top-5 of both models, the flips each way (right->wrong, wrong->right) and the
-drop's uncertainty: an exact interval from the discordant pairs (McNemar), so the verdict knows its sample size.
-Agreement is not judged on them (a wrong answer turning into another wrong answer costs no accuracy; on photos a
-network is unsure of, sound INT8 of MobileNetV2 agrees on 0.7). The verdict is "fail" (agreement on unlabelled
-images or mean cosine below its threshold, or a top-1 drop above `max_top1_drop_pp` whose interval excludes no
-change), "inconclusive" (a drop above the limit that the set cannot tell from chance: "too
-few labelled images to judge a drop of X pp"; the build goes on and says so, docs/build.md) or "pass".
-Thresholds (config `build.gate`) and the measurements behind them: docs/build.md, accuracy gate.
+- labelled images: the top-1 drop is non-inferior: its 95 % upper bound (Tango's interval) within
+  `max_top1_drop_pp` passes, its lower bound beyond the limit fails, anything else is inconclusive ("cannot tell: a
+  N pp limit needs ~M labelled images").
+- every image: among the images FP32 is confident about (top-1 probability >= CONFIDENT), the rate of changed
+  top-1 answers, with its exact (Clopper-Pearson) interval against `max_confident_flip_pct` in the same way; the
+  tails and the centre of the logit cosine (`min_p5_cosine`, `min_mean_cosine`) and top-1 agreement on unlabelled
+  images (`min_agreement`) fail below their thresholds.
+- any NaN or Inf in either model's outputs fails, naming the image; every comparison is written so NaN cannot pass.
+- FP32 outputs near the uniform distribution (untrained weights) cannot be judged: a failure when enforced.
+
+The verdict: "fail" when anything fails, "pass" when every claim passes, else "inconclusive", which installs
+nothing unless the build is told --accept-inconclusive (edge.build.steps). Thresholds (config `build.gate`) and the
+measurements behind them: docs/build.md, accuracy gate.
 """
 
 import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from edge.build.calibration import CalibrationSet
+from edge.build.gate_stats import clopper_pearson, top1_claim
 from edge.config import GateConfig, PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError
-from edge.fileio import write_json_atomic
+from edge.fileio import load_json, write_json_atomic
 from edge.frame.preprocess import CpuPreprocessor
 
 Infer = Callable[[np.ndarray], np.ndarray]
 MAX_FLIPS_LISTED = 100
-CONFIDENCE = 0.95  # of the drop's interval; a drop is significant when the interval excludes 0
+CONFIDENCE = 0.95  # of every interval
+CONFIDENT = 0.5  # FP32 top-1 softmax probability from which an image counts as one FP32 is confident about
+NEAR_UNIFORM = 2.0  # FP32 outputs are near-uniform when 95 % of images' top-1 probability is below 2 / classes
 
 
 @dataclass
@@ -41,7 +48,7 @@ class GateResult:
 
     @property
     def passed(self) -> bool:
-        return bool(self.report["passed"])
+        return self.report["verdict"] == "pass"
 
     @property
     def failures(self) -> List[str]:
@@ -49,69 +56,19 @@ class GateResult:
 
     @property
     def verdict(self) -> str:
-        """The log line's word: passed, FAILED, or inconclusive (too few labelled images to judge the drop seen)."""
+        """The log line's word: passed, FAILED, or inconclusive (the set cannot carry the claim)."""
         return {"pass": "passed", "fail": "FAILED"}.get(self.report["verdict"], self.report["verdict"])
 
     def summary(self) -> str:
         r = self.report
-        text = "agreement {:.4f}, mean cosine {:.4f} (min {:.4f}), {} of {} flipped".format(
-            r["agreement"], r["mean_cosine"], r["min_cosine"], len(r["flips"]) + r["flips_not_listed"], r["samples"])
-        if r["labelled"]:
-            lo, hi = r["top1_drop_interval_pp"]
-            text += (", top-1 {:.2f}% -> {:.2f}% (drop {:+.2f} pp, {:.0f}% interval {:+.2f}..{:+.2f}; {} right->wrong, "
-                     "{} wrong->right), top-5 {:.2f}% -> {:.2f}% of {} labelled").format(
-                100 * r["reference_top1"], 100 * r["candidate_top1"], r["top1_drop_pp"], 100 * CONFIDENCE, lo, hi,
-                r["right_to_wrong"], r["wrong_to_right"], 100 * r["reference_top5"], 100 * r["candidate_top5"],
-                r["labelled"])
-        return text + "".join("; inconclusive: " + reason for reason in r["inconclusive"])
+        text = "mean cosine {} (p5 {}), {} of {} confident images flipped, agreement {}".format(
+            _shown(r["mean_cosine"]), _shown(r["p5_cosine"]), r["confident_flips"], r["confident_images"],
+            _shown(r["agreement"]))
+        return text + "".join("; " + claim for claim in r["claims"])  # an inconclusive claim says "cannot tell"
 
 
-def _binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p), exact (log-space terms: no overflow for any n)."""
-    if k <= 0:
-        return 1.0
-    if p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    log_p, log_q = math.log(p), math.log1p(-p)
-    return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-                                 + i * log_p + (n - i) * log_q) for i in range(k, n + 1)))
-
-
-def _solve(f: Callable[[float], float], target: float) -> float:
-    """p in [0, 1] with f(p) = target, for f increasing in p (bisection to 1e-12)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(45):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
-def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> Tuple[float, float]:
-    """The exact (Clopper-Pearson) interval of a binomial proportion, k successes in n trials."""
-    if n == 0:
-        return 0.0, 1.0
-    alpha = (1 - confidence) / 2
-    lo = 0.0 if k == 0 else _solve(lambda p: _binomial_tail(k, n, p), alpha)
-    hi = 1.0 if k == n else _solve(lambda p: _binomial_tail(k + 1, n, p), 1 - alpha)
-    return lo, hi
-
-
-def paired_drop(right_to_wrong: int, wrong_to_right: int, labelled: int,
-                confidence: float = 0.95) -> Dict[str, Any]:
-    """The top-1 drop of a candidate against its reference on the same labelled images, with its uncertainty.
-
-    Only the discordant pairs carry information (McNemar): given d = b + c of them, b (right->wrong) is
-    Binomial(d, pi) and the drop is d(2 pi - 1)/n. Returns the drop in pp, its exact interval (Clopper-Pearson on
-    pi, conditional on d) and the exact one-sided McNemar p-value of "no drop" (P(B >= b) with pi = 1/2)."""
-    b, c, n = right_to_wrong, wrong_to_right, labelled
-    d = b + c
-    lo, hi = clopper_pearson(b, d, confidence)
-    scale = 100.0 * d / n if n else 0.0
-    return {"top1_drop_pp": round(100.0 * (b - c) / n, 4) if n else 0.0,
-            "top1_drop_interval_pp": [round(scale * (2 * lo - 1), 4), round(scale * (2 * hi - 1), 4)],
-            "mcnemar_p": round(_binomial_tail(b, d, 0.5), 6)}
+def _shown(value: Optional[float]) -> str:
+    return "n/a" if value is None else "{:.4f}".format(value)
 
 
 def resolve_labels(images: CalibrationSet, labels: Optional[Sequence[str]]) -> List[Optional[int]]:
@@ -133,112 +90,236 @@ def resolve_labels(images: CalibrationSet, labels: Optional[Sequence[str]]) -> L
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = a.astype(np.float64).ravel()
-    b = b.astype(np.float64).ravel()
+    """Cosine of two finite vectors; -1 (the worst) for anything non-finite, so NaN never passes."""
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     denom = np.linalg.norm(a) * np.linalg.norm(b)
+    if not (np.isfinite(denom) and np.isfinite(a).all() and np.isfinite(b).all()):
+        return -1.0
     return float(a @ b / denom) if denom > 0 else (1.0 if np.array_equal(a, b) else 0.0)
 
 
-def _accuracy(ref: np.ndarray, cand: np.ndarray, truth: List[Optional[int]]) -> Dict[str, Any]:
-    """Top-1/top-5 of both models on the labelled images, the flips each way and the drop's uncertainty."""
+def _top_probability(logits: np.ndarray) -> float:
+    if not np.isfinite(logits).all():
+        return 0.0
+    z = logits.astype(np.float64) - logits.max()
+    return float(1.0 / np.exp(z).sum())
+
+
+def _non_finite(name: str, which: str, out: np.ndarray) -> Optional[Dict[str, Any]]:
+    bad = ~np.isfinite(out)
+    if not bad.any():
+        return None
+    return {"file": name, "model": which, "nan": int(np.isnan(out).sum()), "inf": int(np.isinf(out).sum())}
+
+
+def _accuracy(ref: np.ndarray, cand: np.ndarray, truth: List[Optional[int]], limit: float) -> Dict[str, Any]:
+    """Top-1/top-5 of both models on the labelled images, the flips each way and the non-inferiority claim."""
     rows = [i for i, t in enumerate(truth) if t is not None]
     if not rows:
         return {}
     label = np.asarray([truth[i] for i in rows])
     ref, cand = ref[rows], cand[rows]
     ref_right, cand_right = ref[:, 0] == label, cand[:, 0] == label
+    b, c = int((ref_right & ~cand_right).sum()), int((~ref_right & cand_right).sum())
     out: Dict[str, Any] = {
         "reference_top1": round(float(ref_right.mean()), 6), "candidate_top1": round(float(cand_right.mean()), 6),
         "reference_top5": round(float((ref == label[:, None]).any(axis=1).mean()), 6),
         "candidate_top5": round(float((cand == label[:, None]).any(axis=1).mean()), 6),
-        "right_to_wrong": int((ref_right & ~cand_right).sum()), "wrong_to_right": int((~ref_right & cand_right).sum()),
-    }
+        "right_to_wrong": b, "wrong_to_right": c, "top1_drop_pp": round(100.0 * (b - c) / len(rows), 4)}
     out["top5_drop_pp"] = round(100.0 * (out["reference_top5"] - out["candidate_top5"]), 4)
-    out.update(paired_drop(out["right_to_wrong"], out["wrong_to_right"], len(rows), CONFIDENCE))
+    claim = top1_claim(b, c, len(rows), limit)
+    out.update({k: v for k, v in claim.items() if k not in ("verdict", "claim")},
+               top1_verdict=claim["verdict"], top1_claim=claim["claim"])
     return out
 
 
-def _judge(report: Dict[str, Any], thresholds: GateConfig) -> None:
-    """failures (any: "fail"), inconclusive (a drop above the limit that the set cannot tell from chance), verdict."""
-    failures, inconclusive = [], []
+def _fidelity(flipped: np.ndarray, confident: np.ndarray, limit_pct: float) -> Dict[str, Any]:
+    """The changed-answer rate among the images FP32 is confident about, with its exact interval and claim."""
+    m, k = int(confident.sum()), int((flipped & confident).sum())
+    lo, hi = (100.0 * x for x in clopper_pearson(k, m, CONFIDENCE))
+    if m and hi <= limit_pct:
+        verdict, claim = "pass", "top-1 changes on <= {:.1f} % of confident images at 95 % ({} of {})".format(
+            hi, k, m)
+    elif m and lo > limit_pct:
+        verdict, claim = "fail", "top-1 changes on >= {:.1f} % of confident images at 95 % ({} of {}), beyond " \
+                                 "{:g} %".format(lo, k, m, limit_pct)
+    else:
+        verdict = "inconclusive"
+        claim = "cannot tell whether top-1 changes on <= {:g} % of confident images: {} of {} changed ({:.1f}.." \
+                "{:.1f} % at 95 %)".format(limit_pct, k, m, lo, hi)
+    return {"confident_images": m, "confident_flips": k, "confident_flip_interval_pct": [round(lo, 3), round(hi, 3)],
+            "fidelity_verdict": verdict, "fidelity_claim": claim}
+
+
+def _below(value: Optional[float], threshold: float) -> bool:
+    return not (value is not None and value >= threshold)  # NaN and None never pass
+
+
+def _judge(report: Dict[str, Any], t: GateConfig) -> None:
+    """failures (any: "fail"), the claims and what keeps them inconclusive, the verdict."""
+    failures, inconclusive, claims = [], [], []
+    bad = report["non_finite"]
+    if bad:
+        first = bad[0]
+        failures.append("non-finite output: the {} gave {} NaN and {} Inf values on {}{}".format(
+            first["model"], first["nan"], first["inf"], first["file"],
+            " (+{} more images)".format(len(bad) - 1) if len(bad) > 1 else ""))
     if report["samples"] == 0:
         failures.append("regression set is empty")
-    unlabelled = report.get("unlabelled_agreement")
-    if unlabelled is not None and unlabelled < thresholds.min_agreement:
-        failures.append("top-1 agreement {:.4f} < {}{}".format(unlabelled, thresholds.min_agreement,
-                                                              " on unlabelled images" if report["labelled"] else ""))
-    if report["mean_cosine"] < thresholds.min_mean_cosine:
-        failures.append("mean logit cosine {:.4f} < {}".format(report["mean_cosine"], thresholds.min_mean_cosine))
-    if report["labelled"] and report["top1_drop_pp"] > thresholds.max_top1_drop_pp:
-        lo, hi = report["top1_drop_interval_pp"]
-        why = "{:.2f} pp ({:.0f}% interval {:+.2f}..{:+.2f} pp, {} right->wrong, {} wrong->right of {})".format(
-            report["top1_drop_pp"], 100 * CONFIDENCE, lo, hi, report["right_to_wrong"], report["wrong_to_right"],
-            report["labelled"])
-        if lo > 0:
-            failures.append("top-1 accuracy drop {} > {}".format(why, thresholds.max_top1_drop_pp))
-        else:
-            inconclusive.append("too few labelled images to judge a drop of " + why)
-    report.update(failures=failures, inconclusive=inconclusive, passed=not failures,
-                  verdict="fail" if failures else "inconclusive" if inconclusive else "pass")
+    if report["reference_near_uniform"]:
+        failures.append("the FP32 model's outputs are near-uniform (top-1 probability below {:.4f} on 95 % of images):"
+                        " untrained weights cannot be judged; declare them with --untrained".format(
+                            NEAR_UNIFORM / report["classes"]))
+    if "unlabelled_agreement" in report and _below(report["unlabelled_agreement"], t.min_agreement):
+        failures.append("top-1 agreement {} < {} on unlabelled images".format(
+            _shown(report["unlabelled_agreement"]), t.min_agreement))
+    for key, name, threshold in (("mean_cosine", "mean logit cosine", t.min_mean_cosine),
+                                 ("p5_cosine", "5th-percentile logit cosine", t.min_p5_cosine)):
+        if _below(report[key], threshold):
+            failures.append("{} {} < {}".format(name, _shown(report[key]), threshold))
+    for prefix in ("top1", "fidelity"):
+        verdict = report.get(prefix + "_verdict")
+        if verdict is None:
+            continue
+        claims.append(report[prefix + "_claim"])
+        if verdict == "fail":
+            failures.append(report[prefix + "_claim"])
+        elif verdict == "inconclusive":
+            inconclusive.append(report[prefix + "_claim"])
+    verdict = "fail" if failures else "inconclusive" if inconclusive else "pass"
+    report.update(failures=failures, inconclusive=inconclusive, claims=claims, verdict=verdict,
+                  passed=verdict == "pass")
+
+
+def _outputs(reference: Infer, candidate: Infer, images: CalibrationSet, preprocess: PreprocessConfig,
+             ) -> Dict[str, Any]:
+    """Both models over every image: top-5s, cosines, FP32 confidence, non-finite outputs."""
+    prep = CpuPreprocessor(preprocess)
+    rows: Dict[str, List[Any]] = {"ref": [], "cand": [], "cos": [], "conf": [], "bad": []}
+    classes = 0
+    for name in images.files:
+        tensor = prep(images.read(name))
+        ref = np.asarray(reference(tensor), np.float32).reshape(-1)
+        cand = np.asarray(candidate(tensor), np.float32).reshape(-1)
+        classes = ref.size
+        rows["bad"].extend(b for b in (_non_finite(name, "reference", ref), _non_finite(name, "candidate", cand)) if b)
+        # non-finite values sort last: a NaN never becomes a top-1
+        rows["ref"].append(np.argsort(-np.nan_to_num(ref, nan=-np.inf), kind="stable")[:5])
+        rows["cand"].append(np.argsort(-np.nan_to_num(cand, nan=-np.inf), kind="stable")[:5])
+        rows["cos"].append(_cosine(ref, cand))
+        rows["conf"].append(_top_probability(ref))
+    n = len(images.files)
+    return {"n": n, "classes": classes, "bad": rows["bad"], "cos": np.asarray(rows["cos"], np.float64),
+            "conf": np.asarray(rows["conf"], np.float64),
+            "top5": [np.asarray(rows[k], np.int64).reshape(n, -1) for k in ("ref", "cand")]}
 
 
 def evaluate(reference: Infer, candidate: Infer, images: CalibrationSet, preprocess: PreprocessConfig,
              thresholds: GateConfig, labels: Optional[Sequence[str]] = None) -> GateResult:
-    """Run both models over `images` and judge the candidate against `thresholds`.
-
-    Verdict: "fail" when agreement (unlabelled images) or cosine is below its threshold, or the top-1 drop exceeds
-    its limit and its exact interval excludes no change; "inconclusive" when the drop exceeds the limit but the set
-    is too small to tell it from chance (the build goes on, saying so: docs/build.md); else "pass"."""
+    """Run both models over `images` and judge the candidate against `thresholds` (module docstring)."""
     started = time.monotonic()
-    prep = CpuPreprocessor(preprocess)
     truth = resolve_labels(images, labels)
-    ref_top5: List[np.ndarray] = []
-    cand_top5: List[np.ndarray] = []
-    cosines: List[float] = []
-    flips: List[Dict[str, Any]] = []
+    out = _outputs(reference, candidate, images, preprocess)
+    n, ref_top5, cand_top5, cosines = out["n"], out["top5"][0], out["top5"][1], out["cos"]
 
     def name_of(i: int) -> Any:
         return labels[i] if labels is not None and i < len(labels) else i
 
-    for name, label in zip(images.files, truth):
-        tensor = prep(images.read(name))
-        ref = np.asarray(reference(tensor), np.float32).reshape(-1)
-        cand = np.asarray(candidate(tensor), np.float32).reshape(-1)
-        ref_top5.append(np.argsort(-ref, kind="stable")[:5])
-        cand_top5.append(np.argsort(-cand, kind="stable")[:5])
-        cosines.append(_cosine(ref, cand))
-        r, c = int(ref_top5[-1][0]), int(cand_top5[-1][0])
-        if r != c:
-            flips.append({"file": name, "reference": name_of(r), "candidate": name_of(c),
-                          "label": None if label is None else name_of(label), "cosine": round(cosines[-1], 5)})
-    n = len(images.files)
-    top5 = [np.asarray(t, np.int64).reshape(n, -1) for t in (ref_top5, cand_top5)]
+    flipped = ref_top5[:, 0] != cand_top5[:, 0] if n else np.zeros(0, bool)
+    flips = [{"file": images.files[i], "reference": name_of(int(ref_top5[i, 0])),
+              "candidate": name_of(int(cand_top5[i, 0])), "label": None if truth[i] is None else name_of(truth[i]),
+              "cosine": round(float(cosines[i]), 5)} for i in np.flatnonzero(flipped)]
     report: Dict[str, Any] = {
         "samples": n, "labelled": sum(t is not None for t in truth), "regression_set": images.root,
-        "regression_sha256": images.sha256,
-        "agreement": round(float(np.mean(top5[0][:, 0] == top5[1][:, 0])), 6) if n else 0.0,
-        "mean_cosine": round(float(np.mean(cosines)), 6) if n else 0.0,
-        "min_cosine": round(float(np.min(cosines)), 6) if n else 0.0,
-        "thresholds": {"min_agreement": thresholds.min_agreement, "min_mean_cosine": thresholds.min_mean_cosine,
-                       "max_top1_drop_pp": thresholds.max_top1_drop_pp},
+        "regression_sha256": images.sha256, "classes": out["classes"],
+        "agreement": round(float(np.mean(~flipped)), 6) if n else None,
+        "mean_cosine": round(float(np.mean(cosines)), 6) if n else None,
+        "p5_cosine": round(float(np.percentile(cosines, 5)), 6) if n else None,
+        "min_cosine": round(float(np.min(cosines)), 6) if n else None,
+        "reference_near_uniform": bool(n and out["classes"] > 1 and np.percentile(out["conf"], 95)
+                                       < NEAR_UNIFORM / out["classes"]),
+        "non_finite": out["bad"][:MAX_FLIPS_LISTED],
+        "thresholds": {k: getattr(thresholds, k) for k in vars(thresholds)},
         "flips": flips[:MAX_FLIPS_LISTED], "flips_not_listed": max(0, len(flips) - MAX_FLIPS_LISTED),
     }
     unlabelled = [i for i, t in enumerate(truth) if t is None]
     if unlabelled:  # labelled images are judged by the accuracy drop: a wrong answer turning into another is no loss
-        report["unlabelled_agreement"] = round(float(np.mean(top5[0][unlabelled, 0] == top5[1][unlabelled, 0])), 6)
-    report.update(_accuracy(top5[0], top5[1], truth))
+        report["unlabelled_agreement"] = round(float(np.mean(~flipped[unlabelled])), 6)
+    report.update(_fidelity(flipped, out["conf"] >= CONFIDENT, thresholds.max_confident_flip_pct))
+    report.update(_accuracy(ref_top5, cand_top5, truth, thresholds.max_top1_drop_pp))
     _judge(report, thresholds)
     report["seconds"] = round(time.monotonic() - started, 2)
     return GateResult(report)
 
 
+KERNEL_IMAGES = 32  # regression images the fused-kernel comparison runs on
+
+
+def kernel_distance(judged: Infer, fused: Infer, images: CalibrationSet,
+                    preprocess: PreprocessConfig) -> Dict[str, Any]:
+    """How far this CPU's fused ONNX Runtime int8 kernels (what `edge run` serves where they do not saturate) are
+    from the arithmetic the gate judged, on the first KERNEL_IMAGES images: top-1 agreement and the largest logit
+    difference relative to the largest judged logit."""
+    prep = CpuPreprocessor(preprocess)
+    same, worst = 0, 0.0
+    names = images.files[:KERNEL_IMAGES]
+    for name in names:
+        tensor = prep(images.read(name))
+        a = np.asarray(judged(tensor), np.float64).reshape(-1)
+        b = np.asarray(fused(tensor), np.float64).reshape(-1)
+        same += int(np.argmax(a) == np.argmax(b))
+        scale = float(np.max(np.abs(a))) or 1.0
+        difference = float(np.max(np.abs(a - b))) / scale
+        worst = max(worst, difference if np.isfinite(difference) else math.inf)
+    return {"images": len(names), "top1_agreement": round(same / max(len(names), 1), 4),
+            "max_relative_difference": round(worst, 6) if math.isfinite(worst) else None}
+
+
+def _json_safe(value: Any) -> Any:
+    """The report as strict JSON: a non-finite float (never expected, but a NaN must not make it unreadable) is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def earlier_looks(report_path: str, regression_sha256: str) -> List[Dict[str, Any]]:
+    """The looks at this regression set recorded by the previous report at `report_path` (every build and rebuild of
+    this artifact writes one, pass or fail); none when it judged another set or cannot be read."""
+    try:
+        previous = load_json(report_path, "gate report")
+    except EdgeError:
+        return []
+    looks = previous.get("looks") if isinstance(previous, dict) else None
+    if previous.get("regression_sha256") != regression_sha256 or not isinstance(looks, list):
+        return []
+    return [look for look in looks if isinstance(look, dict)]
+
+
+def record_look(result: GateResult, report_path: str, what: str) -> None:
+    """Add this look to the report's `looks` (the earlier ones on the same set first)."""
+    r = result.report
+    looks = earlier_looks(report_path, r["regression_sha256"]) if os.path.isfile(report_path) else []
+    looks.append({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "candidate": what,
+                  "verdict": r["verdict"], "claims": r["claims"]})
+    r["looks"] = looks
+
+
 def write_report(path: str, result: GateResult, extra: Optional[Dict[str, Any]] = None) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_json_atomic(path, dict(result.report, **(extra or {})))
+    write_json_atomic(path, _json_safe(dict(result.report, **(extra or {}))))
 
 
-def enforce(result: GateResult, report_path: str) -> None:
-    """A failed gate is a failed build (exit 1), with the first reason and where the full report is."""
-    if not result.passed:
+def enforce(result: GateResult, report_path: str, accept_inconclusive: bool = False) -> None:
+    """A failed gate is a failed build (exit 1), with the first reason and where the full report is; so is an
+    inconclusive one unless `accept_inconclusive`."""
+    if result.report["verdict"] == "fail":
         raise EdgeError("accuracy gate failed: {} ({}; report: {})".format(
             "; ".join(result.failures), result.summary(), report_path), exit_code=EXIT_FAIL)
+    if result.report["verdict"] == "inconclusive" and not accept_inconclusive:
+        raise EdgeError("accuracy gate inconclusive, nothing installed: {} (--accept-inconclusive installs it anyway, "
+                        "recorded in the manifest; report: {})".format("; ".join(result.report["inconclusive"]),
+                                                                        report_path), exit_code=EXIT_FAIL)

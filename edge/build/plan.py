@@ -7,21 +7,21 @@ One row per artifact format says everything that differs between them; nothing e
     tensorrt-engine  .engine  edge.build.tensorrt_engine (device)  edge.frame.tensorrt_runner.EngineRunner
 """
 
-import dataclasses
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
-from edge.artifact import is_current, read_model_info, sha256_file
-from edge.board import engine_expectations, tensorrt_version
+from edge.artifact import engine_expectations, info_path, is_current, read_set, sha256_file
+from edge.board import tensorrt_version
 from edge.build.artifacts import verify_onnx
 from edge.build.calibration import CalibrationSet, load_calibration_set
 from edge.build.gate import Infer, resolve_labels
 from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, max_opset
 from edge.config import Config
 from edge.errors import EdgeError, first_line, require
-from edge.frame.preprocess import model_preprocess
+from edge.fileio import recover_dir
+from edge.frame.stages import config_for_model
 
 Log = Callable[..., None]
 _PRECISION_SUFFIX = re.compile(r"\.(int8|fp16|fp32)$")
@@ -50,6 +50,14 @@ def onnx_runner(path: str) -> ContextManager[Infer]:
     return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=True))
 
 
+def fused_runner(path: str) -> ContextManager[Infer]:
+    """The Q/DQ model on this CPU's fused ONNX Runtime int8 kernels (session.x64quantprecision on), as `edge run`
+    serves it where they do not saturate."""
+    from edge.frame.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
+
+    return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=False))
+
+
 def _engine_runner(path: str) -> ContextManager[Infer]:
     from edge.frame.tensorrt_runner import EngineRunner
 
@@ -71,7 +79,7 @@ def _require_device() -> None:
 
 @dataclass(frozen=True)
 class Format:
-    name: str  # the manifest's "format"
+    name: str  # the model info's "format"
     suffix: str  # artifact file extension
     flag: str  # how `edge build` asks for it
     precisions: Tuple[str, ...]
@@ -123,6 +131,7 @@ class BuildPlan:
     command: str  # what rebuilds it
     target_tensorrt: Optional[str] = None  # the TensorRT the artifact is for (limits the Q/DQ opset)
     show_progress: bool = True
+    accept_inconclusive: bool = False  # --accept-inconclusive: a gate that cannot tell still installs, recorded
 
     @property
     def report_path(self) -> str:
@@ -130,7 +139,9 @@ class BuildPlan:
 
     @property
     def gate_enforced(self) -> bool:
-        return self.source_info.get("trained") is True
+        """Always, unless the model is declared untrained (--untrained, or its model info says so): a model without
+        model info is gated, and untrained weights are recognised from their outputs (edge.build.gate)."""
+        return self.source_info.get("trained") is not False
 
     @property
     def quantizes(self) -> bool:
@@ -142,9 +153,11 @@ class BuildPlan:
         return "tensorrt-entropy2" if self.calibrator else self.cfg.build.method
 
 
-def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, calibrator: bool) -> str:
+def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, *, calibrator: bool,
+                    untrained: bool = False) -> str:
     parts = ["edge build"] + (["--config " + cfg.path] if cfg.path else []) + (["--model " + model] if model else [])
-    return " ".join(parts + [p for p in (fmt.flag, "--calibrator" if calibrator else "") if p])
+    return " ".join(parts + [p for p in (fmt.flag, "--calibrator" if calibrator else "",
+                                         "--untrained" if untrained else "") if p])
 
 
 def target_tensorrt(cfg: Config) -> Optional[str]:
@@ -187,19 +200,37 @@ def check_source(source: str, crop: int, where: str, tensorrt: Optional[str] = N
             source, dims or "(not one input)", crop, where, crop, crop))
 
 
-def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False, calibrator: bool = False,
-                 show_progress: bool = True, load_calibration: bool = True) -> BuildPlan:
+def source_model_info(source: str, info: Dict[str, Any], *, untrained: bool = False) -> Dict[str, Any]:
+    """The source's model info (`info`, read with its set). None beside it (a user's own ONNX): of unknown
+    provenance, gated as trained. `untrained` (--untrained): declared untrained, so the gate is reported and not
+    enforced."""
+    if not os.path.lexists(info_path(source)):
+        info = {"weights": "unknown (no {}): gated as trained".format(os.path.basename(info_path(source))),
+                "trained": True}
+    if untrained:
+        info = dict(info, trained=False, weights="{} (declared untrained: --untrained)".format(info.get("weights")))
+    return info
+
+
+def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = False, calibrator: bool = False,
+                 show_progress: bool = True, load_calibration: bool = True, untrained: bool = False,
+                 accept_inconclusive: bool = False) -> BuildPlan:
     """Validate every input before any work; each problem is one line naming the file or config field.
 
-    `load_calibration=False`: the calibration set is made later by a step (edge rebuild's capture)."""
-    from edge.frame.postprocess import load_labels
+    `load_calibration=False`: the calibration set is made later by a step (edge rebuild's capture). `untrained`,
+    `accept_inconclusive`: the build's --untrained and --accept-inconclusive."""
 
     b, fmt = cfg.build, format_for(engine)
     where = cfg.path or "<defaults>"
     source = model or source_model(cfg.model.path)
-    # the model's own preprocessing constants (its model info) drive calibration and the gate, as at run time
-    source_info = read_model_info(source)
-    cfg = dataclasses.replace(cfg, preprocess=model_preprocess(cfg.preprocess, source_info, source, where))
+    if not os.path.isfile(source):
+        raise EdgeError("{}: source model not found (model.path or --model in {}; create it with: edge export)".format(
+            source, where))
+    # the source's set read once: its model info, labels and bytes checked together; its own preprocessing
+    # constants drive calibration and the gate, as at run time
+    source_set = read_set(source, rebuild="edge export")
+    source_info = source_model_info(source, source_set.info, untrained=untrained)
+    cfg = config_for_model(cfg, source_info, source)
     if b.precision not in fmt.precisions:
         raise EdgeError("build.precision {} in {}: the CPU build makes INT8 Q/DQ models only; fp16/fp32 engines "
                         "need --engine on the device".format(b.precision, where))
@@ -208,6 +239,8 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
                         "(--engine, build.precision int8)")
     tensorrt = target_tensorrt(cfg)
     check_source(source, cfg.preprocess.crop, where, tensorrt)
+    for folder in (b.calibration_dir, b.regression_dir):
+        recover_dir(folder)  # a set a killed `calibrate import`/capture/rebuild left aside goes back first
     calibration = None
     if b.precision == "int8" and load_calibration:
         calibration = load_calibration_set(b.calibration_dir, b.min_images,
@@ -216,8 +249,7 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
         b.regression_dir, 1, what="regression set (build.regression_dir in {})".format(where),
         hint="make the labelled ImageNet set with: edge calibrate imagenet {0}, or label your own images "
              "(<label>/<image>): edge calibrate import IMAGES_DIR {0}".format(b.regression_dir))
-    labels_file = os.path.splitext(source)[0] + ".labels.txt"
-    labels = load_labels(labels_file) if os.path.isfile(labels_file) else None
+    labels = source_set.labels
     resolve_labels(regression, labels)
     try:
         os.makedirs(b.engines_dir, exist_ok=True)
@@ -229,11 +261,11 @@ def check_inputs(cfg: Config, model: Optional[str] = None, engine: bool = False,
     return BuildPlan(cfg=cfg, fmt=fmt, source=source, artifact=artifact_path(source, b.engines_dir, b.precision, fmt),
                      calibrator=calibrator, source_info=source_info, labels=labels,
                      calibration=calibration, regression=regression,
-                     command=rebuild_command(cfg, model, fmt, calibrator), target_tensorrt=tensorrt,
-                     show_progress=show_progress)
+                     command=rebuild_command(cfg, model, fmt, calibrator=calibrator, untrained=untrained),
+                     target_tensorrt=tensorrt, show_progress=show_progress, accept_inconclusive=accept_inconclusive)
 
 
-def expected_manifest(plan: BuildPlan, system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def expected_model_info(plan: BuildPlan, system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """What an installed artifact must record to count as built from this plan's inputs on this system."""
     b = plan.cfg.build
     expected: Dict[str, Any] = {"source.sha256": sha256_file(plan.source), "precision": b.precision,
@@ -247,8 +279,8 @@ def expected_manifest(plan: BuildPlan, system: Optional[Dict[str, Any]] = None) 
     return expected
 
 
-def artifact_status(cfg: Config, model: Optional[str] = None, engine: bool = False,
+def artifact_status(cfg: Config, model: Optional[str] = None, *, engine: bool = False,
                     calibrator: bool = False) -> Tuple[bool, str]:
     """(current?, reason) for the artifact this config builds, from its inputs (for `edge doctor`)."""
-    plan = check_inputs(cfg, model, engine, calibrator, show_progress=False)
-    return is_current(plan.artifact, expected_manifest(plan), plan.command)
+    plan = check_inputs(cfg, model, engine=engine, calibrator=calibrator, show_progress=False)
+    return is_current(plan.artifact, expected_model_info(plan), rebuild=plan.command)

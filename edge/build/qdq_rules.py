@@ -1,8 +1,9 @@
 """What TensorRT's ONNX parser accepts of an INT8 Q/DQ model (tensorrt-int8.md), and the check of it.
 
-Symmetric signed INT8 (zero points int8 0), per-tensor activation scales, per-channel Conv weight scales on the
-output-channel axis, FP32 weights behind QuantizeLinear -> DequantizeLinear (no INT8 initializers), no
-DequantizeLinear feeding a bias, and an opset from 13 up to what the target TensorRT parses.
+Symmetric signed INT8 (zero points int8 0), positive finite scales, per-tensor activation scales, per-channel
+weight scales on the output-channel axis (Conv 0, ConvTranspose 1, Gemm 0 or 1 by transB, MatMul the last), FP32
+weights behind QuantizeLinear -> DequantizeLinear (no INT8 initializers), no DequantizeLinear feeding a bias, and
+an opset from 13 up to what the target TensorRT parses.
 """
 
 from typing import Any, Dict, List, Optional
@@ -85,16 +86,39 @@ def _stored_quantized(node: Any, g: _Graph, where: str) -> str:
     return "{}: INT8 weight initializer '{}' (keep FP32 weights with Q->DQ)".format(where, node.input[0])
 
 
+def _weight_axis(consumer: Any, weight: np.ndarray) -> Optional[int]:
+    """The output-channel axis of a weight read as input 1 of `consumer`: Conv (C_out, C_in, ...) 0, ConvTranspose
+    (C_in, C_out, ...) 1, Gemm B 0 with transB else 1, MatMul (K, N) the last; None for any other reader."""
+    if consumer.op_type == "Conv":
+        return 0
+    if consumer.op_type == "ConvTranspose":
+        return 1
+    if consumer.op_type == "Gemm":
+        return 0 if next((a.i for a in consumer.attribute if a.name == "transB"), 0) else 1
+    if consumer.op_type == "MatMul":
+        return weight.ndim - 1
+    return None
+
+
 def _weight_scale_problems(node: Any, scale: np.ndarray, g: _Graph, where: str) -> List[str]:
+    """Per-channel on the output-channel axis (TensorRT's only per-axis weight quantisation); Gemm and MatMul may
+    also be per-tensor."""
     problems = []
+    weight = g.values.get(g.producers[node.input[0]].input[0]) if node.input[0] in g.producers else None
+    if weight is None:
+        return problems
     for consumer in g.consumers.get(node.output[0], []):
-        if consumer.op_type == "Conv" and list(consumer.input).index(node.output[0]) == 1:
-            weight = g.values.get(g.producers[node.input[0]].input[0])
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-            channels = weight.shape[0] if weight is not None else -1
-            if scale.size != channels or axis != 0:
-                problems.append("{}: Conv weight scale must be per-channel on axis 0 ({} channels), got {} values on "
-                                "axis {}".format(where, channels, scale.size, axis))
+        if list(consumer.input).index(node.output[0]) != 1:
+            continue
+        want = _weight_axis(consumer, weight)
+        if want is None:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % max(weight.ndim, 1)
+        channels = weight.shape[want]
+        per_tensor_ok = consumer.op_type in ("Gemm", "MatMul") and scale.size == 1
+        if not per_tensor_ok and (scale.size != channels or axis != want):
+            problems.append("{}: {} weight scale must be per-channel on axis {} ({} channels), got {} values on axis "
+                            "{}".format(where, consumer.op_type, want, channels, scale.size, axis))
     return problems
 
 
@@ -104,6 +128,8 @@ def _qdq_node_problems(node: Any, g: _Graph) -> List[str]:
     scale = g.values.get(node.input[1])
     if scale is None:
         return problems + ["{}: scale is not a constant".format(where)]
+    if not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+        problems.append("{}: scale must be positive and finite, got {}".format(where, scale.reshape(-1)[:3]))
     source = node.input[0]
     if node.op_type == "DequantizeLinear" and source in g.initializers:
         if g.initializers[source].data_type in g.quantized_types:

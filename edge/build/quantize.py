@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from edge.build.calibration import CalibrationSet
+from edge.build.placement import OP_TYPES, apply_placement
 from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, node_consumers, opset_of, validate_qdq
 from edge.config import PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
@@ -212,7 +213,7 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
         shutil.copyfile(fp32_path, source)
         kwargs: Dict[str, Any] = dict(
             quant_format=q.QuantFormat.QDQ, activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
-            per_channel=True, reduce_range=False, nodes_to_exclude=excluded,
+            per_channel=True, reduce_range=False, nodes_to_exclude=excluded, op_types_to_quantize=list(OP_TYPES),
             calibrate_method=_calibration_method(method), extra_options=dict(EXTRA_OPTIONS))
         if has_cache:
             cache = os.path.join(work, "ranges.json")
@@ -226,9 +227,10 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
                 reader = PreprocessedReader(images, preprocess, chunk=len(images), progress=bar)
                 reader.next_chunk()
                 q.quantize_static(source, staged, reader, **kwargs)
+        placed = apply_placement(source, staged)
         install_validated(staged, out_path, fp32_path, tensorrt)
-    return summarise("onnxruntime", fp32_path, out_path, method, len(images), exclude_sensitive, excluded,
-                     time.monotonic() - started, log)
+    return dict(summarise("onnxruntime", fp32_path, out_path, method, len(images), exclude_sensitive, excluded,
+                          time.monotonic() - started, log), placement="tensorrt", moved_to_float=placed["removed"])
 
 
 def install_validated(staged: str, out_path: str, fp32_path: str, tensorrt: Optional[str] = None) -> None:
@@ -243,7 +245,7 @@ def install_validated(staged: str, out_path: str, fp32_path: str, tensorrt: Opti
 
 def summarise(quantizer: str, fp32_path: str, out_path: str, method: str, images: int, exclude_sensitive: bool,
               excluded: List[str], seconds: float, log: Callable[..., None]) -> Dict[str, Any]:
-    """The one log line and the summary the manifest records (build.quantize)."""
+    """The one log line and the summary the model info records (build.quantize)."""
     model = require("onnx").load(out_path, load_external_data=False)
     qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
     log("quantize: {} -> {} ({} {}, {} images, {} nodes kept in float, {} Q/DQ nodes) in {:.1f} s".format(

@@ -5,9 +5,11 @@ adds the lock, the reload and the command line).
 
 calibrate, build and gate are `edge build`'s steps (edge.build.steps) on the same BuildPlan and BuildState.
 The latency step runs `edge check` as a process on the candidate (the CLI's own check, with the service's
-config and its overrides). Install is edge build's, then the captured set replaces build.calibration_dir and
-the old set is kept as `<dir>.previous`; a `.previous` folder is only ever replaced when it is a set this
-tool wrote (its manifest lists every file in it): a user's file there stops the rebuild before any work.
+config and its overrides). Install is edge build's, then the captured set is exchanged with
+build.calibration_dir in one step and the old set kept as `<dir>.previous`; a `.previous` folder is only ever
+replaced when it is a set this tool wrote (its manifest lists every file in it): a user's file there stops the
+rebuild before any work. What a killed rebuild left is settled by the next one (`recover_sets`): the set the
+installed artifact's model info records goes to build.calibration_dir, a leftover becomes `.previous`.
 """
 
 import os
@@ -16,14 +18,15 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from edge.artifact import labels_path, served_note, sha256_file
+from edge.artifact import install, labels_file, lookup, read_model_info, served_note
 from edge.build.auto_method import AUTO, CANDIDATES
-from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of
+from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of, load_calibration_set
 from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.config import Config, as_dict, with_overrides
+from edge.durable import exchange
 from edge.errors import EXIT_FAIL, EdgeError, first_line
 from edge.fileio import check_output, check_replaceable, load_json, temp_dir, write_json_atomic
 from edge.frame.sources import open_capture
@@ -45,6 +48,7 @@ class RebuildJob:
     check_source: str = "synthetic"
     keep_work: bool = False
     stamp: str = ""
+    accept_inconclusive: bool = False  # --accept-inconclusive: the gate's inconclusive verdict still installs
 
     @property
     def calibration_dir(self) -> str:
@@ -77,15 +81,16 @@ def _check_numbers(job: RebuildJob) -> None:
                         .format(job.frames, job.every, job.min_images))
 
 
-def preflight(job: RebuildJob, engine: bool, calibrator: bool, log: Log) -> BuildPlan:
+def preflight(job: RebuildJob, *, engine: bool, calibrator: bool, log: Log) -> BuildPlan:
     """Every input and output checked before any work; the BuildPlan the shared steps run on."""
     cfg, b = job.cfg, job.cfg.build
     if b.precision != "int8":
         raise EdgeError("build.precision {} in {}: rebuilding the calibration only makes sense for int8".format(
             b.precision, cfg.path or "<defaults>"))
     _check_numbers(job)
-    plan = check_inputs(with_overrides(cfg, {"build.calibration_dir": job.staged_set}), None, engine, calibrator,
-                        show_progress=False, load_calibration=False)
+    plan = check_inputs(with_overrides(cfg, {"build.calibration_dir": job.staged_set}), None, engine=engine,
+                        calibrator=calibrator, show_progress=False, load_calibration=False,
+                        accept_inconclusive=job.accept_inconclusive)
     for uri in (cfg.source.uri, job.check_source):
         open_capture(with_overrides(cfg, {"source.uri": uri}).source)  # maps the URI, checks files exist; opens nothing
     check_output(os.path.join(job.staged_set, MANIFEST), "captured calibration set")
@@ -107,14 +112,11 @@ def step_capture(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
 
 def _run_check(job: RebuildJob, plan: BuildPlan, state: BuildState, work: str) -> Dict[str, Any]:
     """`edge check` on a link to the candidate (the backend is chosen by the extension); its JSON report."""
-    model = os.path.join(work, "candidate" + plan.fmt.suffix)
-    try:
-        os.link(state.candidate, model)
-    except OSError:
-        shutil.copyfile(state.candidate, model)
-    write_json_atomic(os.path.join(work, "candidate.json"), dict(plan.source_info, sha256=sha256_file(model)))
-    cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source,
-                                   "model.labels": labels_path(plan.source, job.cfg.model.labels)})
+    model = os.path.join(work, "candidate" + plan.fmt.suffix)  # a set of its own, as edge build installs one
+    labels = labels_file(plan.source)
+    install(model, artifact=state.candidate, info=plan.source_info, labels=labels if os.path.isfile(labels) else None,
+            keep_previous=False, log=lambda *a: None)
+    cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source})
     config = os.path.join(work, "check.yaml")
     write_json_atomic(config, as_dict(cfg))  # JSON is YAML
     command = [sys.executable, "-m", "edge", "check", "--config", config, "--frames", str(job.check_frames),
@@ -145,15 +147,20 @@ def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
 
 
 def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """edge build's install, then the captured set replaces build.calibration_dir (undone on a failed reload)."""
+    """edge build's install, then the captured set replaces build.calibration_dir in one exchange (undone on a
+    failed reload)."""
     step_install(plan, state, log)
     check_replaceable(job.previous_set, MANIFEST)  # still only a set this tool wrote
     if os.path.isdir(job.previous_set):
         shutil.rmtree(job.previous_set)
     had_set = os.path.exists(job.calibration_dir)
-    if had_set:
+    if not had_set:
+        os.rename(job.staged_set, job.calibration_dir)
+    elif exchange(job.staged_set, job.calibration_dir):
+        os.rename(job.staged_set, job.previous_set)  # now the old set
+    else:  # no RENAME_EXCHANGE here: two renames, a crash between them settled by recover_sets
         os.rename(job.calibration_dir, job.previous_set)
-    os.rename(job.staged_set, job.calibration_dir)
+        os.rename(job.staged_set, job.calibration_dir)
 
     def restore_set() -> None:
         os.rename(job.calibration_dir, job.staged_set)  # the set this rebuild captured: removed by its cleanup
@@ -164,6 +171,40 @@ def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: L
     assert state.calibration is not None
     log("install: calibration set {} now in {} (previous in {})".format(
         state.calibration.sha256[:12], job.calibration_dir, job.previous_set))
+
+
+def recover_sets(job: RebuildJob, plan: BuildPlan, log: Log) -> None:
+    """What a killed rebuild left beside build.calibration_dir, settled by the installed artifact: the set its
+    model info records goes to build.calibration_dir (from a `<dir>.rebuild-*` or `.previous`, by exchange), and a
+    leftover becomes `.previous` when there is none, else it is removed."""
+    parent, name = os.path.split(job.calibration_dir)
+    recorded = lookup(read_model_info(plan.artifact), "calibration.sha256") if os.path.exists(plan.artifact) else None
+    left = [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(name + ".rebuild-")
+            and os.path.join(parent, n) != job.staged_set]
+
+    def sha(path: str) -> Optional[str]:
+        try:
+            return load_calibration_set(path, verify=False).sha256
+        except EdgeError:
+            return None
+
+    match = next((p for p in left + [job.previous_set] if os.path.isdir(p) and sha(p) == recorded), None)
+    if match is not None and (not os.path.exists(job.calibration_dir) or sha(job.calibration_dir) != recorded):
+        if not os.path.exists(job.calibration_dir):
+            os.rename(match, job.calibration_dir)
+        elif not exchange(match, job.calibration_dir):
+            os.rename(job.calibration_dir, match + ".swap")
+            os.rename(match, job.calibration_dir)
+            os.rename(match + ".swap", match)
+        log("rebuild: {} holds the set {} records again (a rebuild was killed mid-install)".format(
+            job.calibration_dir, plan.artifact))
+    for path in (p for p in left if os.path.isdir(p)):
+        if not os.path.exists(job.previous_set) and os.path.isfile(os.path.join(path, MANIFEST)):
+            os.rename(path, job.previous_set)
+            log("rebuild: {} (left by a killed rebuild) kept as {}".format(path, job.previous_set))
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            log("rebuild: {} (left by a killed rebuild) removed".format(path))
 
 
 def rebuild_steps(job: RebuildJob, reload: Step) -> List[Step]:
@@ -189,16 +230,18 @@ def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, s
             else b.method,
             plan.source, plan.artifact,
             "" if plan.quantizes else " (skipped: --calibrator calibrates inside TensorRT in step 3)")),
-        ("fallback", "the Q/DQ model judged as TensorRT computes it; if an enforced gate fails, up to {} of the "
-         "layers INT8 hurts most stay in float and it is judged again".format(b.max_float_layers)
+        ("fallback", "the Q/DQ model judged as TensorRT computes it on held-out captured images; if it misses the "
+         "gate's cosine thresholds there, up to {} of the layers INT8 hurts most stay in float".format(
+             b.max_float_layers)
          if plan.quantizes else "skipped: no Q/DQ model on this path"),
         ("build", "TensorRT {} engine -> staged beside {}".format(b.precision, plan.artifact) if plan.fmt.engine
          else "no TensorRT build on this path: the Q/DQ ONNX is the artifact (--engine on the device)"),
-        ("gate", "candidate vs FP32 {} on {}: mean cosine >= {}, top-1 drop <= {} pp (labelled images), agreement "
-         ">= {} (unlabelled images) ({}) -> {}".format(
+        ("gate", "candidate vs FP32 {} on {}, once: mean cosine >= {}, top-1 drop's 95 % upper bound <= {} pp "
+         "(labelled images), agreement >= {} (unlabelled images) ({}{}) -> {}".format(
              plan.source, b.regression_dir, gate.min_mean_cosine, gate.max_top1_drop_pp, gate.min_agreement,
-             "enforced: trained weights" if plan.gate_enforced else "reported, not enforced: untrained weights",
-             plan.report_path)),
+             "enforced" if plan.gate_enforced else "reported, not enforced: declared untrained",
+             "; inconclusive installs (--accept-inconclusive)" if plan.accept_inconclusive else
+             "; inconclusive installs nothing", plan.report_path)),
         ("latency", "edge check with the candidate: {} frames of {} after {} warm-up, p99 end_to_end <= {:g} ms -> {}"
          .format(job.check_frames, redact(job.check_source), job.check_warmup, cfg.runtime.budget_ms,
                  latency_report(plan))),

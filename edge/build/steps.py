@@ -9,27 +9,42 @@ each one and logs one line when it is done; a failure of any kind becomes one `S
 step, after the undo actions committed steps registered, and staged files are removed. From the first
 `commit` step on, Ctrl-C is held back until the chain ends: an install is finished, never cut in half.
 
-The gate is enforced when the source model is trained (its model info says so). Untrained (random)
-weights give ~1e-10 logits whose INT8 agreement means nothing (cpu-baseline.md): the gate is then run and
-reported but not enforced, and the artifact stays marked untrained.
+The gate looks at the regression set once per build, at the model the calibration side chose (the float fallback
+decides on held-out calibration images), and is enforced unless the model is declared untrained (--untrained, or
+model info `trained: false`): random weights give ~1e-10 logits whose INT8 agreement means nothing
+(cpu-baseline.md), so their gate is run and reported but not enforced, and the artifact stays marked untrained.
+A model without model info is gated. An inconclusive verdict installs nothing unless --accept-inconclusive, which
+the manifest and the log record.
 """
 
 import os
-import shutil
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from edge.artifact import UNTRAINED_WARNING, install, make_manifest, remove_quietly, sha256_file, staging_path
+from edge.artifact import (
+    UNTRAINED_WARNING,
+    install,
+    labels_file,
+    make_model_info,
+    remove_quietly,
+    rollback,
+    sha256_file,
+    staging_path,
+    withdraw,
+    writing,
+)
 from edge.board import current_system
 from edge.build.auto_method import quantize
 from edge.build.calibration import CalibrationSet, warn_if_few
 from edge.build.fallback import expected_cost, search
-from edge.build.gate import GateResult, enforce, evaluate, write_report
-from edge.build.plan import BuildPlan, Log, onnx_runner
-from edge.errors import EXIT_FAIL, EdgeError
+from edge.build.fidelity import Fidelity, split
+from edge.build.gate import GateResult, enforce, evaluate, kernel_distance, record_look, write_report
+from edge.build.plan import BuildPlan, Log, fused_runner, onnx_runner
+from edge.errors import EXIT_FAIL, EdgeError, require
+from edge.frame.qdq_emulation import int8_kernels_saturate
 
 EXIT_INTERRUPTED = 130
 
@@ -42,10 +57,9 @@ class BuildState:
     calibration: Optional[CalibrationSet] = None
     staged: List[str] = field(default_factory=list)  # temporary files, removed at the end
     calibration_dir: Optional[str] = None  # where the set lives once installed, when a step moves it
-    info: Dict[str, Any] = field(default_factory=dict)  # quantize / engine / latency summaries for the manifest
+    info: Dict[str, Any] = field(default_factory=dict)  # quantize / engine / latency summaries for the model info
     gate: Optional[GateResult] = None
-    judged: Optional[Tuple[str, GateResult]] = None  # (candidate path, its emulated gate result)
-    manifest: Dict[str, Any] = field(default_factory=dict)  # the installed artifact's, once installed
+    model_info: Dict[str, Any] = field(default_factory=dict)  # the installed artifact's, once installed
     undo: List[Tuple[str, Callable[[], None]]] = field(default_factory=list)  # (what it restores, how)
     started: float = field(default_factory=time.monotonic)
 
@@ -182,53 +196,66 @@ def judge(plan: BuildPlan, candidate: str, runner: Callable[[str], Any]) -> Gate
 
 
 def step_fallback(plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """The Q/DQ model judged as TensorRT computes it; when an enforced gate fails, the layers whose quantisation
-    hurts most stay in float (edge.build.fallback) until it passes or build.max_float_layers are float."""
-    if not plan.quantizes:
-        return
-    result = judge(plan, state.candidate, onnx_runner)
-    state.judged = (state.candidate, result)
+    """On held-out calibration images, never the regression set: when the Q/DQ model misses the gate's cosine
+    thresholds there, the layers whose quantisation hurts most stay in float (edge.build.fallback) until it meets
+    them or build.max_float_layers are float. The gate then looks at the regression set once."""
     limit = plan.cfg.build.max_float_layers
-    if result.passed or not plan.gate_enforced or limit == 0:
+    if not plan.quantizes or not plan.gate_enforced or limit == 0:
         return
     assert state.calibration is not None
-    log("fallback: gate failed with every quantised layer in INT8 ({}); looking for the layers that break it".format(
-        result.summary()))
-    path, last, chosen = search(plan.source, state.candidate, state.calibration, plan.cfg.preprocess,
-                                limit, lambda p: judge(plan, p, onnx_runner), state.stage, log)
+    onnx, thresholds, summary = require("onnx"), plan.cfg.build.gate, state.info["quantize"]
+    fidelity = Fidelity(plan.source, split(state.calibration)[1], plan.cfg.preprocess)
+    plain = summary["held_out"] = fidelity.verdict(onnx.load(state.candidate), thresholds)
+    if plain["passed"]:
+        return
+    log("fallback: with every quantised layer in INT8, {} held-out calibration images miss the gate's cosine "
+        "thresholds (mean {:.4f}, p5 {:.4f}); looking for the layers that break it".format(
+            plain["images"], plain["mean_cosine"], plain["p5_cosine"]))
+    path, chosen, verdict = search(fidelity, state.candidate, thresholds, limit, state.stage, log)
     if path is None:
-        log("fallback: the gate still fails with {} layers in float ({}); reporting the INT8 model".format(
-            len(chosen), last.summary()))
-        state.info["quantize"]["float_layers_tried"] = {"layers": chosen, "gate": last.summary()}
+        log("fallback: still short with {} layers in float; the gate judges the INT8 model".format(len(chosen)))
+        summary["float_layers_tried"] = {"layers": chosen, "held_out": verdict}
         return
     names = [r["node"] for r in chosen]
-    state.info["quantize"]["float_layers"] = [dict(r, why="gate failed in INT8; leaving this layer in float "
-                                                          "recovers this much of 1 - logit cosine") for r in chosen]
-    state.info["quantize"]["float_layers_cost"] = expected_cost(plan.source, names)
-    state.info["quantize"]["excluded_nodes"] = sorted(set(state.info["quantize"]["excluded_nodes"]) | set(names))
-    state.candidate, state.judged = path, (path, last)
+    summary["float_layers"] = [dict(r, why="held-out calibration images missed the gate's cosine thresholds in "
+                                          "INT8; leaving this layer in float recovers this much of 1 - logit cosine")
+                               for r in chosen]
+    summary["float_layers_cost"] = expected_cost(plan.source, names)
+    summary["held_out"] = verdict
+    summary["excluded_nodes"] = sorted(set(summary["excluded_nodes"]) | set(names))
+    state.candidate = path
 
 
 def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """FP32 ONNX Runtime vs the candidate on the regression set; the report is written pass or fail."""
-    if state.judged is not None and state.judged[0] == state.candidate and not plan.fmt.engine:
-        result = state.judged[1]  # the fallback step judged this very file with the same runner
-    else:
-        result = judge(plan, state.candidate, plan.fmt.runner)
+    """FP32 ONNX Runtime vs the candidate on the regression set, once; the report is written whatever the verdict."""
+    result = judge(plan, state.candidate, plan.fmt.runner)
+    record_look(result, plan.report_path, os.path.basename(plan.artifact) + " ({} candidate)".format(
+        "float fallback" if "float_layers" in (state.info.get("quantize") or {}) else plan.fmt.name))
     extra = {k: v for k, v in (state.info.get("quantize") or {}).items() if k.startswith("float_layers")}
+    if not plan.fmt.engine:
+        with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
+            extra["this_cpu_int8_kernels"] = dict(kernel_distance(judged, fused, plan.regression, plan.cfg.preprocess),
+                                                  served="emulated" if int8_kernels_saturate() else "these kernels")
     write_report(plan.report_path, result, {"artifact": plan.artifact, "source": plan.source,
-                                            "enforced": plan.gate_enforced, "evaluator": plan.fmt.evaluator, **extra})
-    log("gate: {} - {} (report {})".format(result.verdict, result.summary(),
-                                           plan.report_path))
+                                            "enforced": plan.gate_enforced, "evaluator": plan.fmt.evaluator,
+                                            "accept_inconclusive": plan.accept_inconclusive, **extra})
+    log("gate: {} - {} (report {})".format(result.verdict, result.summary(), plan.report_path))
+    looks = result.report["looks"]
+    if len(looks) > 1:
+        log("gate: look {} at this regression set (earlier: {}); the 95 % confidence holds for one look - a fresh "
+            "set restores it".format(len(looks), ", ".join("{} {}".format(x["at"], x["verdict"]) for x in looks[:-1])))
     state.gate = result
     if plan.gate_enforced:
-        enforce(result, plan.report_path)
-    elif not result.passed:
+        enforce(result, plan.report_path, plan.accept_inconclusive)
+        if result.report["verdict"] == "inconclusive":
+            log("gate: INCONCLUSIVE, installed because --accept-inconclusive was given: {}".format(
+                "; ".join(result.report["inconclusive"])))
+    elif result.report["verdict"] != "pass":
         log("gate: not enforced - {} ({})".format(UNTRAINED_WARNING, plan.source_info.get("weights", "unknown")))
 
 
-def assemble_manifest(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
-    """The manifest for the candidate as it will be installed at `plan.artifact`."""
+def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
+    """The model info for the candidate as it will be installed at `plan.artifact`."""
     b, result = plan.cfg.build, state.gate
     assert result is not None
     calibration = None
@@ -238,37 +265,39 @@ def assemble_manifest(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
                        "sha256": state.calibration.sha256, "images": len(state.calibration),
                        "method": plan.calibration_method,
                        "exclude_sensitive": None if plan.calibrator else b.exclude_sensitive}
-    gate = {k: result.report.get(k) for k in ("passed", "verdict", "agreement", "mean_cosine", "min_cosine", "samples",
-                                              "labelled", "top1_drop_pp", "regression_sha256")}
+    gate = {k: result.report.get(k) for k in ("passed", "verdict", "claims", "agreement", "mean_cosine", "p5_cosine",
+                                              "min_cosine", "samples", "labelled", "top1_drop_pp",
+                                              "top1_drop_interval_pp", "regression_sha256")}
     gate.update({"enforced": plan.gate_enforced, "report": os.path.basename(plan.report_path),
+                 "accepted_inconclusive": plan.accept_inconclusive and result.report["verdict"] == "inconclusive",
+                 "looks": len(result.report.get("looks", [])),
                  "flips": len(result.report["flips"]) + result.report["flips_not_listed"]})
     build = {"command": plan.command, "quantize": state.info.get("quantize"), "engine": state.info.get("engine"),
              "seconds": round(time.monotonic() - state.started, 1)}
-    manifest = make_manifest(state.candidate, plan.source_info, plan.source, plan.fmt.name, b.precision, calibration,
-                             gate, current_system(), build)
-    manifest["artifact"] = os.path.basename(plan.artifact)
+    info = make_model_info(state.candidate, plan.source_info, plan.source, fmt=plan.fmt.name, precision=b.precision,
+                           calibration=calibration, gate=gate, system=current_system(), build=build)
+    if plan.fmt.engine:  # an engine has no graph to read at load: whether it ends in Softmax is recorded
+        from edge.frame.onnxruntime_backend import ends_in_softmax
+
+        info["output"] = dict(info.get("output") or {}, softmax=ends_in_softmax(
+            require("onnx").load(plan.source, load_external_data=False).graph))
     if "latency" in state.info:
-        manifest["latency"] = state.info["latency"]
-    return manifest
+        info["latency"] = state.info["latency"]
+    return info
 
 
 def step_install(plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """Atomic install (the current artifact kept in previous/); registers its undo for the steps after it."""
-    from edge.artifact import info_path, rollback
-
-    labels_src = os.path.splitext(plan.source)[0] + ".labels.txt"
-    staged_labels = None
-    if os.path.isfile(labels_src):
-        staged_labels = state.stage(os.path.splitext(plan.artifact)[0] + ".labels.txt")
-        shutil.copyfile(labels_src, staged_labels)
-        os.chmod(staged_labels, 0o644)
+    """Atomic install (the current set kept as previous); registers its undo for the steps after it."""
+    labels = labels_file(plan.source)
     had_previous = os.path.exists(plan.artifact)
-    state.manifest = assemble_manifest(plan, state)
-    install(state.candidate, plan.artifact, state.manifest, staged_labels, plan.fmt.verify, log)
+    state.model_info = install(plan.artifact, artifact=state.candidate, info=assemble_model_info(plan, state),
+                               labels=labels if os.path.isfile(labels) else None, verify_staged=plan.fmt.verify,
+                               log=log)
     if had_previous:
-        state.undo.append(("previous artifact restored", lambda: rollback(plan.artifact, log)))
+        state.undo.append(("previous artifact restored",
+                           lambda: rollback(plan.artifact, verify_kept=plan.fmt.verify, log=log)))
     else:
-        state.undo.append(("new artifact removed", lambda: remove_quietly([plan.artifact, info_path(plan.artifact)])))
+        state.undo.append(("new artifact removed", lambda: withdraw(plan.artifact)))
 
 
 CALIBRATE = Step("calibrate", step_calibrate)
@@ -279,11 +308,13 @@ INSTALL = Step("install", step_install, commit=True)
 
 
 def run_build(plan: BuildPlan, log: Log = print) -> Dict[str, Any]:
-    """calibrate + quantize -> [engine] -> gate -> install; returns the installed artifact's manifest."""
+    """calibrate + quantize -> [engine] -> gate -> install, holding the engines folder's lock throughout;
+    returns the installed artifact's model info."""
     if plan.calibration is not None:
         warn_if_few(len(plan.calibration), log)
     steps = [CALIBRATE, FALLBACK] if plan.quantizes else []
     steps += ([ENGINE] if plan.fmt.engine else []) + [GATE, INSTALL]
     state = BuildState(candidate=plan.source, calibration=plan.calibration)
-    run_steps(steps, plan, state, log)
-    return state.manifest
+    with writing(os.path.dirname(os.path.abspath(plan.artifact)), "edge build"):
+        run_steps(steps, plan, state, log)
+    return state.model_info

@@ -111,7 +111,7 @@ def _parse_error(parser: "trt.OnnxParser", onnx_path: str) -> EdgeError:
 
 def _set_precision(config: "trt.IBuilderConfig", precision: str, explicit: bool, version: str, onnx_path: str,
                    calibration: bool) -> str:
-    """Builder flags for `precision`; returns the build mode recorded in the manifest (the caller sets the
+    """Builder flags for `precision`; returns the build mode recorded in the model info (the caller sets the
     calibrator for int8-implicit-entropy2)."""
     import tensorrt as trt
 
@@ -141,6 +141,17 @@ def _set_precision(config: "trt.IBuilderConfig", precision: str, explicit: bool,
     return precision
 
 
+def limit_tactic_sources(trt: Any, config: Any, major: int) -> None:
+    """No cuBLAS, cuBLASLt or cuDNN tactics on TensorRT 8.x, where they are on by default (10.x turned them off):
+    an engine that may use them loads those libraries into every execution context, hundreds of MB on a Jetson,
+    twice while a reload holds two contexts (a 4 GB Orin Nano). TensorRT's own kernels cover these networks."""
+    sources = getattr(trt, "TacticSource", None)
+    if major >= 10 or sources is None:
+        return
+    keep = [getattr(sources, name, None) for name in ("EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS")]
+    config.set_tactic_sources(sum(1 << int(source) for source in keep if source is not None))
+
+
 def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: int, version: str,
            images: Optional[CalibrationSet], preprocess: PreprocessConfig, calibration_cache: str,
            timing_path: str, log: Callable[..., None]) -> Tuple[bytes, bytes, str]:
@@ -159,6 +170,7 @@ def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: i
     explicit = any(network.get_layer(i).type == trt.LayerType.QUANTIZE for i in range(network.num_layers))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
+    limit_tactic_sources(trt, config, major)
     mode = _set_precision(config, precision, explicit, version, onnx_path, images is not None)
     if mode == "int8-implicit-entropy2" and images is not None:
         config.int8_calibrator = _calibrator(session, images, preprocess, calibration_cache, log)

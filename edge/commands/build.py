@@ -19,7 +19,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     started = time.monotonic()
-    plan = check_inputs(cfg, None, args.engine, args.calibrator, not args.no_progress)
+    plan = check_inputs(cfg, None, engine=args.engine, calibrator=args.calibrator, show_progress=not args.no_progress,
+                        untrained=args.untrained, accept_inconclusive=args.accept_inconclusive)
     print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
     note = served_note(cfg.model.path, plan.artifact) if cfg.model.path != plan.source else None
     if note:
@@ -32,7 +33,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, frames_of, import_calibration_set
 
     if args.calibrate_command == "import":
-        import_calibration_set(args.src, args.out, args.min_images)
+        from edge.build.calibration import class_index_of
+        from edge.build.imagenet_set import imagenet1k_wordnet
+        from edge.frame.postprocess import load_labels
+
+        relabel = class_index_of(load_labels(args.labels) if args.labels else None, imagenet1k_wordnet, args.src)
+        import_calibration_set(args.src, args.out, args.min_images, relabel=relabel)
         return EXIT_OK
     if args.calibrate_command == "imagenet":
         from edge.build.imagenet_set import DEFAULT_OUT, make_imagenet_set
@@ -50,14 +56,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from edge.artifact import rollback
+    import os
+
+    from edge.artifact import rollback, writing
     from edge.build.plan import artifact_path, format_for, source_model
 
     cfg = config_from_args(args)
     fmt = format_for(args.engine or bool(args.artifact and args.artifact.endswith(".engine")))
     target = args.artifact or artifact_path(source_model(cfg.model.path), cfg.build.engines_dir,
                                             cfg.build.precision, fmt)
-    rollback(target, fmt.verify)  # what is put back is verified as a build verifies what it installs
+    with writing(os.path.dirname(os.path.abspath(target)), "edge rollback"):
+        rollback(target, verify_kept=fmt.verify)  # what is put back is verified as a build verifies what it installs
     return EXIT_OK
 
 
@@ -68,15 +77,31 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrator", action="store_true",
                    help="with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT 8.5/10 only)")
     p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
+    add_gate_arguments(p)
+    p.add_argument("--untrained", action="store_true",
+                   help="the model has untrained (random) weights: the gate is reported, not enforced, and the "
+                        "artifact is marked untrained (a model without model info is otherwise gated as trained)")
+
+
+def add_gate_arguments(p: argparse.ArgumentParser) -> None:
+    """The gate's flag `edge build` and `edge rebuild` share."""
+    p.add_argument("--accept-inconclusive", action="store_true",
+                   help="install even when the gate cannot tell (too few images for its claim); the manifest and "
+                        "the log record it")
 
 
 def _add_calibrate_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("calibrate", help="make a calibration set (a folder of images + manifest.json)")
     sub = p.add_subparsers(dest="calibrate_command", metavar="{import,capture,imagenet}")
     sub.required = True
-    imp = sub.add_parser("import", help="take existing images (odd files are skipped and listed in one line)")
-    imp.add_argument("src", help="folder of images (subfolders are kept: they are labels for a regression set)")
+    imp = sub.add_parser("import", help="take existing images (odd files are skipped and listed in one line)",
+                         description="A folder of images, or an ImageFolder tree (a folder per class) that becomes a "
+                                     "labelled regression set: each class folder named by a class index, a line of "
+                                     "--labels or an ImageNet WordNet id (n01440764) is stored as its class index. "
+                                     "A top-1 claim of +-1 pp needs ~2,400-4,700 labelled images (docs/build.md).")
+    imp.add_argument("src", help="folder of images; a folder per class makes them labelled")
     imp.add_argument("out", help="new set folder (replaced atomically)")
+    imp.add_argument("--labels", help="the model's labels file (<model>.labels.txt): class folders may be its lines")
     imp.add_argument("--min-images", type=int, default=32, help="fewer usable images is an error (default 32)")
     cap = sub.add_parser("capture", help="keep every k-th frame of a source, skipping near-duplicates")
     cap.add_argument("out", nargs="?", help="set folder (default build.calibration_dir)")

@@ -5,8 +5,9 @@
 
 The model, preprocessing (with the constants from the model's info) and backend come from the config and flags,
 built by edge.frame.stages.build_stages as for `edge run`. A folder means every image file under it (sorted).
-Prints a table, or one JSON line per image with --json. Unreadable or missing files are named on stderr and
-skipped; exit 2 when none could be read.
+Prints a table, or one JSON line per image with --json (never a NaN: a non-finite output is a failed image).
+Unreadable or missing files, image types it does not read (.gif, .ico, .jp2, ...) and images the model failed on
+are named on stderr and skipped; exit 2 when none could be classified.
 """
 
 import argparse
@@ -17,8 +18,12 @@ import time
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
-from edge.errors import EXIT_OK, EdgeError
+from edge.errors import EXIT_OK, EdgeError, first_line
 from edge.fileio import read_image
+
+# image files found in a folder that are not read (IMAGE_EXTENSIONS are): named, not silently left out
+OTHER_IMAGE_TYPES = (".gif", ".ico", ".jp2", ".j2k", ".jpx", ".heic", ".heif", ".avif", ".jxl", ".svg", ".psd",
+                     ".exr", ".hdr", ".pfm", ".dng", ".cr2", ".nef", ".raw")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,12 +38,17 @@ def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str]]]:
 
     for path in paths:
         if os.path.isdir(path):
-            found = sorted(os.path.join(root, name) for root, dirs, names in os.walk(path) for name in names
-                           if name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith("."))
+            names = sorted(os.path.join(root, name) for root, dirs, names in os.walk(path) for name in names
+                           if not name.startswith("."))
+            found = {n for n in names if n.lower().endswith(IMAGE_EXTENSIONS)}
             if not found:
                 yield path, "folder has no images ({})".format(" ".join(IMAGE_EXTENSIONS))
-            for name in found:
-                yield name, None
+            for name in names:
+                if name in found:
+                    yield name, None
+                elif name.lower().endswith(OTHER_IMAGE_TYPES):
+                    yield name, "{} images are not read ({})".format(os.path.splitext(name)[1].lower(),
+                                                                     " ".join(IMAGE_EXTENSIONS))
         elif os.path.exists(path):
             yield path, None
         else:
@@ -65,10 +75,16 @@ def cmd_classify(args: argparse.Namespace) -> int:
                 skipped += 1
                 continue
             started = time.monotonic()
-            prediction = stages.classify(image)
+            try:
+                prediction = stages.classify(image)
+            except Exception as exc:  # a failed frame (a non-finite output): named, the others go on
+                print("edge classify: failed {}: {}".format(path, first_line(exc)), file=sys.stderr)
+                skipped += 1
+                continue
             top = prediction.as_dict()["top"]
             if args.json:
-                print(json.dumps({"file": path, "top": top, "ms": round((time.monotonic() - started) * 1e3, 2)}))
+                print(json.dumps({"file": path, "top": top, "ms": round((time.monotonic() - started) * 1e3, 2)},
+                                 allow_nan=False))
             else:
                 if not classified:
                     print("{:<40} {:>2}  {:<6}  {}".format("image", "#", "score", "class (index)"))

@@ -12,7 +12,7 @@ from edge import interrupts
 from edge.config import Config, load_config
 from edge.errors import EXIT_BAD_INPUT, EXIT_FAIL, EdgeError, first_line, one_line
 from edge.fields import add_flags, flag_values
-from edge.uri import redact
+from edge.uri import argv_note, redact
 
 Handler = Callable[[argparse.Namespace], int]
 _NOT_THE_PATH = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # the disk, not the path the user gave: exit 1
@@ -31,6 +31,9 @@ def add_config_flags(p: argparse.ArgumentParser, *keys: str) -> None:
 def config_from_args(args: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> Config:
     """The config file named by --config with the config flags given (and `extra` keys) applied."""
     flags = flag_values(args, Config)
+    note = argv_note(flags["source.uri"]) if isinstance(flags.get("source.uri"), str) else None
+    if note:
+        print(note, file=sys.stderr)
     flags.update({k: v for k, v in (extra or {}).items() if v is not None})
     return load_config(getattr(args, "config", None), flags)
 

@@ -4,6 +4,7 @@ once, and only while a client waits for it (or once a second for /frame.jpg); th
 Connections are bounded and a request head has a total deadline (edge/service/http.py).
 """
 
+import html
 import json
 import sys
 import threading
@@ -16,7 +17,7 @@ import numpy as np
 
 from edge.errors import EdgeError, require
 from edge.frame.pipeline import Result, Sink
-from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler
+from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler, allowed_hosts
 from edge.service.signals import StopFlag
 from edge.uri import redact
 
@@ -129,38 +130,48 @@ class OverlaySink(Sink):
             require("cv2").destroyAllWindows()
 
 
+# The page, its style and its script: no inline code, so Content-Security-Policy default-src 'self' holds; every
+# value from the model (labels) or the stream reaches the page as text (textContent), never as HTML.
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>jetson-edge demo</title>
-<style>
-body {{ background: #111; color: #ddd; font: 14px/1.4 sans-serif; margin: 12px; }}
-#warn {{ color: #111; background: #ffa500; padding: 4px 8px; display: {warn_display}; }}
-img {{ display: block; max-width: 100%; margin: 8px 0; background: #000; }}
-td {{ padding: 1px 10px 1px 0; }} .ok {{ color: #3c3; }} .miss {{ color: #f44; }}
-</style></head>
+<link rel="stylesheet" href="/demo.css"></head>
 <body>
-<div id="warn">{warning}</div>
+<div id="warn"{warn_class}>{warning}</div>
 <img id="stream" src="/stream.mjpg" {size} alt="annotated camera stream">
 <table><tbody id="stats"><tr><td>waiting for frames...</td></tr></tbody></table>
-<script>
-function row(k, v, cls) {{ return '<tr><td>' + k + '</td><td class="' + (cls || '') + '">' + v + '</td></tr>'; }}
-function update() {{
-  fetch('/stats.json', {{cache: 'no-store'}}).then(function (r) {{ return r.json(); }}).then(function (s) {{
-    var html = row('frame', s.frame) + row('FPS', s.fps);
-    if (s.stage_ms) {{
-      html += row('end_to_end', (s.stage_ms.end_to_end || 0).toFixed(2) + ' ms (budget ' + s.budget_ms + ' ms)',
-                  s.within_budget ? 'ok' : 'miss');
-      ['preprocess', 'infer', 'postprocess'].forEach(function (k) {{
-        if (k in s.stage_ms) html += row(k, s.stage_ms[k].toFixed(2) + ' ms'); }});
-    }}
-    if (s.frames) html += row('misses', s.misses + ' of ' + s.frames);
-    (s.top || []).forEach(function (t) {{ html += row((100 * t.score).toFixed(1) + '%', t.label); }});
-    document.getElementById('stats').innerHTML = html;
-  }}).catch(function () {{}});
-}}
-update(); setInterval(update, 500);
-</script>
+<script src="/demo.js"></script>
 </body></html>
 """
+STYLE = """body { background: #111; color: #ddd; font: 14px/1.4 sans-serif; margin: 12px; }
+#warn { color: #111; background: #ffa500; padding: 4px 8px; }
+#warn.none { display: none; }
+img { display: block; max-width: 100%; margin: 8px 0; background: #000; }
+td { padding: 1px 10px 1px 0; } .ok { color: #3c3; } .miss { color: #f44; }
+"""
+SCRIPT = """function row(k, v, cls) {
+  var tr = document.createElement('tr'), a = document.createElement('td'), b = document.createElement('td');
+  a.textContent = String(k); b.textContent = String(v); if (cls) b.className = cls;
+  tr.appendChild(a); tr.appendChild(b); return tr;
+}
+function update() {
+  fetch('/stats.json', {cache: 'no-store'}).then(function (r) { return r.json(); }).then(function (s) {
+    var rows = [row('frame', s.frame), row('FPS', s.fps)];
+    if (s.stage_ms) {
+      rows.push(row('end_to_end', (s.stage_ms.end_to_end || 0).toFixed(2) + ' ms (budget ' + s.budget_ms + ' ms)',
+                    s.within_budget ? 'ok' : 'miss'));
+      ['preprocess', 'infer', 'postprocess'].forEach(function (k) {
+        if (k in s.stage_ms) rows.push(row(k, s.stage_ms[k].toFixed(2) + ' ms')); });
+    }
+    if (s.frames) rows.push(row('misses', s.misses + ' of ' + s.frames));
+    (s.top || []).forEach(function (t) { rows.push(row((100 * t.score).toFixed(1) + '%', t.label)); });
+    var body = document.getElementById('stats');
+    while (body.firstChild) body.removeChild(body.firstChild);
+    rows.forEach(function (r) { body.appendChild(r); });
+  }).catch(function () {});
+}
+update(); setInterval(update, 500);
+"""
+POLICY = "default-src 'self'"
 
 
 class _Handler(DeadlineRequestHandler):
@@ -174,9 +185,13 @@ class _Handler(DeadlineRequestHandler):
             stats = hub.snapshot()
             size = stats.get("size")  # known once the first frame is out
             warning = stats.get("warning") or ""
-            page = PAGE.format(size='width="{}" height="{}"'.format(*size) if size else "", warning=warning,
-                               warn_display="block" if warning else "none")
+            page = PAGE.format(size='width="{:d}" height="{:d}"'.format(*size) if size else "",
+                               warning=html.escape(warning), warn_class="" if warning else ' class="none"')
             self._send(200, "text/html; charset=utf-8", page.encode("utf-8"))
+        elif path == "/demo.css":
+            self._send(200, "text/css; charset=utf-8", STYLE.encode("utf-8"))
+        elif path == "/demo.js":
+            self._send(200, "text/javascript; charset=utf-8", SCRIPT.encode("utf-8"))
         elif path == "/stats.json":
             self._send(200, "application/json", redact(json.dumps(hub.snapshot())).encode("utf-8"))
         elif path == "/frame.jpg":
@@ -188,13 +203,15 @@ class _Handler(DeadlineRequestHandler):
         elif path == "/stream.mjpg":
             self._stream(hub)
         else:
-            self._send(404, "text/plain", b"not found: / /stream.mjpg /stats.json /frame.jpg\n")
+            self._send(404, "text/plain", b"not found: / /stream.mjpg /stats.json /frame.jpg /demo.js /demo.css\n")
 
     def _send(self, code: int, ctype: str, body: bytes) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        self.send_header("Content-Security-Policy", POLICY)
+        self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
         self.wfile.write(body)
 
@@ -233,6 +250,7 @@ class _Server(BoundedThreadingMixIn, HTTPServer):
     def __init__(self, address: Tuple[str, int], hub: FrameHub) -> None:
         super().__init__(address, _Handler)
         self.hub = hub
+        self.allowed_hosts = allowed_hosts(address[0])
 
     def _refuse(self, request: Any) -> None:
         super()._refuse(request)

@@ -36,12 +36,6 @@ ARGUS_SOCKET = "/tmp/argus_socket"  # nvargus-daemon's, fixed in libargus
 GST_INSPECT_TIMEOUT_S = 120
 # What importing a module built against NumPy 1.x says under NumPy 2 (dusty-nv/jetson-containers#561).
 NUMPY_ABI_SIGNS = ("compiled using NumPy 1.x", "_ARRAY_API not found", "numpy.core.multiarray failed to import")
-UNIT = "/etc/systemd/system/jetson-edge.service"
-# [Service] settings of the unit that are not about the sandbox: not given to `systemd-run` by --as-service.
-_NOT_SANDBOX = ("Type", "NotifyAccess", "WatchdogSec", "TimeoutStartSec", "TimeoutStopSec", "Restart", "RestartSec",
-                "ExecStart", "ExecStartPre", "ExecReload", "KillSignal")
-
-
 def _account() -> str:
     """The user these checks run as, with its groups: what the device nodes and sockets are checked for."""
     import grp
@@ -140,10 +134,8 @@ def check_kernel(needed: bool, gpu_ok: bool) -> Line:
     except OSError as exc:
         seen = "{} ({}): not readable as {} ({})".format(folder, why, _account(), exc.strerror)
     if not gpu_ok:
-        stale = cuda_kernel.fatbin_current()
-        where = stale or "shipped edge/cuda/{} (sm_87, sm_110, compute_110 PTX) matches the sources".format(
-            os.path.basename(cuda_kernel.FATBIN))
-        return _not_ok(needed), "kernel", "not loaded (no CUDA device); would try {}, then {}".format(seen, where)
+        return _not_ok(needed), "kernel", "not loaded (no CUDA device); would try {}, then the one prebuilt for the " \
+            "driver's CUDA major version: {}".format(seen, cuda_kernel.prebuilt_summary())
     from edge.frame.cuda_session import CudaSession
 
     session = CudaSession()
@@ -170,13 +162,26 @@ def check_opencv(needed: bool, csi: bool) -> Line:
             "(never PyPI's opencv-python there)".format(first_line(exc))
     from edge.frame.gstreamer import _has_gstreamer
 
+    where = "{} ({}: {})".format(cv2.__version__, os.path.dirname(cv2.__file__), opencv_origin(cv2.__file__))
     if _has_gstreamer(cv2):
-        return "ok", "opencv", "{} ({}), GStreamer: YES".format(cv2.__version__, os.path.dirname(cv2.__file__))
-    found = "{} ({}), GStreamer: NO".format(cv2.__version__, os.path.dirname(cv2.__file__))
+        return "ok", "opencv", where + ", GStreamer: YES"
+    found = where + ", GStreamer: NO"
     if not csi and not is_jetson():
         return "ok", "opencv", found + " (csi:// cameras only need it)"
     return "FAIL" if csi else "warn", "opencv", found + ": use JetPack's python3-opencv (PyPI's has no GStreamer: " \
         "pip uninstall opencv-python opencv-python-headless in the venv)"
+
+
+def opencv_origin(path: str) -> str:
+    """Whose cv2 this is, from where it lies: with both installed, Ubuntu's python3-opencv (python3/dist-packages)
+    comes before JetPack's libopencv-python (python3.X/dist-packages) on sys.path, and a venv's PyPI one first."""
+    if path.startswith(os.path.realpath(sys.prefix) + os.sep) and sys.prefix != sys.base_prefix:
+        return "PyPI's, in this venv"
+    if "/usr/lib/python3/dist-packages/" in path:
+        return "Ubuntu's python3-opencv"
+    if path.startswith("/usr/lib/python3.") and "/dist-packages/" in path:
+        return "JetPack's libopencv-python"
+    return "built or installed locally" if path.startswith("/usr/local/") else "origin unknown"
 
 
 def check_argus(csi: bool) -> Line:
@@ -220,7 +225,32 @@ def check_jtop(path: str = JTOP_SOCKET) -> Line:
             "jtop, and add the user to group jtop".format(path, exc.strerror or type(exc).__name__)
     finally:
         sock.close()
-    return "ok", "jtop", "{} reachable".format(path)
+    problem = jtop_client_problem()
+    if problem is not None:  # e.g. "Mismatch version jtop service: [4.2.12] and client: [7.2.2]"
+        return "warn", "jtop", "{} reachable, but {}: jtop.service must run this venv's jtop (sudo " \
+            "scripts/install_service.sh installs the drop-in; docs/service.md)".format(path, problem)
+    return "ok", "jtop", "{} reachable, jetson-stats {} talks to it".format(path, package_version("jtop"))
+
+
+def jtop_client_problem() -> Optional[str]:
+    """None when this venv's jtop client connects to the service (same major.minor), else jtop's own words."""
+    try:
+        from jtop import jtop
+    except ImportError:
+        return None  # no client here: the socket is all that can be checked
+    from edge.service.telemetry import jtop_reason
+
+    client = jtop()
+    try:
+        client.start()
+    except Exception as exc:  # JtopException: "Mismatch version", "I can't access jtop.service", ...
+        return jtop_reason(exc)
+    finally:
+        try:
+            client.close()
+        except Exception:  # closing a client that never connected
+            pass
+    return None
 
 
 def check_power(root: str = "/") -> Line:
@@ -234,8 +264,13 @@ def check_power(root: str = "/") -> Line:
 def check_model(cfg: Config, needed_engine: bool) -> Line:
     path = cfg.model.path
     if not os.path.isfile(path):
-        return "FAIL", "model", "{} not found (model.path): make it with edge export, then edge build{}".format(
-            path, " --engine" if needed_engine else "")
+        from edge.build.plan import source_model
+
+        fp32 = source_model(path)
+        todo = "build it from {}: edge build{} --config ...".format(fp32, " --engine" if needed_engine else "") \
+            if os.path.isfile(fp32) else "no {} to build it from either: export it on a PC and copy it over " \
+            "(docs/service.md, 'The first model')".format(fp32)
+        return "FAIL", "model", "{} not found (model.path); {}".format(path, todo)
     if not path.endswith(".engine"):
         return "ok", "model", "{} (ONNX, no engine to match to this board)".format(path)
     warnings: List[str] = []
@@ -281,37 +316,10 @@ def diagnose(cfg: Config, root: str = "/") -> List[Line]:
     return lines
 
 
-def sandbox_properties(unit: str = UNIT) -> List[str]:
-    """The installed unit's [Service] user, groups and sandbox as `systemd-run --property=` arguments."""
-    try:
-        with open(unit, "r", encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise EdgeError("--as-service reads the installed unit {}: {} (sudo scripts/install_service.sh)".format(
-            unit, exc.strerror)) from None
-    props, section = [], ""
-    for line in (raw.strip() for raw in text.splitlines()):
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]" and "=" in line and not line.startswith(("#", ";")):
-            key = line.split("=", 1)[0].strip()
-            if key not in _NOT_SANDBOX:
-                props.append("--property=" + line)
-    return props
-
-
-def run_as_service(argv: Sequence[str]) -> int:
-    """`edge doctor` again, as a transient unit with the service's user, groups and sandbox (systemd-run)."""
-    systemd_run = shutil.which("systemd-run")
-    if systemd_run is None or not os.path.isdir("/run/systemd/system"):
-        raise EdgeError("--as-service needs a running systemd (systemd-run): run it on the device, as root")
-    command = [systemd_run, "--pipe", "--wait", "--quiet", "--collect"] + sandbox_properties() + \
-        [sys.executable, "-m", "edge", "doctor"] + [a for a in argv if a != "--as-service"]
-    return subprocess.run(command).returncode
-
-
 def cmd_doctor(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     if args.as_service:
+        from edge.commands.doctor_service import run_as_service
+
         return run_as_service(sys.argv[2:] if sys.argv[1:2] == ["doctor"] else sys.argv[1:])
     cfg = config_from_args(args)
     out("edge doctor: {} (model {}, backend {}, preprocess {}, source {})".format(

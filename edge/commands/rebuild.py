@@ -23,7 +23,6 @@ docs/rebuild.md.
 """
 
 import argparse
-import contextlib
 import functools
 import os
 import shutil
@@ -32,8 +31,9 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from edge.commands.build import add_gate_arguments
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config
 from edge.errors import EXIT_OK, EdgeError, first_line, require
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 DEFAULT_UNIT = "jetson-edge"
 RELOAD_TIMEOUT_S = 180.0  # loading a TensorRT engine on a small board takes tens of seconds
-LOCK_NAME = ".rebuild.lock"
 
 
 @dataclass
@@ -158,24 +157,6 @@ def resolve_reload(cfg: Config, pid: Optional[int], pidfile: Optional[str], syst
     return ReloadTarget(pid=_pid_target(pid, pidfile), pidfile=pidfile, metrics=metrics_url(cfg))
 
 
-@contextlib.contextmanager
-def _lock(folder: str) -> Iterator[None]:
-    """One rebuild at a time per engines folder."""
-    import fcntl
-
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, LOCK_NAME)
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise EdgeError("{}: another rebuild is running (lock held)".format(path)) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def service_state(url: str) -> Dict[str, Any]:
     """{'ok': n, 'failed': n, 'sha256': serving} from the service's edge_reloads_total and edge_engine_info."""
     parser = require("prometheus_client.parser")
@@ -231,15 +212,16 @@ def step_reload(target: ReloadTarget, plan: "BuildPlan", state: "BuildState", lo
         if time.monotonic() > deadline:
             raise EdgeError("the service did not confirm a reload within {:.0f} s".format(RELOAD_TIMEOUT_S))
         time.sleep(0.2)
-    if now["sha256"] != state.manifest["sha256"]:
+    if now["sha256"] != state.model_info["sha256"]:
         raise EdgeError("the service reloaded but serves sha256 {}, not the installed {} (is its model.path {}?)"
-                        .format(str(now["sha256"])[:12], state.manifest["sha256"][:12], plan.artifact))
+                        .format(str(now["sha256"])[:12], state.model_info["sha256"][:12], plan.artifact))
     log("reload: {} confirmed: the service serves {} (sha256 {})".format(
-        target.describe().split(";")[0], plan.artifact, state.manifest["sha256"][:12]))
+        target.describe().split(";")[0], plan.artifact, state.model_info["sha256"][:12]))
 
 
 def run_rebuild(job: "RebuildJob", plan: "BuildPlan", target: ReloadTarget, log: Any) -> None:
-    from edge.build.rebuild import rebuild_steps
+    from edge.artifact import writing
+    from edge.build.rebuild import rebuild_steps, recover_sets
     from edge.build.steps import BuildState, Step, run_steps
 
     def cleanup(failed: bool) -> None:
@@ -251,7 +233,8 @@ def run_rebuild(job: "RebuildJob", plan: "BuildPlan", target: ReloadTarget, log:
 
     state = BuildState(candidate=plan.source)
     reload = Step("reload", functools.partial(step_reload, target), commit=True)
-    with _lock(plan.cfg.build.engines_dir):
+    with writing(os.path.dirname(os.path.abspath(plan.artifact)), "edge rebuild"):  # the engines folder's one lock
+        recover_sets(job, plan, log)
         run_steps(rebuild_steps(job, reload), plan, state, log, chain="rebuild", cleanup=cleanup)
     log("rebuild: {} installed and {} in {:.0f} s".format(
         plan.artifact, "reloaded" if target.pid or target.unit else "not reloaded", time.monotonic() - state.started))
@@ -263,6 +246,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p)
     p.add_argument("--engine", action="store_true", help="build a TensorRT engine (on the device)")
     p.add_argument("--calibrator", action="store_true", help="with --engine: TensorRT's own entropy calibrator")
+    add_gate_arguments(p)
     g = p.add_argument_group("capture")
     g.add_argument("--frames", type=int, default=3000, help="frames to read from the source (default %(default)s)")
     g.add_argument("--every", type=int, default=15, help="keep every k-th frame (default %(default)s)")
@@ -299,9 +283,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     job = RebuildJob(cfg, args.frames, args.every, args.max_images,
                      cfg.build.min_images if args.min_images is None else args.min_images,
                      DEFAULT_MIN_DIFF if args.min_diff is None else args.min_diff, args.check_frames,
-                     args.check_warmup, args.check_source or cfg.source.uri, args.keep_work, _utc_stamp())
+                     args.check_warmup, args.check_source or cfg.source.uri, args.keep_work, _utc_stamp(),
+                     args.accept_inconclusive)
     log = functools.partial(print, flush=True)
-    plan = preflight(job, args.engine, args.calibrator, log)
+    plan = preflight(job, engine=args.engine, calibrator=args.calibrator, log=log)
     if args.dry_run:
         print(format_plan(job, plan, target.describe()), flush=True)
         return EXIT_OK

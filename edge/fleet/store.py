@@ -3,13 +3,14 @@ shared engine cache (edge/build/engine_cache.py) beside the artifacts.
 
     <cache>/rollout/<release>.json   {"release", "state": "failed" | "withdrawn", "why", "sha256", "at", "by"}
 
-A folder cache (an NFS mount) is read and written; an http(s):// cache serves the same folder and is read only
-(the controller, or a device that mounts the folder, writes). A release with a record is refused by every later
-run on any device, from any checkout, until an explicit retry commits it somewhere (which clears the record).
+A folder cache (an NFS mount) is read and written; an https:// cache serves the same folder and is read only
+(the controller, or a device that mounts the folder, writes). Plain http:// is refused as for the artifacts: a
+record that anything on the path can hide does not keep a withdrawn release out. A release with a record is
+refused by every later run on any device, from any checkout, until an explicit retry commits it somewhere
+(which clears the record).
 """
 
 import os
-import urllib.parse
 from typing import Any, Dict, Optional
 
 from edge.build import engine_cache
@@ -21,7 +22,7 @@ MAX_RECORD_BYTES = 64 << 10
 
 
 def is_url(store: str) -> bool:
-    return urllib.parse.urlsplit(store).scheme in ("http", "https")
+    return "://" in store  # as edge/build/engine_cache.py reads a cache
 
 
 def read(store: str, release: str) -> Optional[Dict[str, Any]]:
@@ -35,8 +36,7 @@ def read(store: str, release: str) -> Optional[Dict[str, Any]]:
         return load_record(path) if os.path.isfile(path) else None
     with temp_dir(_scratch(), ".rollout-") as tmp:
         dest = os.path.join(tmp, name)
-        # engine_cache owns reading a cache over HTTP (size bound, 404 = absent, errors as one line)
-        if not engine_cache._download(store, FOLDER, name, dest):  # noqa: SLF001
+        if not engine_cache.read_file(store, FOLDER, name, dest):  # its HTTP: https only, 404 = absent, one line
             return None
         return load_record(dest)
 

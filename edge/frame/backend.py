@@ -6,9 +6,12 @@
 GPU backends accept, besides a NumPy array, the device tensor their paired GPU preprocessor wrote.
 """
 
-from typing import Any, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edge.artifact import ModelSet
 
 INPUT_NAME = "input"  # 1x3x224x224 float32, RGB, ImageNet-normalised
 OUTPUT_NAME = "logits"  # 1x1000 float32, before softmax
@@ -17,8 +20,12 @@ OUTPUT_NAME = "logits"  # 1x1000 float32, before softmax
 class Backend:
     name = "base"
     sha256 = "unknown"  # of the model bytes load() read: what the service reports it serves
+    probabilities = False  # the first output already is probabilities (the model ends in Softmax)
 
-    def load(self) -> None:
+    def load(self, model: Optional["ModelSet"] = None) -> None:
+        """Load the model's bytes (`model`: read and checked once by edge.artifact.read_set; None: read here).
+        Refused at load, one line naming the file: an input the pipeline cannot feed, a first output that is not
+        one float score per class, or a non-finite output on a blank input."""
         raise NotImplementedError
 
     def infer(self, tensor: Any) -> np.ndarray:
@@ -35,7 +42,7 @@ class Backend:
 
     @property
     def output_shape(self) -> Tuple[int, ...]:
-        """(1, num_classes) as the model declares it (a dynamic dimension reads 1)."""
+        """The first output's shape, as it came out of the blank input load() ran: (1, num_classes)."""
         raise NotImplementedError
 
     def device_ms(self) -> Dict[str, float]:

@@ -21,7 +21,9 @@ class CudaSession:
         if self.drv.Device.count() <= device_index:
             raise EdgeError("no CUDA device {} (pycuda sees {})".format(device_index, self.drv.Device.count()))
         self.device: Any = self.drv.Device(device_index)
-        self.context: Any = self.device.make_context()
+        # BLOCKING_SYNC: a thread waiting for the GPU sleeps instead of spinning on a CPU core (the default's
+        # spin-then-yield costs a core of a Jetson's 6 for every synchronise of every frame)
+        self.context: Any = self.device.make_context(self.drv.ctx_flags.SCHED_BLOCKING_SYNC)
         try:
             self.stream: Any = self.drv.Stream()
         finally:

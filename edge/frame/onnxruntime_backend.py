@@ -5,32 +5,40 @@ on a CPU whose kernels saturate (x86 without VNNI: edge.frame.qdq_emulation) it 
 fake-quantised float operators — the FP32 model's cost plus the rounding — and the start line says so.
 """
 
-import hashlib
-import os
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from edge.artifact import ModelSet, read_set
 from edge.errors import EdgeError, first_line, require
 from edge.frame.backend import Backend
+from edge.frame.postprocess import check_first_output
 from edge.frame.qdq_emulation import emulated_model, int8_kernels_saturate, is_qdq
 
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 _EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
+_SHAPE_ONLY = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze")  # between a Softmax and the output
 # The build's sessions (calibrator, fidelity, gate) run batch-1 inference beside other work (a rebuild beside the
 # running service): one intra-op thread, not spinning. The gate of MobileNetV3-Large on 2 cores: 1.2x less CPU,
 # 10 % more wall time (benchmarks/offline_spinning.py --threads; docs/build.md).
 OFFLINE_THREADS = 1
 
 
+# x86 without VNNI: ONNX Runtime's u8s8 int8 kernels saturate in 16-bit pair sums; this makes them multiply u8u8
+# (slower, exact). No effect on VNNI or ARM, nor on a model without Q/DQ.
+X64_QUANT_PRECISION = "session.x64quantprecision"
+
+
 def session_options(ort: Any, threads: int, spinning: bool) -> Any:
     """Every inference session of ours: all graph optimisations, `threads` intra-op threads (0: ONNX Runtime's
-    default, one per core), idle threads spinning or not, ONNX Runtime's warnings quiet."""
+    default, one per core), idle threads spinning or not, int8 kernels that do not saturate (X64_QUANT_PRECISION),
+    ONNX Runtime's warnings quiet."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.add_session_config_entry(X64_QUANT_PRECISION, "1")
     options.log_severity_level = 3
     return options
 
@@ -50,23 +58,22 @@ class OnnxRuntimeBackend(Backend):
         self.sha256 = "unknown"  # of the bytes read from model_path, the ones the session was made from
         self._int8 = "none"
 
-    def load(self) -> None:
+    def load(self, model: Optional[ModelSet] = None) -> None:
         ort, onnx = require("onnxruntime"), require("onnx")
-        if not os.path.isfile(self.model_path):
-            raise EdgeError("{}: model file not found (create it with: edge export)".format(self.model_path))
-        with open(self.model_path, "rb") as fh:
-            model_bytes = fh.read()  # one read: the session, the checks and the sha256 see the same bytes
+        model = model or read_set(self.model_path)
+        model_bytes = model.data  # read once: the session, the checks and the sha256 see the same bytes
         try:
-            model = onnx.load_model_from_string(model_bytes)
+            graph_model = onnx.load_model_from_string(model_bytes)
         except Exception as exc:  # protobuf's DecodeError
             raise EdgeError("{}: not a loadable ONNX model: {}".format(self.model_path, first_line(exc))) from None
-        self._check_model(model)
-        self.sha256 = hashlib.sha256(model_bytes).hexdigest()
-        if is_qdq(model):
+        self._check_model(graph_model)
+        self.sha256 = model.sha256
+        self.probabilities = ends_in_softmax(graph_model.graph)
+        if is_qdq(graph_model):
             emulate = int8_kernels_saturate() if self.emulate_int8 is None else self.emulate_int8
             self._int8 = "emulated" if emulate else "onnxruntime-kernels"
             if emulate:
-                model_bytes = emulated_model(model).SerializeToString()
+                model_bytes = emulated_model(graph_model).SerializeToString()
         try:
             self.session = ort.InferenceSession(model_bytes, session_options(ort, self.intra_op_threads, self.spinning),
                                                 providers=["CPUExecutionProvider"])
@@ -76,7 +83,13 @@ class OnnxRuntimeBackend(Backend):
         self._input_name = inputs[0].name
         self._output_names = [outputs[0].name]
         self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
-        self._output_shape = tuple(d if isinstance(d, int) else 1 for d in outputs[0].shape)
+        try:
+            blank = self.session.run(self._output_names, {self._input_name: np.zeros(self._input_shape, np.float32)})
+        except Exception as exc:  # a model that cannot run here fails every frame: refuse it now
+            self.session = None
+            raise EdgeError("{}: does not run on a blank input: {}".format(self.model_path, first_line(exc))) from None
+        check_first_output(np.asarray(blank[0]), self.model_path)
+        self._output_shape = tuple(np.asarray(blank[0]).shape)
 
     def _check_model(self, model: Any) -> None:
         """Refused at load, naming the file: what would otherwise fail every frame or read other bytes."""
@@ -125,3 +138,12 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self) -> None:
         self.session = None
+
+
+def ends_in_softmax(graph: Any) -> bool:
+    """True when the first output is a Softmax's (through reshapes): the model already gives probabilities."""
+    producers = {out: node for node in graph.node for out in node.output}
+    node = producers.get(graph.output[0].name) if graph.output else None
+    while node is not None and node.op_type in _SHAPE_ONLY and node.input:
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type == "Softmax"

@@ -66,18 +66,18 @@ def model_preprocess(cfg: PreprocessConfig, info: Dict[str, Any], model_path: st
     declared = info.get("preprocess")
     if declared is None:
         return cfg
-    sidecar = info_path(model_path)
+    info_file = info_path(model_path)
     if not isinstance(declared, dict) or any(key not in declared for key in MODEL_KEYS):
-        raise EdgeError("{}: 'preprocess' must give {}".format(sidecar, ", ".join(MODEL_KEYS)))
+        raise EdgeError("{}: 'preprocess' must give {}".format(info_file, ", ".join(MODEL_KEYS)))
     # the config's declared types and ranges (edge/config.py), naming the model info and its key
-    model = build(PreprocessConfig, {k: declared[k] for k in MODEL_KEYS}, sidecar, "preprocess")
-    check_preprocess(model, sidecar)
+    model = build(PreprocessConfig, {k: declared[k] for k in MODEL_KEYS}, info_file, "preprocess")
+    check_preprocess(model, info_file)
     default, chosen = PreprocessConfig(), {}
     for key in MODEL_KEYS:
         mine, theirs = getattr(cfg, key), getattr(model, key)
         if not (_same(mine, getattr(default, key)) or _same(mine, theirs)):
             raise EdgeError("{}: 'preprocess.{}' is {}, but {} was trained with {} ({}); remove the key or set "
-                            "it to the model's value".format(where, key, mine, model_path, theirs, sidecar))
+                            "it to the model's value".format(where, key, mine, model_path, theirs, info_file))
         chosen[key] = theirs
     return dataclasses.replace(cfg, **chosen)
 

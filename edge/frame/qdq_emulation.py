@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edge.errors import require
+from edge.errors import EdgeError, require
 
 _RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 
@@ -102,7 +102,9 @@ def _float_chain(q: Any, dq: Any, values: Dict[str, np.ndarray], tag: str) -> Tu
 
 
 def emulated_model(model: Any) -> Any:
-    """A copy of the Q/DQ `model` whose Q -> DQ pairs are float operators; weights are fake-quantised constants."""
+    """A copy of the Q/DQ `model` whose Q -> DQ pairs are float operators; weights are fake-quantised constants.
+    A QuantizeLinear or DequantizeLinear it cannot rewrite is refused (EdgeError naming it), never left to ONNX
+    Runtime's fused kernels, whose arithmetic is not TensorRT's."""
     onnx, numpy_helper = require("onnx"), require("onnx.numpy_helper")
     model = onnx.ModelProto.FromString(model.SerializeToString())
     values = _constants(model)
@@ -120,6 +122,11 @@ def emulated_model(model: Any) -> Any:
     kept = [n for n in model.graph.node if n.op_type != "DequantizeLinear" or n.output[0] not in removed]
     still_read = {name for n in kept + added_nodes for name in n.input} | {o.name for o in model.graph.output}
     kept = [n for n in kept if n.op_type != "QuantizeLinear" or n.output[0] in still_read]
+    left = next((n for n in kept if n.op_type in ("QuantizeLinear", "DequantizeLinear")), None)
+    if left is not None:
+        raise EdgeError("{} {}: cannot be computed as TensorRT computes it (a Q -> DQ pair needs constant, equal "
+                        "scales and int8/uint8 zero points, per-tensor on activations); refused rather than run on "
+                        "ONNX Runtime's own int8 kernels".format(left.op_type, left.name or left.output[0]))
     del model.graph.node[:]
     model.graph.initializer.extend(added_inits)
     model.graph.node.extend(ordered_nodes(kept + added_nodes, model))
@@ -159,7 +166,8 @@ def ordered_nodes(nodes: List[Any], model: Any) -> List[Any]:
 
 @functools.lru_cache(maxsize=1)
 def int8_kernels_saturate() -> bool:
-    """Whether this CPU's fused ONNX Runtime int8 kernels lose precision on a product they must get right.
+    """Whether this CPU's fused ONNX Runtime int8 kernels lose precision on a product they must get right, with
+    session.x64quantprecision on (edge.frame.onnxruntime_backend.session_options: u8u8 products on x86 without VNNI).
 
     A 1x1 convolution of 64 channels at the top of the int8 range (x = w = 127 in int8, exact result 64 after
     requantisation) runs once fused (default optimisations) and once emulated; VNNI and ARM kernels agree, the
@@ -171,6 +179,7 @@ def int8_kernels_saturate() -> bool:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.x64quantprecision", "1")  # as every session of ours: where it fixes
     fused = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     emulated = ort.InferenceSession(emulated_model(model).SerializeToString(), options,
                                     providers=["CPUExecutionProvider"])

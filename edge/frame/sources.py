@@ -15,8 +15,9 @@ live one (cameras, RTSP, synthetic) with exponential backoff (`service.reconnect
 `service.reconnect_max_s`) when a read raises, returns nothing or keeps returning broken images; the
 SourceSupervisor here owns that reader and the quiet-source policy of `next_frame()`, the loop's only call: a
 `source_timeout` every `source.timeout_s` without a frame, a reader whose read or reopening hung that long replaced
-by a fresh one on a fresh capture, and a dead source at start an error. Files and image folders are not live: their
-end is the end of the run.
+by a fresh one on a fresh capture, and a source silent since start an error (`give_up_at_start`) or, under a
+supervisor that keeps the process (the systemd service: a camera not there yet at boot), a `source_start_timeout`
+event and the same retries on. Files and image folders are not live: their end is the end of the run.
 """
 
 import math
@@ -26,6 +27,7 @@ from typing import Any, Callable, Dict, Optional
 
 from edge.config import SourceConfig
 from edge.errors import EdgeError, require
+from edge.fileio import path_kind
 from edge.frame.capture import (
     IMAGE_EXTENSIONS,
     Capture,
@@ -56,7 +58,8 @@ def open_capture(cfg: SourceConfig) -> Capture:
         return ImageFolderCapture(uri, cfg.fps, cfg.loop)
     cv2 = require("cv2")
     if not os.path.isfile(uri):
-        raise EdgeError("{}: video file or image folder not found".format(uri))
+        raise EdgeError("{}: {}".format(uri, "video file or image folder not found" if not os.path.lexists(uri) else
+                                        "not a regular file or folder ({})".format(path_kind(uri))))
     if uri.lower().endswith(IMAGE_EXTENSIONS):
         raise EdgeError("{}: a single image is not a video source; put images in a folder".format(uri))
     return OpenCVCapture(uri, cv2.CAP_ANY, uri, fps=cfg.fps, loop=cfg.loop, is_file=True)
@@ -71,10 +74,12 @@ class SourceSupervisor:
     def __init__(self, capture: Capture, timeout_s: float = 2.0, reconnect_initial_s: Optional[float] = None,
                  reconnect_max_s: float = 30.0, reopen: Optional[Callable[[], Capture]] = None,
                  on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None, max_broken: int = 5,
-                 start_timeout_s: float = 10.0):
+                 start_timeout_s: float = 10.0, give_up_at_start: bool = True):
         self.reader = FrameReader(capture, timeout_s, reconnect_initial_s, reconnect_max_s, on_event, max_broken)
         self.timeout_s = timeout_s
         self.start_timeout_s = max(start_timeout_s, timeout_s)  # a source silent this long after start is dead
+        self.give_up_at_start = give_up_at_start  # False: say so once (source_start_timeout) and keep retrying
+        self._start_reported = False
         self.reopen = reopen  # builds a fresh Capture when a hung reader has to be abandoned
         self.timeouts = 0  # source_timeout events: `timeout_s` without a frame
         self._stopped = False
@@ -112,9 +117,9 @@ class SourceSupervisor:
         """The newest unseen frame within `wait_s`, else None: the caller serves its signals, then asks again.
 
         Each `timeout_s` without a frame is a `source_timeout` event (and a read hung that long is abandoned for a
-        fresh reader), no first frame within `start_timeout_s` is an EdgeError
-        naming the last fault, and the frame that ends an outage logs `source_recovered`. Raises SourceEnded at
-        the end of a file or folder."""
+        fresh reader); no first frame within `start_timeout_s` is an EdgeError naming the last fault (with
+        `give_up_at_start`; else a `source_start_timeout` event), and the frame that ends an outage logs
+        `source_recovered`. Raises SourceEnded at the end of a file or folder."""
         try:
             frame = self.reader.get(wait_s)
         except SourceTimeout:
@@ -130,10 +135,15 @@ class SourceSupervisor:
 
     def _quiet(self, now: float) -> None:
         quiet_s = now - self._last_frame_at
-        if not self._seen_frame and now - self._started_at >= self.start_timeout_s:
+        if not self._seen_frame and not self._start_reported and now - self._started_at >= self.start_timeout_s:
             fault = self.reader.last_fault
-            raise EdgeError("{}: no frame within {:g} s of start{}".format(
-                self.capture.description, self.start_timeout_s, " (last fault: {})".format(fault) if fault else ""))
+            error = "{}: no frame within {:g} s of start{}".format(
+                self.capture.description, self.start_timeout_s, " (last fault: {})".format(fault) if fault else "")
+            if self.give_up_at_start:
+                raise EdgeError(error)
+            self._start_reported = True
+            self.reader.emit("source_start_timeout", source=self.capture.description, error=error,
+                             action="retrying with backoff", **self.stats())
         if quiet_s < self.timeout_s:
             return
         if self._down_since is None:

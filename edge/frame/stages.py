@@ -12,12 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
-from edge.artifact import UNTRAINED_WARNING, labels_path, read_model_info
+import numpy as np
+
+from edge.artifact import UNTRAINED_WARNING, read_model_info, read_set
 from edge.config import Config
 from edge.errors import EdgeError
 from edge.frame.backend import Backend
 from edge.frame.cuda_session import CudaSession
-from edge.frame.postprocess import Prediction, TopK, load_labels
+from edge.frame.postprocess import Prediction, TopK
 from edge.frame.preprocess import model_preprocess
 
 
@@ -32,6 +34,7 @@ class Stages:
     sha256: str = "unknown"  # of the bytes actually loaded
     description: Dict[str, Any] = field(default_factory=dict)  # backend.describe() at load time
     session: Optional[CudaSession] = None  # the GPU stages' CUDA session: theirs, released by close(), last
+    notes: Tuple[str, ...] = ()  # what the model's set says about itself (labels not covered by a sha256)
 
     @property
     def trained(self) -> bool:
@@ -44,13 +47,6 @@ class Stages:
     @property
     def preprocess_name(self) -> str:
         return str(getattr(self.preprocess, "name", "?"))
-
-    @property
-    def stale_info_sha256(self) -> Optional[str]:
-        """The sidecar's sha256 when it describes other bytes than the ones loaded (a stale .json), else None."""
-        declared = self.model_info.get("sha256")
-        return declared if isinstance(declared, str) and self.sha256 != "unknown" and declared != self.sha256 \
-            else None
 
     def facts(self) -> Dict[str, Any]:
         """What the start line, reports and the demo say about the model being served."""
@@ -151,31 +147,42 @@ def check_fit(cfg: Config, backend: Backend, labels_file: str, labels: int) -> N
         raise EdgeError("{}: the model takes input {}, the pipeline gives 1x3x{}x{} (preprocess.crop: {}); "
                         "use a model for that size or set preprocess.crop/resize".format(
                             cfg.model.path, "x".join(str(d) for d in shape), crop, crop, crop))
-    classes = backend.output_shape[-1] if backend.output_shape else 1
-    if classes > 1 and classes != labels:  # 1: a dynamic class dimension, known only when it runs
-        raise EdgeError("{}: {} labels, but the model {} has {} classes".format(
-            labels_file, labels, cfg.model.path, classes))
+    values = int(np.prod(backend.output_shape))  # the first output, as it came out of load()'s blank input
+    if values != labels:
+        raise EdgeError("{}: {} labels, but the model {} gives {} scores (first output {}); one score per "
+                        "label".format(labels_file, labels, cfg.model.path, values,
+                                       "x".join(str(d) for d in backend.output_shape)))
+
+
+def config_for_model(cfg: Config, info: Dict[str, Any], model_path: str) -> Config:
+    """`cfg` with the preprocessing the model's info records: its own constants win over config defaults, a
+    conflict is refused. The one merge: the runtime's stages and the build's plan."""
+    return dataclasses.replace(cfg, preprocess=model_preprocess(cfg.preprocess, info, model_path,
+                                                                cfg.path or "<defaults>"))
 
 
 def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) -> Stages:
     """Choose, create and load the stages for `cfg`; they are closed again if loading or anything after fails.
+    The stages are chosen first (with the model info's preprocessing), then the model's set is read once
+    (edge.artifact.read_set: bytes, model info and labels checked together) and its bytes handed to the backend.
     `factory` lets tests put a hanging or failing backend behind the same path."""
     info = read_model_info(cfg.model.path)
-    # The model's own preprocessing constants (its model info) win over config defaults; a conflict is refused.
-    cfg = dataclasses.replace(cfg, preprocess=model_preprocess(cfg.preprocess, info, cfg.model.path,
-                                                               cfg.path or "<defaults>"))
+    cfg = config_for_model(cfg, info, cfg.model.path)
     preprocessor, backend, reason, session = StageParts(*factory(cfg))
     try:
-        backend.load()
+        model = read_set(cfg.model.path, labels=cfg.model.labels)
+        if model.info != info:  # an install or rollback switched the set in between
+            raise EdgeError("{}: its set changed while it was being loaded; load it again".format(cfg.model.path))
+        backend.load(model)
         write_as = getattr(preprocessor, "write_as", None)  # a GPU preprocessor writes the engine's input dtype
         if write_as is not None:
             write_as(backend.input_dtype)
-        labels_file = labels_path(cfg.model.path, cfg.model.labels)
-        labels = load_labels(labels_file)
-        check_fit(cfg, backend, labels_file, len(labels))
-        postprocess = TopK(labels, cfg.runtime.top_k)
-        return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, info, backend.sha256,
-                      dict(backend.describe()), session)
+        if model.labels is None:
+            raise EdgeError("{}: labels file not found".format(model.labels_path))
+        check_fit(cfg, backend, model.labels_path, len(model.labels))
+        postprocess = TopK(model.labels, cfg.runtime.top_k, backend.probabilities)
+        return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, model.info, model.sha256,
+                      dict(backend.describe()), session, model.notes)
     except BaseException:
         close_stages(preprocessor, backend, session)
         raise

@@ -7,8 +7,10 @@
         logits = backend.infer(pre(frame))                   # binds the device tensor as its input, in place
         logits = backend.infer(numpy_tensor)                 # or copies an array into its own input buffer
 
-Load refuses an engine whose manifest says it was built for another board model, SM count, compute capability,
-TensorRT or CUDA (edge.board); a changed L4T alone is kept, with `engine_warning` in describe().
+Load refuses an engine whose model info says it was built for another board model, SM count, compute capability,
+TensorRT or CUDA (edge.artifact.check_engine); a changed L4T alone is kept, with `engine_warning` in describe().
+The engine's bytes are the ones edge.artifact.read_set read and checked (sha256, labels), handed on unread again;
+a first output that is not float, or is not finite on a blank input, is refused at load.
 Per frame: (input copy,) enqueue, output copied asynchronously into pinned host memory, one stream
 synchronisation. CUDA events time the device work (`device_ms()`: `infer_gpu`, and `preprocess_gpu` for a device
 tensor); the pipeline keeps its monotonic clock for the whole frame. With `cuda_graph`, inference + output copy
@@ -21,11 +23,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edge.artifact import check_engine
+from edge.artifact import ModelSet, check_engine, lookup, read_set
 from edge.errors import EdgeError, first_line
 from edge.frame.backend import Backend
 from edge.frame.cuda_preprocess import DeviceTensor
 from edge.frame.cuda_session import CudaSession
+from edge.frame.postprocess import check_first_output
 from edge.frame.tensorrt_runner import EngineRunner, require_tensorrt
 
 _GRAPH_TRIALS = 20  # launches timed each way before deciding on a CUDA graph
@@ -85,27 +88,32 @@ class TensorRTBackend(Backend):
         self.runner = EngineRunner(engine_path, session)
         self._device_ms: Dict[str, float] = {}
         self.graph_status = "off (backend.cuda_graph: false)" if not cuda_graph else "not tried yet"
-        self._manifest: Dict[str, Any] = {}
+        self._info: Dict[str, Any] = {}
         self._warnings: List[str] = []
         self._events: Tuple[Any, Any] = (None, None)
         self._graph_api: Optional[_GraphApi] = None
         self._graph = 0
 
-    def load(self) -> None:
-        """Any refusal (no TensorRT, a manifest for another board, an engine that does not deserialise) frees what
-        was loaded at once; the session's owner still releases it (edge.frame.stages does on every failure path, so
-        a refused SIGHUP reload leaves no CUDA context behind)."""
+    def load(self, model: Optional[ModelSet] = None) -> None:
+        """Any refusal (no TensorRT, a model info for another board, an engine that does not deserialise) frees
+        what was loaded at once; the session's owner still releases it (edge.frame.stages does on every failure
+        path, so a refused SIGHUP reload leaves no CUDA context behind)."""
         try:
             require_tensorrt()
             self._warnings = []
-            self._manifest = check_engine(self.engine_path, warn=self._warnings.append)
-            self.runner.load()
-            self.sha256 = self.runner.sha256
+            model = model or read_set(self.engine_path, required_info=True)
+            self._info = check_engine(model, warn=self._warnings.append)
+            self.runner.load(model.data)
+            self.sha256 = model.sha256
+            self.probabilities = lookup(model.info, "output.softmax") is True
             assert self.runner.input is not None
             if self.runner.input.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
                 raise EdgeError("{}: input '{}' is {} {}; jetson-edge feeds float32 or float16 1x3xHxW".format(
                     self.engine_path, self.runner.input.name, self.runner.input.dtype,
                     "x".join(str(d) for d in self.runner.input.shape)))
+            assert self.runner.output is not None
+            check_first_output(self.runner.infer(np.zeros(self.runner.input.shape, np.float32)), self.engine_path,
+                               self.runner.output.dtype)
             with self.session:
                 self._events = (self.session.drv.Event(), self.session.drv.Event())
         except BaseException:
@@ -207,7 +215,7 @@ class TensorRTBackend(Backend):
         return {
             "backend": self.name,
             "model": self.engine_path,
-            "precision": self._manifest.get("precision", "unknown"),
+            "precision": self._info.get("precision", "unknown"),
             "tensorrt": trt.__version__,
             "gpu": self.session.gpu_name(),
             "cuda_graph": self.graph_status,

@@ -41,8 +41,9 @@ def np_dtype(dtype: "trt.DataType") -> "np.dtype[Any]":
     """The NumPy type of a TensorRT I/O tensor (the one table)."""
     import tensorrt as trt
 
-    table = {trt.DataType.FLOAT: np.float32, trt.DataType.HALF: np.float16, trt.DataType.INT8: np.int8,
-             trt.DataType.INT32: np.int32, trt.DataType.BOOL: np.bool_}
+    names = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "BOOL": np.bool_,
+             "UINT8": np.uint8, "INT64": np.int64}  # UINT8 since TensorRT 8.5, INT64 since 10.0
+    table = {getattr(trt.DataType, name): np_type for name, np_type in names.items() if hasattr(trt.DataType, name)}
     if dtype not in table:
         raise EdgeError("unsupported TensorRT I/O data type {}".format(dtype), exit_code=EXIT_FAIL)
     return np.dtype(table[dtype])
@@ -74,33 +75,35 @@ class EngineRunner:
         self._input_ptr = 0  # the device buffer the input tensor is bound to
         self.input: Optional[TensorSpec] = None
         self.output: Optional[TensorSpec] = None
-        self.sha256 = "unknown"  # of the engine bytes deserialised
+        self.sha256 = "unknown"  # of the engine bytes it read itself (load(data): the caller has it)
         self.context: Optional["trt.IExecutionContext"] = None
         self._device: Dict[str, Any] = {}  # tensor name -> pycuda DeviceAllocation
         self._host: List[np.ndarray] = []  # pinned input and output staging
         self._objects: List[Any] = []  # logger, runtime, engine, context: released in reverse
 
-    def load(self) -> None:
+    def load(self, data: Optional[bytes] = None) -> None:
+        """Deserialise `data` (an engine's bytes already read and checked), or the file's."""
         require_tensorrt()
         if self.session is None:
             self.session, self._own_session = CudaSession(), True
         assert self.session is not None
         try:
             with self.session:
-                self._load(self.session)
+                self._load(self.session, data)
         except BaseException:
             self.close()
             raise
 
-    def _load(self, session: CudaSession) -> None:
+    def _load(self, session: CudaSession, data: Optional[bytes]) -> None:
         import tensorrt as trt
 
         logger = trt.Logger(trt.Logger.WARNING)  # must outlive the runtime
         runtime = trt.Runtime(logger)
         self._objects = [logger, runtime]
-        with open(self.engine_path, "rb") as fh:
-            data = fh.read()
-        self.sha256 = hashlib.sha256(data).hexdigest()
+        if data is None:
+            with open(self.engine_path, "rb") as fh:
+                data = fh.read()
+            self.sha256 = hashlib.sha256(data).hexdigest()
         engine: Optional[trt.ICudaEngine] = runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise EdgeError("{}: TensorRT {} cannot deserialise it (built for another TensorRT version or GPU? "

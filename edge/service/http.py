@@ -4,20 +4,25 @@
   once (no thread is started for them, and a thread that cannot start is a refusal, not a traceback);
 - a request's head (request line and headers) must arrive whole within `HEAD_DEADLINE_S` of the connection,
   however slowly it drips: the deadline is total, not per byte;
+- a request head larger than MAX_HEAD_BYTES is answered 431, never parsed as a bare HTTP/0.9 request line;
+- a Host header that names neither an IP address, a loopback name, nor the server's configured host or this
+  machine's name is answered 421: a DNS-rebinding page in the operator's browser cannot read frames or stats;
 - a client that leaves early is not an error; anything else is one stderr line, never a traceback.
 """
 
 import io
+import ipaddress
 import socket
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Optional, Sequence
 
 HEAD_DEADLINE_S = 5.0  # the whole request head, from the first byte the server reads
 MAX_HEAD_BYTES = 16384
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
 
 def read_head(sock: socket.socket, deadline_s: float) -> bytes:
@@ -39,15 +44,58 @@ def read_head(sock: socket.socket, deadline_s: float) -> bytes:
     return head
 
 
+def host_allowed(host: Optional[str], names: Sequence[str]) -> bool:
+    """True for no Host header, an IP address (a rebinding page has a name of its own), a loopback name, or one
+    of `names` (the configured host, this machine's name)."""
+    if host is None:
+        return True
+    host = host.strip().lower()
+    name = host[1:host.find("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0] \
+        if host.count(":") == 1 else host
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    name = name.rstrip(".")
+    return name in LOOPBACK_NAMES or name.endswith(".localhost") or name in {n.lower().rstrip(".") for n in names}
+
+
+def _refusal(head: bytes, names: Sequence[str]) -> bytes:
+    """The whole answer to a head that must not be served (too large, a foreign Host), or b""."""
+    if len(head) >= MAX_HEAD_BYTES and b"\r\n\r\n" not in head and b"\n\n" not in head:
+        return b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    hosts = [line.split(b":", 1)[1].decode("latin-1") for line in head.splitlines()[1:]
+             if line.lower().startswith(b"host:")]
+    if hosts and not host_allowed(hosts[0], names):
+        body = b"misdirected request: not this server's name (use its address or localhost)\n"
+        return b"HTTP/1.0 421 Misdirected Request\r\nContent-Type: text/plain\r\nContent-Length: " + \
+            str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+    return b""
+
+
 class DeadlineRequestHandler(BaseHTTPRequestHandler):
-    """GET-only handler whose request head must arrive within HEAD_DEADLINE_S; one request per connection."""
+    """GET-only handler whose request head must arrive within HEAD_DEADLINE_S; one request per connection. The
+    server's `allowed_hosts` (its configured host, this machine's name) are the names its Host header may give."""
 
     def setup(self) -> None:
         super().setup()
         head = read_head(self.connection, HEAD_DEADLINE_S)
         self.connection.settimeout(self.timeout)  # writing the answer: the handler's own per-call timeout
         self.rfile.close()
-        self.rfile = io.BytesIO(head)  # b"" (no head in time): the handler closes the connection quietly
+        refusal = _refusal(head, getattr(self.server, "allowed_hosts", ()))
+        if refusal:
+            try:
+                self.connection.sendall(refusal)
+            except OSError:
+                pass
+            head = b""
+        self.rfile = io.BytesIO(head)  # b"" (no head in time, or refused): the handler closes quietly
+
+
+def allowed_hosts(configured: str) -> Sequence[str]:
+    """The names a server bound for `configured` answers to besides IP addresses and loopback names."""
+    return tuple(n for n in (configured, socket.gethostname()) if n)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
         pass  # no access log lines in the journal

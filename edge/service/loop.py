@@ -3,8 +3,9 @@ and the benchmarks all run frames through `run()`, giving it their Runtime (with
 
 It ends with the end of a file source, `runtime.frames` timed frames, or a stop request: SIGTERM/SIGINT (with the
 flag entered) or a sink's `stop.request(why)`, each after the frame in hand; then it returns the final report.
-A source that gives no first frame in time (a dead camera or stream) and any failure to start are one-line
-errors, exit 2; more than `runtime.max_consecutive_errors` failed frames in a row exit 1, so systemd's
+A source that gives no first frame in time (a dead camera or stream; under systemd it is waited for instead, see
+edge/frame/sources.py) and any failure to start are one-line errors, exit 2; more than
+`runtime.max_consecutive_errors` failed frames in a row exit 1, so systemd's
 Restart=on-failure restarts the service.
 """
 

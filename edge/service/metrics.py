@@ -43,7 +43,7 @@ from edge import __version__
 from edge.board import board_model, read_l4t, tensorrt_version
 from edge.errors import EdgeError, require
 from edge.frame.pipeline import Result, Sink
-from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler
+from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler, allowed_hosts
 
 STAGES = ("capture", "frame_age", "preprocess", "infer", "postprocess")
 STATUSES = ("ok", "miss", "error")
@@ -253,6 +253,7 @@ class MetricsSink(Sink):
         server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
         try:
             self.server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+            self.server.allowed_hosts = allowed_hosts(host)  # type: ignore[attr-defined]
         except OSError as exc:
             raise EdgeError("service.metrics: cannot listen on {}:{}: {}".format(
                 host, port, exc.strerror or exc)) from None

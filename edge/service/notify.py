@@ -8,7 +8,8 @@ a no-op.
 Watchdog: systemd exports WATCHDOG_USEC (WatchdogSec=) and, for forking setups, WATCHDOG_PID. We ping
 after completed frames at most every WATCHDOG_USEC/2, so a hung inference (a TensorRT call that never
 returns) stops the pings and systemd kills and restarts the service. While the source is down the loop
-still pings: it is alive and reconnecting, and restarting the process would not bring a camera back.
+still pings: it is alive and reconnecting, and restarting the process would not bring a camera back. A SIGHUP
+reload loads the new model beside the serving one (edge/service/reload.py): frames, and so the pings, go on.
 """
 
 import math
@@ -67,10 +68,15 @@ class Notifier:
             return True
 
     def ready(self, status: str = "") -> bool:
-        message = "READY=1" + ("\nSTATUS=" + _one_line(status) if status else "")
+        """READY=1, with WATCHDOG=1 in the same datagram when the watchdog is on: systemd counts only WATCHDOG=1
+        as a ping, and the next ping is paced from this one (a READY=1 alone after a reload left the watchdog
+        running from the ping before it, and reloads in a row outlasted WatchdogSec)."""
+        message = "READY=1" + ("\nWATCHDOG=1" if self.watchdog_interval_s is not None else "") + \
+            ("\nSTATUS=" + _one_line(status) if status else "")
         ok = self.send(message)
         self.ready_sent = True
-        self.last_watchdog = time.monotonic()  # READY also tells systemd we are alive
+        if ok and self.watchdog_interval_s is not None:
+            self.last_watchdog = time.monotonic()
         return ok
 
     def watchdog(self, now: Optional[float] = None) -> bool:

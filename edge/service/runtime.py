@@ -18,7 +18,7 @@ What it writes (JSON lines on stdout; under systemd journald takes the `<N>` pri
 
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from edge.frame.stages import Stages, build_stages, create_stages
 from edge.service.frame_log import FrameLogSink, report_fields
 from edge.service.log import JsonLog
 from edge.service.notify import Notifier, NotifySink
+from edge.service.reload import Loading
 from edge.service.signals import StopFlag
 
 SLICE_S = 0.25  # the longest wait for a frame before stop and reload requests are looked at again
@@ -68,6 +69,7 @@ class Runtime:
         self._last_image: Optional[np.ndarray] = None
         self._lock = threading.Lock()
         self._reported = False  # the report line is written: nothing follows it
+        self._loading: Optional[Loading] = None  # a SIGHUP reload in flight
         self.notifier = Notifier(log=self.event)  # sd_notify; a no-op outside systemd
 
     @property
@@ -107,7 +109,8 @@ class Runtime:
         capture = self.capture_factory(cfg.source)
         self.source = SourceSupervisor(capture, cfg.source.timeout_s, cfg.service.reconnect_initial_s,
                                        cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(cfg.source),
-                                       on_event=self._source_event, start_timeout_s=cfg.source.start_timeout_s).start()
+                                       on_event=self._source_event, start_timeout_s=cfg.source.start_timeout_s,
+                                       give_up_at_start=not self.notifier.enabled).start()
         self._start_services(recorder)
         self._set_untrained_warning(stages)
         self.facts = dict(stages.facts(), source=capture.description, budget_ms=cfg.runtime.budget_ms)
@@ -158,10 +161,8 @@ class Runtime:
             self.log.extra.pop("warning", None)
 
     def _warn_stale_info(self, stages: Stages) -> None:
-        if stages.stale_info_sha256 is not None:
-            self.event("model_info_mismatch", level="warning", model=stages.model_path, sha256=stages.sha256,
-                       info_sha256=stages.stale_info_sha256,
-                       note="the model file is not the one its .json sidecar describes")
+        for note in stages.notes:  # a stale model info is refused at load (edge.artifact.read_set)
+            self.event("model_note", level="warning", model=stages.model_path, note=note)
 
     def _describe_engine(self, stages: Stages) -> None:
         if self.metrics is not None:
@@ -171,7 +172,9 @@ class Runtime:
     def _source_event(self, name: str, fields: Dict[str, Any]) -> None:
         """The source supervisor's faults, reconnects and timeouts: logged, and the outage told to systemd."""
         self.event(name, level="info" if name in ("source_reconnected", "source_recovered") else "warning", **fields)
-        if name == "source_timeout":
+        if name == "source_start_timeout" and not self.notifier.ready_sent:  # under systemd: up, degraded
+            self.notifier.ready("degraded: {}; retrying with backoff".format(fields["error"]))
+        elif name == "source_timeout":
             self.notifier.status("source down for {:.0f} s ({}), {} reconnects".format(
                 fields["down_s"], fields["source"], fields["reconnects"]))
 
@@ -182,6 +185,9 @@ class Runtime:
                              self.telemetry.latest() if self.telemetry is not None else None)
 
     def close(self) -> None:
+        if self._loading is not None:
+            self._loading.discard()
+            self._loading = None
         if self.source is not None:
             self.source.stop()
         for sink in self.sinks:
@@ -204,8 +210,8 @@ class Runtime:
                 return
             if stop.reload.is_set():
                 stop.reload.clear()
-                self.reload()
-                continue
+                self.request_reload()
+            self.finish_reload()
             if limit and self.pipeline.recorder.frames >= limit:
                 self.ended_by = "frames"
                 return
@@ -240,31 +246,60 @@ class Runtime:
         return result
 
     # -- SIGHUP --------------------------------------------------------------------------------------------
+    def request_reload(self) -> None:
+        """Start loading the stages the config now names, beside the serving ones (edge/service/reload.py); a
+        request during a load asks for one more load after it."""
+        if self._loading is not None:
+            self._loading.again = True
+            return
+        self.notifier.reloading()
+        image, factory, read_config = self._last_image, self.stages_factory, self.reload_config
+
+        def load() -> Tuple[Config, Stages]:
+            new_cfg = read_config()
+            return new_cfg, _proven_stages(new_cfg, factory, image)
+
+        self._loading = Loading(load)
+
+    def finish_reload(self) -> Optional[bool]:
+        """Between two frames: once the load is done, swap to its stages (True) or keep the old ones serving and
+        say why (False); None while nothing is loaded or the load goes on."""
+        loading = self._loading
+        if loading is None or not loading.done:
+            return None
+        self._loading = None
+        swapped = self._swap(loading)
+        if loading.again:
+            self.request_reload()
+        return swapped
+
     def reload(self) -> bool:
-        """Re-read the config and swap to the stages it names. The new stages are loaded and run on the latest
-        frame before the swap; if anything fails the old ones keep serving. Returns True if swapped."""
+        """A whole reload, waited for: re-read the config and swap to the stages it names once they are loaded and
+        have run on the latest frame; if anything fails the old ones keep serving. Returns True if swapped."""
+        self.request_reload()
+        assert self._loading is not None
+        self._loading.wait()
+        return bool(self.finish_reload())
+
+    def _swap(self, loading: Loading) -> bool:
         assert self.pipeline is not None
-        pipeline, notifier = self.pipeline, self.notifier
-        notifier.reloading()
-        started = time.monotonic()
-        old = pipeline.stages
-        try:
-            new_cfg = self.reload_config()
-            stages = _proven_stages(new_cfg, self.stages_factory, self._last_image)
-        except Exception as exc:  # anything: a bad config, a missing or corrupt model, a model that fails to run
+        pipeline, notifier, old = self.pipeline, self.notifier, self.pipeline.stages
+        if loading.error is not None or loading.result is None:
+            exc = loading.error or EdgeError("the reload loaded nothing")
             self._count_reload("failed")
             self.event("reload_failed", level="error", error_type=type(exc).__name__, error=str(exc),
                        kept="old backend keeps serving", still_serving=old.model_path,
                        **{"old_" + k: v for k, v in old.description.items()})
             notifier.ready("reload failed ({}), still serving {}".format(type(exc).__name__, old.model_path))
             return False
+        new_cfg, stages = loading.result
         pipeline.stages = stages  # the swap: one object, between two frames
         pipeline.max_consecutive_errors = new_cfg.runtime.max_consecutive_errors
         try:
             old.close()
         except Exception as exc:
             self.event("reload_close_failed", level="warning", error="{}: {}".format(type(exc).__name__, exc))
-        self._apply(new_cfg, stages, old, started)
+        self._apply(new_cfg, stages, old, loading.started)
         notifier.ready("reloaded: serving {}".format(new_cfg.model.path))
         return True
 

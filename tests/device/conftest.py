@@ -79,7 +79,7 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
     written with the manifest TensorRTBackend checks."""
     import tensorrt as trt
 
-    from edge.artifact import info_path, make_manifest
+    from edge.artifact import info_path, make_model_info
     from edge.board import current_system
     from edge.fileio import write_json_atomic
 
@@ -105,7 +105,8 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
     assert serialized is not None, "TensorRT could not build a {} engine from {}".format(precision, onnx_path)
     with open(out_path, "wb") as fh:
         fh.write(bytes(serialized))
-    manifest = make_manifest(out_path, {}, onnx_path, "tensorrt-engine", precision, None, None, current_system(), {})
+    manifest = make_model_info(out_path, {}, onnx_path, fmt="tensorrt-engine", precision=precision, calibration=None,
+                               gate=None, system=current_system(), build={})
     write_json_atomic(info_path(out_path), manifest)
     return out_path
 

@@ -3,7 +3,7 @@ tests/fake_tensorrt.py).
 
 "Device memory" is host memory, so pointers are real addresses. The kernel launch calls the host build of
 edge/cuda/preprocess.cuh (edge/cuda/host_preprocess.cpp) with the arguments the launcher packed, after
-checking them against the prepared format; module loads take the real nvcc-built images (a cubin or the
+checking them against the prepared format; module loads take the real prebuilt images (a cubin or the
 shipped fatbin) and can be made to fail like a driver without a matching image. The fake records the context
 stack and live allocations.
 """
@@ -53,6 +53,7 @@ class Sim:
         self.loads: List[bytes] = []  # images given to module_from_buffer
         self.load_error: Optional[str] = None  # set: every module load fails with this (pycuda's LogicError)
         self.launches: List[Tuple[str, Tuple[Any, ...]]] = []
+        self.context_flags: Optional[int] = None
         Allocation.live.clear()
         self.driver = self._driver()
 
@@ -101,6 +102,7 @@ class Sim:
                 self.index = index
 
             def make_context(self, flags: int = 0) -> Context:
+                sim.context_flags = flags
                 ctx = Context()
                 ctx.push()
                 sim.context = ctx
@@ -170,7 +172,7 @@ class Sim:
 
         drv.init = lambda: None
         drv.Device, drv.Context, drv.Stream, drv.Event = Device, Context, Stream, Event
-        drv.ctx_flags = types.SimpleNamespace(MAP_HOST=8)
+        drv.ctx_flags = types.SimpleNamespace(MAP_HOST=8, SCHED_BLOCKING_SYNC=4)
         drv.device_attribute = types.SimpleNamespace(INTEGRATED="INTEGRATED",
                                                      MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
         drv.host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)

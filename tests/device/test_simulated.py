@@ -67,14 +67,25 @@ def session() -> Any:
     return CudaSession()
 
 
-def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim) -> None:
+@pytest.mark.parametrize("driver,image", [
+    (11040, "preprocess-cuda11.8-sm_87.cubin"),  # JetPack 5's driver: the NVRTC 11.8 SASS
+    (12060, "preprocess-cuda12.6-sm_87.cubin"),  # JetPack 6's: the NVRTC 12.6 SASS
+    (13000, "preprocess.fatbin"),  # JetPack 7's: nvcc 13's fatbin
+])
+def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim, driver: int, image: str) -> None:
+    """The prebuilt kernel the driver's CUDA version chooses is the one loaded (at once), and its launch, run through
+    the host build of the kernel's math, matches the CPU preprocessor."""
     from edge.frame.cuda_preprocess import CudaPreprocessor
 
+    sim.driver.get_driver_version = lambda: driver
     cpu = CpuPreprocessor(PreprocessConfig())
     padded = frame(720, 1344, 3)
     owner = session()
     pre = CudaPreprocessor(PreprocessConfig(), owner)
-    assert len(sim.loads) == 1 and sim.loads[0][:4] == sim_gpu.FATBIN_MAGIC  # loaded at once: the shipped fatbin
+    with open(os.path.join(sim_gpu.CUDA_DIR, image), "rb") as fh:
+        assert sim.loads == [fh.read()]
+    assert sim.context_flags == sim.driver.ctx_flags.SCHED_BLOCKING_SYNC  # waits sleep, not spin
+    assert pre.kernel_source.startswith("shipped edge/cuda/" + image)
     for f in (frame(720, 1280), frame(1280, 720, 1), frame(5, 7, 2), padded[:, 16:1296], frame(720, 1280, 4)):
         tensor = pre(f)
         assert tensor.shape == (1, 3, 224, 224)
@@ -135,18 +146,19 @@ def test_float16_output(sim: sim_gpu.Sim) -> None:
     assert not sim_gpu.Allocation.live
 
 
-def write_engine(path: str, info: Optional[dict] = None) -> str:
-    from edge.artifact import info_path, make_manifest
+def write_engine(path: str, info: Optional[dict] = None, content: bytes = ENGINE_MAGIC) -> str:
+    from edge.artifact import info_path, make_model_info
     from edge.board import current_system
     from edge.fileio import write_json_atomic
 
     with open(path, "wb") as fh:
-        fh.write(ENGINE_MAGIC)
+        fh.write(content)
     onnx = path + ".onnx"
     with open(onnx, "wb") as fh:
         fh.write(b"onnx")
-    write_json_atomic(info_path(path), make_manifest(path, info or {"trained": False}, onnx, "tensorrt-engine", "fp16",
-                                                     None, None, current_system(), {}))
+    write_json_atomic(info_path(path), make_model_info(path, info or {"trained": False}, onnx, fmt="tensorrt-engine",
+                                                       precision="fp16", calibration=None, gate=None,
+                                                       system=current_system(), build={}))
     return path
 
 
@@ -276,9 +288,7 @@ def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pyte
     from edge.frame.tensorrt_backend import TensorRTBackend
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
-    engine = write_engine(str(tmp_path / "model.engine"))
-    with open(engine, "wb") as fh:
-        fh.write(b"garbage")
+    engine = write_engine(str(tmp_path / "model.engine"), content=b"garbage")  # its model info describes it
     monkeypatch.setattr("edge.frame.tensorrt_backend.check_engine", lambda path, **kw: {})
     owner = session()
     backend = TensorRTBackend(engine, owner)
@@ -411,19 +421,20 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     monkeypatch.setattr(board, "gpu_identity", lambda: {"gpu": "Orin", "compute_capability": "8.7", "sm_count": 16,
                                                         "cuda": "12.6"})
     built = board.current_system(str(root))
-    assert {k: built[k] for k in board.ENGINE_SYSTEM_KEYS} == {
+    assert {k: built[k] for k in artifact.ENGINE_SYSTEM_KEYS} == {
         "board": "NVIDIA Jetson AGX Orin Developer Kit", "sm_count": 16, "compute_capability": "8.7",
         "tensorrt": "10.3.0", "cuda": "12.6"} and built["l4t"] == "R36.4.3"
     engine = str(tmp_path / "m.engine")
     with open(engine, "wb") as fh:
         fh.write(b"engine")
-    from edge.artifact import info_path, make_manifest
+    from edge.artifact import info_path, make_model_info
     from edge.fileio import write_json_atomic
 
     with open(engine + ".onnx", "wb") as fh:
         fh.write(b"onnx")
-    write_json_atomic(info_path(engine), make_manifest(engine, {"trained": False}, engine + ".onnx", "tensorrt-engine",
-                                                       "fp16", None, None, built, {}))
+    write_json_atomic(info_path(engine), make_model_info(engine, {"trained": False}, engine + ".onnx",
+                                                         fmt="tensorrt-engine", precision="fp16", calibration=None,
+                                                         gate=None, system=built, build={}))
     warnings: list = []
     patched = dict(built, l4t="R36.4.4")  # an L4T patch with the same TensorRT and CUDA: kept, with a warning
     assert artifact.check_engine(engine, patched, warnings.append)["precision"] == "fp16"

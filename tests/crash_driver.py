@@ -1,0 +1,43 @@
+"""The real CLI, killed by SIGKILL right after its K-th filesystem step: `python crash_driver.py K KIND ARGS...`.
+
+KIND `rename` counts renames only (os.replace, os.rename, edge.fileio.exchange: the moments a set changes); `any`
+counts every step that changes the disk (renames, links, unlinks, folders, fsyncs), for kill points spread over
+the whole command. K = 0 never kills and prints on stderr how many steps the command took
+("crash_driver: N steps"). With EDGE_TEST_NO_EXCHANGE=1 the filesystem seems to lack RENAME_EXCHANGE (the
+two-rename path runs). The kill comes from the process itself, after the step returned: as a power cut there, with
+nothing flushed or cleaned up.
+"""
+
+import os
+import signal
+import sys
+
+kill_at, kind, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+steps = [0]
+
+
+def counted(fn):
+    def step(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        steps[0] += 1
+        if steps[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    return step
+
+
+import edge.fileio  # noqa: E402  (patched before any command module imports its names)
+
+if os.environ.get("EDGE_TEST_NO_EXCHANGE") == "1":
+    edge.fileio.exchange = lambda a, b: False
+edge.fileio.exchange = counted(edge.fileio.exchange)  # calibration sets swap through edge.fileio
+for name in ("replace", "rename") + (("symlink", "link", "unlink", "mkdir", "fsync", "rmdir") if kind == "any" else ()):
+    setattr(os, name, counted(getattr(os, name)))
+
+from edge.commands.cli import main  # noqa: E402
+
+try:
+    code = main(argv)
+finally:
+    print("crash_driver: {} steps".format(steps[0]), file=sys.stderr)
+sys.exit(code)

@@ -1,0 +1,50 @@
+"""TensorRT options of the GPU path, against the API's own names (no GPU): an engine built on TensorRT 8.x leaves out
+the cuBLAS/cuBLASLt/cuDNN tactics (each execution context would load those libraries: hundreds of MB on a
+Jetson, twice during a reload), and the runner takes TensorRT 10's INT64 and UINT8 I/O tensors."""
+
+import sys
+import types
+from typing import Any, List
+
+import numpy as np
+import pytest
+
+from edge.build.tensorrt_engine import limit_tactic_sources
+from edge.errors import EdgeError
+
+# TensorRT's TacticSource values (8.5 to 10.x: CUBLAS 0, CUBLAS_LT 1, CUDNN 2, EDGE_MASK_CONVOLUTIONS 3, JIT 4)
+SOURCES = types.SimpleNamespace(CUBLAS=0, CUBLAS_LT=1, CUDNN=2, EDGE_MASK_CONVOLUTIONS=3, JIT_CONVOLUTIONS=4)
+
+
+class Config:
+    def __init__(self) -> None:
+        self.sources: List[int] = []
+
+    def set_tactic_sources(self, mask: int) -> bool:
+        self.sources.append(mask)
+        return True
+
+
+@pytest.mark.parametrize("major,expected", [(8, [(1 << 3) | (1 << 4)]), (10, []), (11, [])])
+def test_tensorrt_8_builds_without_cublas_and_cudnn_tactics(major: int, expected: List[int]) -> None:
+    config = Config()
+    limit_tactic_sources(types.SimpleNamespace(TacticSource=SOURCES), config, major)
+    assert config.sources == expected
+    if expected:
+        assert not expected[0] & ((1 << SOURCES.CUBLAS) | (1 << SOURCES.CUBLAS_LT) | (1 << SOURCES.CUDNN))
+
+
+@pytest.mark.parametrize("names,dtype,expected", [
+    (("FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8", "INT64"), "INT64", np.int64),  # TensorRT 10
+    (("FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8", "INT64"), "UINT8", np.uint8),
+    (("FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8"), "FLOAT", np.float32),  # TensorRT 8.5: no INT64
+])
+def test_runner_maps_every_io_type_the_tensorrt_has(monkeypatch: pytest.MonkeyPatch, names: Any, dtype: str,
+                                                    expected: Any) -> None:
+    from edge.frame.tensorrt_runner import np_dtype
+
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(
+        DataType=types.SimpleNamespace(**{n: "DataType." + n for n in names})))
+    assert np_dtype("DataType." + dtype) == np.dtype(expected)
+    with pytest.raises(EdgeError, match="unsupported TensorRT I/O data type DataType.FP8"):
+        np_dtype("DataType.FP8")
