@@ -28,11 +28,15 @@ VALUE_SETS = {
     "shared-cache-basic-auth": {"agent": {"remoteWrite": {"url": URL, "basicAuth": {
         "username": "fleet", "passwordSecret": {"name": "rw", "key": "pw"}}}},
         "engineCache": {"hostPath": "/data/engines", "shared": "/mnt/engines"}, "release": "0.2.0-model7"},
+    "gated-per-board-type": dict(
+        BASE, engineCache={"hostPath": "/var/lib/jetson-edge/engines", "shared": "/mnt/engines"},
+        gate={"boardTypes": [{"name": "orin-nano", "nodeSelector": {"jetson/board": "orin-nano"}},
+                             {"name": "xavier-nx", "nodeSelector": {"jetson/board": "xavier-nx"}}]}),
     "agent3-no-sockets-wave": {"agent": {"remoteWrite": {"url": URL}, "image": {"tag": "v3.5.0"}},
                                "argusSocket": False, "jtopSocket": False, "maxUnavailable": "20%",
                                "nodeSelector": {"jetson-edge/enabled": "true", "jetson-edge/wave": "2"},
                                "engineCache": {"hostPath": "/var/lib/jetson-edge/engines",
-                                               "shared": "http://cache.local/engines"}},
+                                               "shared": "https://cache.local/engines"}},
 }
 
 
@@ -74,6 +78,25 @@ def test_chart_lints_strictly_for_kubernetes_1_33(helm):
     ({"devices": {"mode": "hostpath"}}, "mode"),
     ({"config": {"source": "rtsp://cam/s\nruntime:\n  frames: 5"}}, "source"),
     ({"agent": {"remoteWrite": {"url": URL, "extra": {"basic_auth": {"password": "inline"}}}}}, "extra"),
+    # inline secrets, in every place remote_write takes one
+    ({"agent": {"remoteWrite": {"url": URL, "extra": {"headers": {"Authorization": "Bearer x"}}}}}, "Authorization"),
+    ({"agent": {"remoteWrite": {"url": URL, "extra": {"bearer_token": "x"}}}}, "extra"),
+    ({"agent": {"remoteWrite": {"url": URL, "extra": {"tls_config": {"key": "-----BEGIN"}}}}}, "extra"),
+    ({"agent": {"remoteWrite": {"url": "https://fleet:S3cret@prometheus.example.com/api/v1/write"}}}, "url"),
+    ({"engineCache": {"hostPath": "/var/lib/jetson-edge/engines", "shared": "https://u:pw@cache.local/e"}}, "shared"),
+    ({"engineCache": {"hostPath": "/var/lib/jetson-edge/engines", "shared": "http://cache.local/e"}}, "shared"),
+    # host folders: never a system folder, never .. (the chart hands its folder to the pod's user)
+    ({"engineCache": {"hostPath": "/"}}, "hostPath"),
+    ({"engineCache": {"hostPath": "/etc"}}, "hostPath"),
+    ({"engineCache": {"hostPath": "/var/lib/../../etc"}}, "hostPath"),
+    ({"engineCache": {"hostPath": "/var/lib"}}, "hostPath"),
+    ({"agent": {"remoteWrite": {"url": URL}, "walHostPath": "/"}}, "walHostPath"),
+    ({"supplementalGroups": [44, 0]}, "supplementalGroups"),
+    ({"supplementalGroups": [27]}, "supplementalGroups"),
+    # the config's own ranges (edge/config.py), so a value the daemon refuses never renders into a crash loop
+    ({"config": {"fps": 1e308}}, "fps"),
+    ({"config": {"budgetMs": 0.0001}}, "budgetMs"),
+    ({"gate": {"boardTypes": [{"name": "Orin Nano", "nodeSelector": {"a": "b"}}]}}, "name"),
 ])
 def test_the_schema_refuses_typos_wrong_types_and_inline_secrets(helm, values, problem):
     merged = dict(BASE, **values) if "agent" not in values else values
@@ -87,7 +110,7 @@ def test_chart_refuses_to_render_metrics_without_a_remote_write_url(helm):
     assert "edge-agent" not in str(render(helm, VALUE_SETS["metrics-off"]))
 
 
-def test_six_value_sets_validate_against_kubernetes_1_33(helm, tmp_path):
+def test_every_value_set_validates_against_kubernetes_1_33(helm, tmp_path):
     validate = os.path.join(os.path.dirname(sys.executable), "kubernetes-validate")
     if not os.path.exists(validate):
         pytest.skip("kubernetes-validate not installed (pip install -e '.[fleet]')")
@@ -97,6 +120,8 @@ def test_six_value_sets_validate_against_kubernetes_1_33(helm, tmp_path):
         proc = subprocess.run([validate, "-k", "1.33.0", "--strict", str(out)], capture_output=True, text=True)
         assert proc.returncode == 0, name + ": " + proc.stdout + proc.stderr
         assert "passed for resource daemonset/edge" in proc.stdout, name
+        if "gate" in values:
+            assert "passed for resource job/edge-gate-xavier-nx" in proc.stdout
 
 
 def test_string_values_stay_values(helm):
@@ -122,6 +147,8 @@ def test_pod_security_devices_and_socket_folders(helm):
     spec = pod(render(helm, BASE))
     edge = spec["containers"][0]
     assert spec["automountServiceAccountToken"] is False
+    # no login user of the host (JetPack's first user is 1000, whose sockets live under the mounted /run and /tmp)
+    assert spec["securityContext"]["runAsUser"] == spec["securityContext"]["runAsGroup"] == 10001
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert edge["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                        "readOnlyRootFilesystem": True}
@@ -212,7 +239,7 @@ def test_the_ansible_agent_ships_the_charts_agent_config(helm, tmp_path):
         "vars": {"jetson_edge_agent_remote_write_url": URL, "jetson_edge_agent_username": "fleet",
                  "jetson_edge_agent_password_file": "/etc/prometheus-agent-secrets/password",
                  "jetson_edge_agent_scrape_interval": "15s", "jetson_edge_metrics_port": 9108,
-                 "jetson_edge_agent_binary": "/opt/prometheus-agent/prometheus",
+                 "jetson_edge_agent_binary": "/opt/prometheus-agent/2.53.4/prometheus",
                  "jetson_edge_agent_version": "2.53.4"}}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     proc = subprocess.run([playbook, "-c", "local", "-i", "localhost,", "-e",
@@ -221,6 +248,69 @@ def test_the_ansible_agent_ships_the_charts_agent_config(helm, tmp_path):
                           env=dict(os.environ, ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
     assert proc.returncode == 0, proc.stdout[-3000:]
     chart = configmap(render(helm, VALUE_SETS["shared-cache-basic-auth"]), "agent")["agent.yml"]
-    assert yaml.safe_load((tmp_path / "agent.yml").read_text()) == yaml.safe_load(chart)
+    ours = yaml.safe_load((tmp_path / "agent.yml").read_text())
+    # the systemd agent reads its password from its credentials (DynamicUser= cannot read a root-only file)
+    assert ours["remote_write"][0]["basic_auth"].pop("password_file") == \
+        "/run/credentials/jetson-edge-agent.service/password"
+    theirs = yaml.safe_load(chart)
+    theirs["remote_write"][0]["basic_auth"].pop("password_file")
+    assert ours == theirs
     unit = (tmp_path / "jetson-edge-agent.service").read_text()
     assert "Environment=NODE_NAME=localhost\n" in unit and "--enable-feature=agent,expand-external-labels" in unit
+    assert "LoadCredential=password:/etc/prometheus-agent-secrets/password\n" in unit
+    assert "ExecStart=/opt/prometheus-agent/2.53.4/prometheus " in unit  # a version's own binary
+
+
+def test_the_init_container_hands_over_only_a_folder_the_chart_created(helm, tmp_path):
+    """The rendered init command, run as root on real folders: an empty root-owned folder (what kubelet creates for
+    DirectoryOrCreate) goes to the pod's user; a folder with content, or someone else's, is refused untouched."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    init, = pod(render(helm, BASE))["initContainers"]
+    script = init["command"][2]
+    assert init["command"][4:] == ["/host/engines:10001:10001", "/host/wal:65534:65534"]
+    fresh, etc, ours = tmp_path / "fresh", tmp_path / "etc", tmp_path / "ours"
+    for folder in (fresh, etc, ours):
+        folder.mkdir()
+    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    os.chown(str(ours), 10001, 10001)
+
+    def run(*specs):
+        return subprocess.run(["sh", "-c", script, "own"] + list(specs), capture_output=True, text=True, timeout=30)
+
+    assert run("{}:10001:10001".format(fresh), "{}:10001:10001".format(ours)).returncode == 0
+    assert (os.stat(str(fresh)).st_uid, os.stat(str(fresh)).st_gid) == (10001, 10001)
+    refused = run("{}:10001:10001".format(etc))
+    assert refused.returncode == 1 and "not created by this chart" in refused.stderr
+    assert os.stat(str(etc)).st_uid == 0
+
+
+def test_the_gate_is_a_job_per_board_type_before_the_daemonset_moves(helm):
+    rendered = render(helm, VALUE_SETS["gated-per-board-type"])
+    jobs = docs(rendered, "Job")
+    assert [j["metadata"]["name"] for j in jobs] == ["edge-gate-orin-nano", "edge-gate-xavier-nx"]
+    for job in jobs:
+        assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+        assert job["spec"]["backoffLimit"] == 0
+        spec = job["spec"]["template"]["spec"]
+        assert spec["containers"][0]["args"] == ["gate"] and spec["securityContext"]["runAsUser"] == 10001
+        assert spec["nodeSelector"]["jetson-edge/enabled"] == "true"
+    assert jobs[1]["spec"]["template"]["spec"]["nodeSelector"]["jetson/board"] == "xavier-nx"
+    gate_config, = [c for c in docs(rendered, "ConfigMap") if c["metadata"]["name"] == "edge-gate-config"]
+    assert gate_config["metadata"]["annotations"]["helm.sh/hook-weight"] == "-1"  # before the Jobs that read it
+    assert gate_config["data"] == configmap(rendered, "config")  # the config the pods will run
+    env = {e["name"]: e.get("value") for e in pod(rendered)["containers"][0]["env"]}
+    assert env["EDGE_FETCH_ONLY"] == "1"  # the DaemonSet never builds
+    assert "EDGE_FETCH_ONLY" not in str(pod(render(helm, BASE)))
+    with pytest.raises(helm.HelmError, match="gate.boardTypes needs engineCache.shared"):
+        render(helm, dict(VALUE_SETS["gated-per-board-type"], engineCache={"hostPath": "/var/lib/jetson-edge/e",
+                                                                           "shared": "https://cache.local/e"}))
+
+
+def test_an_agent_config_change_is_applied_without_a_pod_restart(helm):
+    spec = pod(render(helm, BASE))
+    agent, reloader = spec["containers"][1], spec["containers"][2]
+    assert "--web.enable-lifecycle" in agent["args"]
+    assert reloader["args"][:2] == ["--watched-dir=/etc/prometheus-agent",
+                                    "--reload-url=http://127.0.0.1:9090/-/reload"]
+    assert {"name": "agent-config", "mountPath": "/etc/prometheus-agent", "readOnly": True} in reloader["volumeMounts"]

@@ -48,26 +48,83 @@ def test_playbook_syntax_and_ansible_lint():
     assert proc.returncode == 0, proc.stdout
 
 
-def test_rollout_plays_skip_unreachable_devices_and_gate_before_the_switch():
+def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_first():
     with open(os.path.join(ANSIBLE, "site.yml")) as fh:
-        reach, report, rollout = yaml.safe_load(fh)
+        plays = yaml.safe_load(fh)
+    names = [p["name"].split(" (")[0].split(",")[0] for p in plays]
+    assert names == ["Rollout state first", "Find the reachable devices", "Report the skipped devices",
+                     "Withdraw the release", "Board types and their canaries", "Roll out to the canary of each board "
+                     "type", "Bake between the canaries and the fleet", "Roll out to the rest of each board type"]
+    controller, reach, report, kill, types, canaries, bake, rest = plays
+    assert controller["hosts"] == "localhost" and controller["any_errors_fatal"] is True  # before any device
     assert reach["tasks"][0]["ignore_unreachable"] is True and report["hosts"] == "jetson_edge_unreachable"
-    assert rollout["hosts"] == "jetsons:&jetson_edge_reachable" and rollout["strategy"] == "host_pinned"
-    assert "max_fail_percentage" not in rollout  # the free strategies ignore it: a failed gate pauses instead
+    assert canaries["hosts"] == "jetson_edge_canary" and canaries["serial"] == 1
+    assert canaries["roles"][0]["vars"]["jetson_edge_fetch_only"] is False
+    assert rest["hosts"] == "jetson_edge_follower" and rest["strategy"] == "host_pinned"
+    assert rest["roles"][0]["vars"]["jetson_edge_fetch_only"] is True
+    assert all(p["gather_facts"] is False for p in plays)  # facts cost a round trip per device; nothing reads them
     tasks = os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks")
     with open(os.path.join(tasks, "gate.yml")) as fh:
-        block, = yaml.safe_load(fh)
+        gate = yaml.safe_load(fh)
+    block = [t for t in gate if "block" in t][0]
     steps = [t["name"].split(" (")[0] for t in block["block"]]
-    assert steps == ["Forget an earlier failure of this release", "Build the CUDA preprocessing kernel for this GPU",
-                     "Fetch the artifact built for this engine identity", "Build the release's artifact on the device",
-                     "Stop the service", "Latency gate", "Publish the gated artifact for devices of this type",
-                     "Seal the release"]
-    rescue = [t["name"] for t in block["rescue"]]
-    assert rescue[0].startswith("Mark the release failed") and "ansible.builtin.fail" in block["rescue"][-1]
-    with open(os.path.join(tasks, "deploy.yml")) as fh:
-        deploy = [t["name"] for t in yaml.safe_load(fh)]
-    assert deploy.index("Package, files and build of the release") < deploy.index(
-        "Switch to the release (only after its gate passed here)")
+    assert steps == ["Build the CUDA preprocessing kernel for this GPU", "Build the release's artifact on the device",
+                     "Ask the fleet's metrics first", "Try the release"]  # no step stops the service
+    assert "ansible.builtin.fail" in block["rescue"][-1]
+    assert "systemd_service" not in open(os.path.join(tasks, "gate.yml")).read()
+
+
+def agent_play(tmp_path, root, version, url=URL):
+    """The role's agent tasks (and handlers) on a folder root with the harness's stand-in systemctl, installing
+    Prometheus `version` from an archive whose `prometheus` prints its version."""
+    playbook = venv_tool("ansible-playbook", "ansible-core")
+    archive = tmp_path / "prometheus-{}.linux-arm64.tar.gz".format(version)
+    if not archive.exists():
+        src = tmp_path / "prometheus-{}.linux-arm64".format(version)
+        src.mkdir()
+        (src / "prometheus").write_text("#!/bin/sh\necho prometheus {}\n".format(version))
+        (src / "prometheus").chmod(0o755)
+        subprocess.run(["tar", "-czf", str(archive), "-C", str(tmp_path), src.name], check=True)
+    python = root / "python"
+    if not python.exists():
+        (root / "bin").mkdir(parents=True)
+        (root / "etc" / "systemd" / "system").mkdir(parents=True)  # as on any device
+        shutil.copy(os.path.join(REPO, "tests", "fleet", "systemctl"), str(root / "bin" / "systemctl"))
+        python.write_text('#!/bin/sh\nPATH="{}:$PATH" exec {} "$@"\n'.format(root / "bin", sys.executable))
+        python.chmod(0o755)
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": {
+        "name": os.path.join(ANSIBLE, "roles", "jetson_edge"), "tasks_from": "agent.yml"}}]}]
+    (tmp_path / "agent-play.yml").write_text(yaml.safe_dump(play))
+    extra = {"jetson_edge_root": str(root), "jetson_edge_agent_archive": str(archive), "jetson_edge_release": "r1",
+             "jetson_edge_agent_version": version, "jetson_edge_agent_remote_write_url": url,
+             "ansible_python_interpreter": str(python)}
+    (tmp_path / "agent-vars.yml").write_text(yaml.safe_dump(extra))
+    return subprocess.run([playbook, "-c", "local", "-i", "localhost,", str(tmp_path / "agent-play.yml"), "-e",
+                           "@" + str(tmp_path / "agent-vars.yml")], capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path), env=dict(os.environ, ANSIBLE_NOCOLOR="1",
+                                                      ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
+
+
+def test_an_agent_version_bump_installs_and_runs_that_versions_binary(tmp_path):
+    """A 2.x binary must never be started with 3.x's flags: the bump installs 3.x's binary and the unit runs it."""
+    root = tmp_path / "device"
+    first = agent_play(tmp_path, root, "2.53.4")
+    assert first.returncode == 0, first.stdout[-3000:]
+    bumped = agent_play(tmp_path, root, "3.5.0")
+    assert bumped.returncode == 0, bumped.stdout[-3000:]
+    unit = (root / "etc" / "systemd" / "system" / "jetson-edge-agent.service").read_text()
+    binary, flags = re.search(r"^ExecStart=(\S+) (.*)$", unit, re.M).groups()
+    assert flags.endswith(" --agent")
+    ran = subprocess.run([str(root) + binary], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "prometheus 3.5.0"
+    assert (root / "units.log").read_text().splitlines() == ["start jetson-edge-agent.service",
+                                                            "restart jetson-edge-agent.service"]  # the bump
+
+
+def test_the_agent_refuses_a_remote_write_url_with_credentials(tmp_path):
+    proc = agent_play(tmp_path, tmp_path / "device", "2.53.4", url="https://fleet:S3cret@prom.example.com/api/v1/write")
+    assert proc.returncode != 0 and "without user:password@" in proc.stdout
+    assert not (tmp_path / "device" / "etc" / "prometheus-agent" / "agent.yml").exists()
 
 
 # -- container ----------------------------------------------------------------------------------------------
@@ -83,7 +140,7 @@ def test_dockerfile_builds_on_the_l4t_base_as_non_root_with_jetpack_libraries():
     run = " ".join(i[1] for i in instructions if i[0] == "RUN")
     assert "python3-libnvinfer" in run and "python3-opencv" in run and "venv --system-site-packages" in run
     assert "GStreamer" in run  # the build fails on an OpenCV without GStreamer
-    assert ["USER", "1000:1000"] in instructions and keys.index("USER") > max(
+    assert ["USER", "10001:10001"] in instructions and keys.index("USER") > max(
         i for i, k in enumerate(keys) if k == "RUN")
     entry = [i[1] for i in instructions if i[0] == "ENTRYPOINT"]
     assert entry == ['["/usr/local/bin/jetson-edge-entrypoint"]']
@@ -106,7 +163,7 @@ def test_entrypoint_parses_and_passes_shellcheck():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def run_entrypoint(tmp_path, small_model, fake_edge="", **env):
+def run_entrypoint(tmp_path, small_model, fake_edge="", args=(), precision="int8", **env):
     """The real entrypoint and the real manifest check (edge's own code, which finds no engine for this board);
     `edge` itself is a recorder (building a TensorRT engine needs a Jetson) running `fake_edge` after recording."""
     bin_dir = tmp_path / "bin"
@@ -116,13 +173,13 @@ def run_entrypoint(tmp_path, small_model, fake_edge="", **env):
     (bin_dir / "edge").write_text("#!/bin/sh\necho \"$*\" >> {}\n{}\n".format(tmp_path / "calls", fake_edge))
     (bin_dir / "edge").chmod(0o755)
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "engines" / "m.int8.engine")},
+    config.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "engines" / "m.{}.engine".format(precision))},
                                       "source": {"uri": "csi://0"},
-                                      "build": {"engines_dir": str(tmp_path / "engines")}}))
+                                      "build": {"engines_dir": str(tmp_path / "engines"), "precision": precision}}))
     full_env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), EDGE_CONFIG=str(config),
                     EDGE_SOURCE_MODEL=small_model, PYTHONPATH=REPO, **env)
-    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")], capture_output=True, text=True, env=full_env,
-                          cwd=REPO, timeout=120)
+    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")] + list(args), capture_output=True, text=True,
+                          env=full_env, cwd=REPO, timeout=120)
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
     return proc, str(config), calls
 
@@ -142,9 +199,12 @@ def test_entrypoint_does_not_rebuild_a_failed_build_on_every_restart(tmp_path, s
     again, _, calls = run_entrypoint(tmp_path, small_model, fail_build)
     assert again.returncode == 1 and "failed before" in again.stderr
     assert [c.split()[0] for c in calls] == ["build"]  # the restart did not build again
+    # another precision (or build setting) is another build: the failure of int8 does not stop fp16
+    other, _, calls = run_entrypoint(tmp_path, small_model, precision="fp16")
+    assert other.returncode == 0 and [c.split()[0] for c in calls] == ["build", "build", "run"], other.stderr
     os.unlink(str(tmp_path / "engines" / "mobilenet_v3_small.failed"))
     retried, _, calls = run_entrypoint(tmp_path, small_model)
-    assert retried.returncode == 0 and [c.split()[0] for c in calls] == ["build", "build", "run"]
+    assert retried.returncode == 0 and [c.split()[0] for c in calls] == ["build", "build", "run", "build", "run"]
 
 
 def test_entrypoint_takes_the_source_from_a_secret_without_putting_it_in_argv(tmp_path, small_model):
@@ -162,6 +222,23 @@ def test_entrypoint_takes_the_source_from_a_secret_without_putting_it_in_argv(tm
         assert yaml.safe_load(fh)["source"]["uri"] == uri
     with open(config) as fh:
         assert "S3cretPass" not in fh.read()
+
+
+def test_the_daemonset_only_fetches_and_the_gate_job_builds_checks_and_publishes(tmp_path, small_model):
+    miss = 'case "$1 $2" in "cache fetch") exit 1;; esac'
+    shared = str(tmp_path / "shared")
+    fetch_only, _, calls = run_entrypoint(tmp_path, small_model, miss, EDGE_ENGINE_CACHE=shared, EDGE_FETCH_ONLY="1")
+    assert fetch_only.returncode == 1 and "fetch only" in fetch_only.stderr
+    assert [c.split()[:2] for c in calls] == [["cache", "fetch"]]  # never a build
+    os.unlink(str(tmp_path / "calls"))
+    gate, config, calls = run_entrypoint(tmp_path, small_model, miss, args=["gate"], EDGE_ENGINE_CACHE=shared)
+    assert gate.returncode == 0, gate.stderr
+    assert [c.split()[:2] for c in calls] == [["cache", "fetch"], ["build", "--engine"], ["check", "--config"],
+                                              ["cache", "publish"]]
+    assert "--source synthetic" in calls[2] and "run" not in [c.split()[0] for c in calls]
+    os.unlink(str(tmp_path / "calls"))
+    hit, _, calls = run_entrypoint(tmp_path, small_model, args=["gate"], EDGE_ENGINE_CACHE=shared)
+    assert hit.returncode == 0 and [c.split()[:2] for c in calls] == [["cache", "fetch"]]
 
 
 # -- docs -----------------------------------------------------------------------------------------------------

@@ -62,17 +62,18 @@ def referenced_metrics():
 class Daemon:
     """A real `edge run` (CPU backend, synthetic source) with metrics on 127.0.0.1; stopped by PID."""
 
-    def __init__(self, tmp_path, model, port):
+    def __init__(self, tmp_path, model, port, budget_ms=30, release=None):
         self.port = port
-        config = sh.write_config(tmp_path / "edge.yaml", {
+        config = sh.write_config(tmp_path / "edge-{}.yaml".format(port), {
             "model": {"path": model}, "source": {"uri": "synthetic", "width": 160, "height": 120, "fps": 30},
             "backend": {"kind": "onnxruntime"}, "preprocess": {"device": "cpu"},
-            "runtime": {"budget_ms": 30, "warmup": 2},
+            "runtime": {"budget_ms": budget_ms, "warmup": 2},
             "service": {"metrics": {"enabled": True, "host": "127.0.0.1", "port": port},
                         "telemetry": {"enabled": True, "interval_s": 0.5}}})
-        self.log = open(str(tmp_path / "edge.log"), "w")
+        self.log = open(str(tmp_path / "edge-{}.log".format(port)), "w")
+        env = dict(os.environ, EDGE_RELEASE=release) if release else None
         self.proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=REPO,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_healthy(self, timeout=90):
         deadline = time.monotonic() + timeout
@@ -169,9 +170,10 @@ def test_promtool_checks_the_rules():
     proc = subprocess.run([tool("promtool"), "check", "rules", "rules.yml"], cwd=PROM_DIR, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 19 rules found" in proc.stdout
+    assert "SUCCESS: 26 rules found" in proc.stdout
     alerts = [r for r in rules() if "alert" in r]
-    assert {"EdgeDeviceSilent", "EdgeDeviceFlapping", "EdgeRemoteWriteLag"} <= {r["alert"] for r in alerts}
+    assert {"EdgeDeviceSilent", "EdgeDeviceFlapping", "EdgeRemoteWriteLag", "EdgeReleaseRegression",
+            "EdgeFleetRegression", "EdgeReleaseStale"} <= {r["alert"] for r in alerts}
     with open(os.path.join(REPO, "docs", "fleet.md")) as fh:
         anchors = {h.lower() for h in re.findall(r"^#+ (Edge\w+)$", fh.read(), re.M)}  # GitHub's anchors
     for rule in alerts:  # every alert links its runbook, and the runbook section exists
@@ -271,3 +273,51 @@ def test_every_metric_in_the_rules_and_dashboard_is_in_a_live_scrape(tmp_path, s
     wanted = referenced_metrics()
     assert len(wanted) >= 19, sorted(wanted)
     assert wanted <= scraped, "not in a live scrape: {}".format(sorted(wanted - scraped))
+
+
+def fleet_gate(tmp_path, url, release):
+    """deploy/ansible's fleet gate (the role's fleet_gate.yml, as the rollout runs it) for `release`."""
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    if not os.path.exists(playbook):
+        pytest.skip("ansible-core not installed (pip install -e '.[fleet]')")
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": {
+        "name": os.path.join(REPO, "deploy", "ansible", "roles", "jetson_edge"), "tasks_from": "fleet_gate.yml"}}]}]
+    (tmp_path / "gate.yml").write_text(yaml.safe_dump(play))
+    return subprocess.run([playbook, "-c", "local", "-i", "localhost,", str(tmp_path / "gate.yml"), "-e",
+                           "jetson_edge_prometheus_url={} jetson_edge_release={} ansible_python_interpreter={}".format(
+                               url, release, sys.executable)],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
+
+
+def test_the_rollouts_fleet_gate_asks_prometheus_whether_a_release_does_worse_than_the_fleet(tmp_path, small_model):
+    """Two real daemons on two releases (v2 misses its budget on every frame) scraped by a real Prometheus with the
+    shipped rules: the gate between the canaries and the rest passes v1 and stops v2 and a release with no data."""
+    tool("prometheus")
+    good = Daemon(tmp_path, small_model, sh.free_port(), budget_ms=10000, release="v1")
+    bad = Daemon(tmp_path, small_model, sh.free_port(), budget_ms=0.001, release="v2")
+    server = None
+    try:
+        targets = [{"targets": ["127.0.0.1:{}".format(d.port)], "labels": {"device": name}}
+                   for name, d in (("jetson-01", good), ("jetson-02", bad))]
+        server = Prometheus(tmp_path, "central", {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [os.path.join(PROM_DIR, "rules.yml")],
+            "scrape_configs": [{"job_name": "jetson-edge", "static_configs": targets}]}, [])
+        good.wait_healthy()
+        bad.wait_healthy()
+        server.wait_ready()
+        poll(lambda: len(server.api("query", query="release:edge_deadline_misses:ratio_rate5m")["result"]) == 2, 90,
+             "per-release miss ratios for v1 and v2")
+        passed = fleet_gate(tmp_path, server.url, "v1")
+        assert passed.returncode == 0, passed.stdout[-3000:]
+        stopped = fleet_gate(tmp_path, server.url, "v2")
+        assert stopped.returncode != 0 and "v2 does worse than the fleet" in stopped.stdout, stopped.stdout[-3000:]
+        unknown = fleet_gate(tmp_path, server.url, "v3")
+        assert unknown.returncode != 0 and "or has no data" in unknown.stdout
+    finally:
+        if server is not None:
+            server.stop()
+        good.stop()
+        bad.stop()
+

@@ -115,6 +115,12 @@ def _download(cache: str, endpoint: Optional[Tuple[str, Dict[str, str]]], key: s
             out.write(chunk)
 
 
+def read_file(cache: str, key: str, name: str, dest: str) -> bool:
+    """`<cache>/<key>/<name>` of a folder or https:// cache copied to `dest`; False when the cache has none. For
+    the small files kept beside the artifacts (edge/fleet/store.py's rollout records)."""
+    return _download(cache, _endpoint(cache, None) if _is_url(cache) else None, key, name, dest)
+
+
 def fetch(plan: BuildPlan, cache: str, *, digest: Optional[str] = None, log: Log = print) -> bool:
     """Install the cached artifact for `plan` (True), or report a miss or a corrupt entry (False). A cache that
     cannot be used at all (a bad URL, a full disk here) is an EdgeError naming what."""

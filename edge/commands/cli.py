@@ -9,7 +9,8 @@ from edge import __version__
 from edge.commands.common import execute
 
 # modules in edge/commands/
-COMMANDS = ("run", "export", "build", "check", "sweep", "rebuild", "demo", "classify", "doctor", "cache", "init")
+COMMANDS = ("run", "export", "build", "check", "sweep", "rebuild", "demo", "classify", "doctor", "cache", "init",
+            "release")
 
 
 def build_parser() -> argparse.ArgumentParser:

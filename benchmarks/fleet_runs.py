@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""A no-op run and the kill switch of deploy/ansible/site.yml on the fleet harness with many hosts.
+
+    python benchmarks/fleet_runs.py [--hosts 50] [--forks 50 5] [--model M.onnx] [--keep DIR]
+
+One harness host gets two releases the real way (r1, then r2: build, switch, bake on its live daemon, commit);
+its root is then copied to the other hosts (paths rewritten), whose stand-in services keep state only. Then, per
+--forks value, side by side: `site.yml -e jetson_edge_release=r2` with nothing to change (every device
+`changed=0`) and the kill switch for r2 (every device back on r1), wall time each. docs/fleet.md has the table.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "tests"))
+
+from fleet.harness import STATE, Fleet  # noqa: E402
+
+from edge.build.calibration import import_calibration_set  # noqa: E402
+from edge.build.export import export_model  # noqa: E402
+
+
+def one_image_set(base, name, image):
+    raw = os.path.join(base, "raw-" + name)
+    os.makedirs(raw)
+    shutil.copy(os.path.join(HERE, "calibration", "default", image), raw)
+    import_calibration_set(raw, os.path.join(base, name), 1, log=lambda *a: None)
+    return os.path.join(base, name)
+
+
+def clone(fleet, source, host):
+    """`host` becomes a copy of `source` (a device on r2 with r1 before it), its root paths rewritten."""
+    src, dst = fleet.root(source), fleet.root(host)
+    shutil.rmtree(dst)
+    shutil.copytree(src, dst, symlinks=True)
+    for name in ("live", "daemon.pid", "service.log"):
+        if os.path.exists(os.path.join(dst, name)):
+            os.unlink(os.path.join(dst, name))
+    with open(os.path.join(dst, "service.state"), "w") as fh:
+        fh.write("active\n")
+    old, new = src.encode(), dst.encode()
+    for parent, _, files in os.walk(dst):
+        for name in files:
+            path = os.path.join(parent, name)
+            if os.path.islink(path):
+                target = os.readlink(path)
+                if target.startswith(src):
+                    os.unlink(path)
+                    os.symlink(dst + target[len(src):], path)
+            elif os.path.getsize(path) < (1 << 20) and not name.endswith((".onnx", ".jpg", ".whl")):
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                if name == "config.yaml":  # each device's own metrics port
+                    data = data.replace(b"port: %d" % fleet.ports[source], b"port: %d" % fleet.ports[host])
+                with open(path, "wb") as fh:
+                    fh.write(data.replace(old, new).replace(source.encode(), host.encode()))
+    for rel in ("releases/r1/venv", "releases/r2/venv"):
+        link = os.path.join(dst, STATE, rel)
+        if os.path.islink(link) and os.readlink(link).startswith(src):
+            target = os.readlink(link)
+            os.unlink(link)
+            os.symlink(dst + target[len(src):], link)
+
+
+def timed(fleet, release, forks, **extra):
+    start = time.monotonic()
+    proc = fleet.play(release, forks=forks, **extra)
+    wall = time.monotonic() - start
+    recap = dict(re.findall(r"^(jetson-\S+)\s+: (ok=.*)$", proc.stdout, re.M))
+    if proc.returncode != 0:
+        raise SystemExit("{} failed:\n{}".format(release, proc.stdout[-4000:]))
+    return wall, recap
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, default=50)
+    parser.add_argument("--forks", type=int, nargs="+", default=[50, 5])
+    parser.add_argument("--model", help="an FP32 ONNX classifier (default: a MobileNetV3-Small exported here)")
+    parser.add_argument("--keep", help="leave the harness in this folder")
+    args = parser.parse_args()
+    base = args.keep or tempfile.mkdtemp(prefix="fleet-bench-")
+    model = args.model
+    if not model:
+        model = os.path.join(base, "mobilenet_v3_small.onnx")
+        export_model("mobilenet_v3_small", "random", model, log=lambda *a: None)
+    fleet = Fleet(os.path.join(base, "fleet"), ["orin"] * args.hosts, model,
+                  one_image_set(base, "cal", "astronaut-00.jpg"), one_image_set(base, "reg", "astronaut-01.jpg"))
+    first = fleet.hosts[0]
+    try:
+        for release in ("r1", "r2"):  # the real way, on one host
+            proc = fleet.play(release, "--limit", first)
+            if proc.returncode != 0:
+                raise SystemExit(proc.stdout[-4000:])
+        fleet.stop_services()
+        for host in fleet.hosts[1:]:
+            clone(fleet, first, host)
+        os.unlink(os.path.join(fleet.root(first), "live"))  # state only, as its copies
+        with open(os.path.join(fleet.root(first), "service.state"), "w") as fh:
+            fh.write("active\n")
+        print("{} hosts, this machine: {} cores, load {:.1f}".format(args.hosts, os.cpu_count(), os.getloadavg()[0]))
+        print("| forks | no-op run (s) | changed | kill switch (s) | back on r1 |")
+        print("|---|---|---|---|---|")
+        for forks in args.forks:
+            noop, recap = timed(fleet, "r2", forks)
+            unchanged = sum(" changed=0 " in line for line in recap.values())
+            kill, _ = timed(fleet, "r2", forks, action="rollback")
+            back = sum(fleet.current(h) == "r1" for h in fleet.hosts)
+            print("| {} | {:.0f} | {} of {} hosts changed=0 | {:.0f} | {} of {} |".format(
+                forks, noop, unchanged, args.hosts, kill, back, args.hosts), flush=True)
+            for host in fleet.hosts:  # on r2 again for the next round, as a redeploy would leave them
+                state = os.path.join(fleet.root(host), STATE)
+                for name, target in (("current", "r2"), ("previous", "r1")):
+                    if os.path.lexists(os.path.join(state, name)):
+                        os.unlink(os.path.join(state, name))
+                    os.symlink("releases/" + target, os.path.join(state, name))
+                os.unlink(os.path.join(state, "refused", "r2.json"))
+            os.unlink(os.path.join(fleet.cache, "rollout", "r2.json"))
+            os.unlink(fleet.pause_file)
+    finally:
+        fleet.stop_services()
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The three moves of a device's release (edge/fleet/releases.py holds the state): try (arm, switch, restart),
+settle (bake, then commit or fall back; or leave a withdrawn release) and withdraw (the kill switch)."""
+
+import os
+import time
+from typing import Any, Dict, Optional
+
+from edge.errors import EXIT_FAIL, EdgeError, first_line
+from edge.fileio import write_json_atomic
+from edge.fleet import health, store
+from edge.fleet.releases import Device, check_name, now, short
+
+LOCK_WAIT_S = 60.0
+
+
+def metrics_url(dev: Device, release: str) -> str:
+    """The daemon's /metrics as the release's config sets it (the bake reads it)."""
+    from edge.config import load_config
+
+    metrics = load_config(os.path.join(dev.release_dir(release), "config.yaml")).service.metrics
+    if not metrics.enabled:
+        raise EdgeError("release {}: service.metrics.enabled is false; the bake reads the daemon's metrics".format(
+            release))
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(metrics.host, metrics.host)
+    return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, metrics.port)
+
+
+def refusal_line(release: str, rec: Dict[str, Any], sha: str, local: bool) -> str:
+    other = "" if not local or rec.get("sha256") in (None, "", sha) else "; the files given now differ ({}): a " \
+        "new release needs a new name".format(short(sha))
+    return "release {} {} ({}, {} by {}, {}){}; retry explicitly: edge release try {} --retry " \
+        "(deploy/ansible: -e jetson_edge_retry={})".format(
+            release, rec.get("state", "refused"), rec.get("why", ""), rec.get("at", "?"), rec.get("by", "?"),
+            short(str(rec.get("sha256", ""))), other, release, release)
+
+
+def check(dev: Device, release: str, retry: bool) -> str:
+    """Raise EdgeError when `release` may not be installed here (refused, no retry); returns its sha256."""
+    check_name(release)
+    if not os.path.isfile(os.path.join(dev.release_dir(release), "config.yaml")):
+        raise EdgeError("{}: no such release (config.yaml missing)".format(dev.release_dir(release)))
+    sha = dev.digest(release)
+    local = None if retry else dev.refusal(release)
+    rec = None if retry else local or store.read(dev.settings["store"], release)
+    if rec:
+        raise EdgeError(refusal_line(release, rec, sha, local is not None))
+    return sha
+
+
+def try_release(dev: Device, release: str, *, retry: bool, by: str) -> str:
+    """Arm the fallback, switch `current` to `release` and restart the service; the bake runs in the settle unit.
+    Returns what happened: 'switched', 'baking' (already on trial) or 'current' (committed here before)."""
+    with dev.lock(LOCK_WAIT_S) as locked:
+        if not locked:
+            raise EdgeError("{}: another release change holds the lock".format(dev.state), EXIT_FAIL)
+        trial = dev.trial()
+        if trial and trial["release"] != release:
+            raise EdgeError("release {} is on trial here; wait for its verdict".format(trial["release"]), EXIT_FAIL)
+        sha = check(dev, release, retry)
+        metrics_url(dev, release)
+        running = dev.link("current")
+        if trial:
+            outcome = "baking"
+        elif running == release and dev.gated(release):
+            return "current"
+        else:
+            if retry:
+                dev.forget(release)
+            fallback = running if running != release else dev.link("previous")
+            write = {"release": release, "fallback": fallback, "sha256": sha, "armed_at": now(), "by": by,
+                     "retry": retry}
+            write_json_atomic(dev.path("trial.json"), write, "trial")  # armed before anything changes
+            if running and running != release:
+                dev.set_link("previous", running)
+            dev.set_link("current", release)
+            # the settle unit is queued before the restart: it waits for this lock, so whatever happens to this
+            # command from here on (a dropped connection kills it), the device finishes the trial by itself
+            dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
+            dev.audit(by, "switch: {} -> {} (rollout, {}, on trial)".format(running or "nothing", release,
+                                                                         short(sha)))
+            dev.systemctl("restart", dev.settings["service"])
+            return "switched"
+    dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
+    return outcome
+
+
+def wait(dev: Device, release: str, timeout_s: float) -> Optional[bool]:
+    """The verdict on `release` once its trial ended: True committed, False failed; None: still baking."""
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(dev.path("trial.json")):
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+    return dev.gated(release) and dev.refusal(release) is None
+
+
+def settle(dev: Device, by: str) -> str:
+    """What the settle unit and its timer run: finish a trial, or leave a withdrawn or failed release."""
+    with dev.lock(dev.settings["start_timeout_s"] + LOCK_WAIT_S) as locked:  # a switch in progress: after it
+        if not locked:
+            return "busy"
+        trial = dev.trial()
+        if trial:
+            return _settle_trial(dev, trial, by)
+        return _leave_refused(dev, by) or _reconcile(dev, by)
+
+
+def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
+    """The device's verdict (`by`: the settle unit) on the release `trial` armed."""
+    release = trial["release"]
+    if dev.link("current") != release:  # a cut between arming and switching, or inside a fallback
+        dev.end_trial()
+        dev.systemctl("restart", dev.settings["service"])
+        return "trial of {} dropped: {} is current".format(release, dev.link("current"))
+    if dev.gated(release):  # a cut inside the commit
+        return _commit(dev, trial, "committed before", by)
+    s = dev.settings
+    try:
+        verdict = health.bake(metrics_url(dev, release), release, bake_s=s["bake_s"],
+                              start_timeout_s=s["start_timeout_s"], max_miss_ratio=s["max_miss_ratio"],
+                              interval_s=s["interval_s"], abort=lambda: _withdrawn(dev, release))
+    except Exception as exc:  # whatever stops the bake fails the release: the trial never stays armed
+        verdict = health.Verdict(False, "the bake could not run: {}".format(first_line(exc)))
+    if verdict.ok:
+        return _commit(dev, trial, verdict.why, by)
+    state = "withdrawn" if verdict.aborted else "failed"
+    return fall_back(dev, release, trial.get("fallback"), state, verdict.why, trial.get("sha256", ""), by)
+
+
+def _withdrawn(dev: Device, release: str) -> Optional[str]:
+    try:
+        rec = dev.refused(release)
+    except (EdgeError, OSError):  # an unreachable store does not end a bake
+        rec = None
+    return str(rec.get("why") or "withdrawn") if rec and rec.get("state") == "withdrawn" else None
+
+
+def _commit(dev: Device, trial: Dict[str, Any], summary: str, by: str) -> str:
+    release, sha = trial["release"], trial.get("sha256", "")
+    with open(os.path.join(dev.release_dir(release), "GATED"), "w") as fh:
+        fh.write("{} {} {}\n".format(now(), sha, summary))
+        fh.flush()
+        os.fsync(fh.fileno())
+    dev.set_link("committed", release)
+    if trial.get("retry"):
+        store.clear(dev.settings["store"], release)  # the explicit retry passed: every device may install it
+    dev.end_trial()
+    dev.audit(by, "commit: {} ({}, {})".format(release, summary, short(sha)))
+    dev.prune(by)
+    return "committed {}".format(release)
+
+
+def fall_back(dev: Device, release: str, to: Optional[str], state: str, why: str, sha: str, by: str) -> str:
+    """Record `release` as failed or withdrawn, then serve `to` (or the previous release) if it passed here."""
+    dev.record(release, state, why, sha, by)  # first: a cut after this never returns to it
+    target = to if to and to != release and dev.gated(to) and not dev.refusal(to) else None
+    trial = dev.trial()
+    if target is None:
+        dev.audit(by, "{}: {} ({}, {}); no release that passed here to go back to: stays on {}".format(
+            state, release, why, short(sha), release))
+    else:
+        dev.set_link("current", target)
+        dev.set_link("previous", None)  # a second fallback must not return to the release just left
+        dev.audit(by, "{}: {} ({}, {}), back on {}".format(state, release, why, short(sha), target))
+        dev.systemctl("restart", dev.settings["service"])
+    if trial and trial["release"] == release:
+        dev.end_trial()
+    return "{} {}{}".format(state, release, ", back on " + target if target else "")
+
+
+def _leave_refused(dev: Device, by: str) -> Optional[str]:
+    """Fall back from a current release that failed or was withdrawn (here, or in the store while offline)."""
+    running = dev.link("current")
+    if not running:
+        return "nothing installed"
+    try:
+        rec = dev.refused(running)
+    except (EdgeError, OSError) as exc:
+        return "rollout store unreadable ({}); stays on {}".format(first_line(exc), running)
+    if not rec:
+        return None
+    return fall_back(dev, running, dev.link("previous"), rec.get("state", "withdrawn"), rec.get("why", ""),
+                     dev.digest(running), by)
+
+
+def _reconcile(dev: Device, by: str) -> str:
+    """The daemon serves `current` (a switch cut between its rename and its restart is finished here)."""
+    running = dev.link("current") or ""
+    try:
+        served = health.scrape(metrics_url(dev, running))
+    except EdgeError:  # no metrics to read: nothing to compare
+        served = None
+    if served is not None and served.release != running:
+        dev.audit(by, "restart: the service ran {}, current is {}".format(served.release or "?", running))
+        dev.systemctl("restart", dev.settings["service"])
+        return "restarted on {}".format(running)
+    return "{} stays".format(running)
+
+
+def withdraw(dev: Device, release: str, *, why: str, by: str) -> str:
+    """The kill switch on this device: record `release` withdrawn (here and in the store), then leave it."""
+    check_name(release)
+    known = os.path.isdir(dev.release_dir(release))
+    sha = dev.digest(release) if known else ""
+    dev.record(release, "withdrawn", why, sha, by)  # a bake of it in progress sees this and falls back
+    s = dev.settings
+    with dev.lock(s["start_timeout_s"] + s["bake_s"] + LOCK_WAIT_S) as locked:
+        if not locked:
+            raise EdgeError("{}: another release change holds the lock".format(dev.state), EXIT_FAIL)
+        if dev.link("current") != release:
+            trial = dev.trial()
+            if trial and trial["release"] == release:
+                dev.end_trial()
+            return "{} not running here".format(release)
+        trial = dev.trial()
+        to = trial.get("fallback") if trial and trial["release"] == release else dev.link("previous")
+        return fall_back(dev, release, to, "withdrawn", why, sha, by)
+
+
+def fail(dev: Device, release: str, *, why: str, by: str) -> str:
+    """Record a release that failed before its switch (its build or kernel): refused from now on."""
+    check_name(release)
+    sha = dev.digest(release) if os.path.isdir(dev.release_dir(release)) else ""
+    dev.record(release, "failed", why, sha, by)
+    dev.audit(by, "failed: {} ({}, {}), stays on {}".format(release, why, short(sha), dev.link("current") or "nothing"))
+    return "failed {}".format(release)

@@ -1,0 +1,217 @@
+"""`edge release` on one device root (tests/fleet/systemctl runs the real `edge run` of `current` as the unit would,
+and `edge release settle` detached as the settle unit would): a switch arms its fallback first, the bake reads the
+real daemon's metrics and commits or falls back by itself, withdrawn and failed releases stay out (here and in the
+shared store), and every crash point between two steps settles to the old or the new release."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import service_helpers as sh
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STATE = os.path.join("var", "lib", "jetson-edge")
+BAKE = {"bake_s": 1.5, "start_timeout_s": 90, "interval_s": 0.25, "max_miss_ratio": 0.05, "keep": 1}
+
+
+class Device:
+    """A device root: releases written as deploy/ansible writes them, the stand-in systemctl first on PATH."""
+
+    def __init__(self, root, model, store):
+        self.root, self.model, self.store = str(root), model, str(store)
+        self.state = os.path.join(self.root, STATE)
+        os.makedirs(os.path.join(self.state, "releases"))
+        os.makedirs(os.path.join(self.root, "bin"))
+        shutil.copy(os.path.join(HERE, "fleet", "systemctl"), os.path.join(self.root, "bin", "systemctl"))
+        open(os.path.join(self.root, "live"), "w").close()
+        self.port = sh.free_port()
+        self.settings(store=self.store, device="dev-1", **BAKE)
+
+    def settings(self, **values):
+        with open(os.path.join(self.state, "rollout.json"), "w") as fh:
+            json.dump(values, fh)
+
+    def release(self, name, budget_ms=10000.0):
+        folder = os.path.join(self.state, "releases", name)
+        os.makedirs(os.path.join(folder, "models"))
+        for suffix in (".onnx", ".labels.txt", ".json"):
+            shutil.copy(self.model[:-len(".onnx")] + suffix, os.path.join(folder, "models"))
+        os.symlink(sys.prefix, os.path.join(folder, "venv"))
+        sh.write_config(os.path.join(folder, "config.yaml"), {
+            "model": {"path": os.path.join(folder, "models", os.path.basename(self.model))},
+            "source": {"uri": "synthetic", "width": 160, "height": 120, "fps": 20},
+            "backend": {"kind": "onnxruntime"}, "preprocess": {"device": "cpu"},
+            "runtime": {"budget_ms": budget_ms, "warmup": 1},
+            "service": {"metrics": {"enabled": True, "host": "127.0.0.1", "port": self.port},
+                        "telemetry": {"enabled": False}}})
+        with open(os.path.join(folder, "release.env"), "w") as fh:
+            fh.write("EDGE_RELEASE={}\n".format(name))
+
+    def edge(self, *args, timeout=300):
+        env = dict(os.environ, PATH=os.path.join(self.root, "bin") + os.pathsep + os.environ["PATH"])
+        wait = ["--timeout", "150"] if args[0] == "try" else []
+        return subprocess.run([sys.executable, "-m", "edge", "release"] + list(args) + wait +
+                              ["--state", self.state, "--by", "alice@ctl"], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+
+    def link(self, name):
+        path = os.path.join(self.state, name)
+        return os.path.basename(os.readlink(path)) if os.path.islink(path) else None
+
+    def serving(self):
+        """The release the running daemon reports on its own metrics endpoint (None: nothing serves)."""
+        from edge.fleet.health import scrape
+
+        sample = scrape("http://127.0.0.1:{}/metrics".format(self.port))
+        return sample.release if sample else None
+
+    def serves(self, release, timeout=90):
+        """Waits until the daemon answers for `release` (a restart takes a few seconds)."""
+        return sh.wait_until(lambda: self.serving() == release, timeout, 0.2)
+
+    def audit(self):
+        with open(os.path.join(self.state, "audit.log")) as fh:
+            return fh.read().splitlines()
+
+    def settled(self, timeout=120):
+        return sh.wait_until(lambda: not os.path.exists(os.path.join(self.state, "trial.json")), timeout, 0.1)
+
+    def stop(self):
+        env = dict(os.environ, PATH=os.path.join(self.root, "bin") + os.pathsep + os.environ["PATH"])
+        subprocess.run(["systemctl", "stop", "jetson-edge.service"], env=env, check=True, timeout=60)
+
+
+@pytest.fixture
+def device(tmp_path, small_model):
+    (tmp_path / "store").mkdir()
+    dev = Device(tmp_path / "host", small_model, tmp_path / "store")
+    yield dev
+    dev.stop()
+
+
+def record(dev, release):
+    with open(os.path.join(dev.store, "rollout", release + ".json")) as fh:
+        return json.load(fh)
+
+
+def test_a_release_is_baked_on_its_own_metrics_then_committed_or_left_by_the_device(device):
+    device.release("r1")
+    first = device.edge("try", "r1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert device.link("current") == device.link("committed") == "r1" and device.serves("r1")
+    assert "commit: r1 (1.5 s bake:" in device.audit()[-1] and "sha256 " in device.audit()[-1]
+
+    device.release("r2", budget_ms=0.001)  # every frame misses: the bake fails on the live daemon
+    failed = device.edge("try", "r2")
+    assert failed.returncode == 1 and "miss ratio 1.0000 over 0.05" in failed.stdout, failed.stdout + failed.stderr
+    assert device.link("current") == "r1" and device.serves("r1") and device.link("previous") is None
+    assert record(device, "r2")["state"] == "failed" and record(device, "r2")["device"] == "dev-1"
+    assert "back on r1" in device.audit()[-1]
+
+    # refused from now on, here and on any device reading the store, until an explicit retry
+    again = device.edge("try", "r2")
+    assert again.returncode == 2 and "release r2 failed" in again.stderr and "--retry" in again.stderr
+    assert device.link("current") == "r1" and device.serves("r1")
+    os.unlink(os.path.join(device.state, "refused", "r2.json"))  # another device: only the store knows
+    assert device.edge("check", "r2").returncode == 2
+
+    device.release("r3")
+    assert device.edge("try", "r3").returncode == 0 and device.serves("r3")
+    # the kill switch on the device: recorded withdrawn, back on r1 (r3's fallback)
+    kill = device.edge("withdraw", "r3", "--why", "camera faults")
+    assert kill.returncode == 0 and device.link("current") == "r1" and device.serves("r1"), kill.stderr
+    assert record(device, "r3")["state"] == "withdrawn" and "withdrawn: r3 (camera faults" in device.audit()[-1]
+    assert not os.path.exists(os.path.join(device.state, "releases", "r2"))  # pruned (keep 1 besides the links)
+
+
+def test_a_device_offline_during_a_withdrawal_leaves_it_when_its_timer_fires(device):
+    for name in ("r1", "r2"):
+        device.release(name)
+        assert device.edge("try", name).returncode == 0
+    assert device.serves("r2")
+    os.makedirs(os.path.join(device.store, "rollout"))
+    with open(os.path.join(device.store, "rollout", "r2.json"), "w") as fh:  # what the controller's kill switch wrote
+        json.dump({"release": "r2", "state": "withdrawn", "why": "kill switch", "by": "bob@ctl"}, fh)
+    settle = device.edge("settle")
+    assert settle.returncode == 0 and "withdrawn r2, back on r1" in settle.stdout, settle.stdout + settle.stderr
+    assert device.link("current") == "r1" and device.serves("r1")
+    assert device.edge("settle").stdout.strip() == "edge release: r1 stays"
+
+
+@pytest.mark.parametrize("cut", ["after arming", "after the switch", "inside the commit"])
+def test_every_crash_point_settles_to_the_old_or_the_new_release(device, cut):
+    device.release("r1")
+    assert device.edge("try", "r1").returncode == 0
+    device.release("r2")
+    trial = {"release": "r2", "fallback": "r1", "sha256": "", "armed_at": "", "by": "alice@ctl", "retry": False}
+    with open(os.path.join(device.state, "trial.json"), "w") as fh:
+        json.dump(trial, fh)
+    if cut != "after arming":
+        os.unlink(os.path.join(device.state, "current"))
+        os.symlink("releases/r2", os.path.join(device.state, "current"))
+        device.stop()
+        subprocess.run([os.path.join(device.root, "bin", "systemctl"), "start", "jetson-edge.service"], check=True)
+    if cut == "inside the commit":
+        open(os.path.join(device.state, "releases", "r2", "GATED"), "w").close()
+    settle = device.edge("settle")
+    assert settle.returncode == 0 and device.settled(), settle.stdout + settle.stderr
+    expected = {"after arming": "r1"}.get(cut, "r2")
+    assert device.link("current") == expected and device.serves(expected)
+
+
+def test_rollout_settings_and_names_are_refused_in_one_line(device):
+    device.settings(bake_s="long")
+    proc = device.edge("status")
+    assert proc.returncode == 2 and "rollout.json: bake_s must be a number" in proc.stderr
+    device.settings(**BAKE)
+    proc = device.edge("try", "../etc")
+    assert proc.returncode == 2 and "release '../etc': letters, digits" in proc.stderr
+    assert yaml.safe_load(device.edge("status").stdout)["current"] is None
+
+
+def test_a_cut_between_a_switch_and_its_restart_is_finished_by_the_timer(device):
+    """`current` renamed, the restart never ran (a power cut, a failed systemctl): the timer's settle sees the
+    daemon serve another release than `current` and restarts it."""
+    for name in ("r1", "r2"):
+        device.release(name)
+        assert device.edge("try", name).returncode == 0
+    os.unlink(os.path.join(device.state, "current"))
+    os.symlink("releases/r1", os.path.join(device.state, "current"))
+    assert device.serves("r2")
+    settle = device.edge("settle")
+    assert settle.returncode == 0 and "restarted on r1" in settle.stdout, settle.stdout + settle.stderr
+    assert device.serves("r1") and "restart: the service ran r2, current is r1" in device.audit()[-1]
+
+
+def test_the_settle_unit_and_its_timer_verify():
+    """systemd's own check of the units deploy/ansible installs (run for real under systemd: docs/fleet.md)."""
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze not installed (Debian: apt-get install systemd)")
+    units = [os.path.join(os.path.dirname(HERE), "systemd", name)
+             for name in ("jetson-edge-release.service", "jetson-edge-release.timer")]
+    proc = subprocess.run([tool, "verify"] + units, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+    with open(units[0]) as fh:
+        unit = fh.read()
+    assert "$$r/venv/bin/edge" in unit and "release settle" in unit  # $$: systemd passes $ to the shell
+
+
+def test_the_kill_switch_reaches_a_release_in_the_middle_of_its_bake(device):
+    device.release("r1")
+    assert device.edge("try", "r1").returncode == 0
+    device.settings(store=device.store, device="dev-1", **dict(BAKE, bake_s=600))  # a bake that outlasts the test
+    device.release("r2")
+    assert device.edge("try", "r2", "--no-wait").returncode == 0
+    assert device.serves("r2")  # baking: the trial is armed, the daemon serves r2
+    assert os.path.exists(os.path.join(device.state, "trial.json"))
+    kill = device.edge("withdraw", "r2", "--why", "camera faults")
+    assert kill.returncode == 0, kill.stdout + kill.stderr
+    assert device.settled() and device.link("current") == "r1" and device.serves("r1")
+    assert re.search(r"withdrawn: r2 \(camera faults, sha256 \w+\), back on r1$", device.audit()[-1])
+    assert not any("commit: r2" in line for line in device.audit())
