@@ -44,7 +44,9 @@ def dynamic_model(tmp_path_factory):
     from edge.build.export import export_onnx
 
     torch.manual_seed(0)
+    # a middle Conv: the build keeps the first Conv and the classifier in float, and quantises what lies between
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=4, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
     path = str(tmp_path_factory.mktemp("dynamic") / "tiny_dynamic.onnx")
     info = export_onnx(net.eval(), path, [str(i) for i in range(10)], "random(seed=0)", False, "tiny",

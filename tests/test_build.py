@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import yaml
 
@@ -190,6 +191,29 @@ def test_inputs_are_checked_up_front_naming_the_field(digits, tmp_path):
     assert source_model("engines/m.int8.engine") == "engines/m.onnx"
     assert source_model("engines/m.onnx") == "engines/m.onnx"
     refused(r"build.target_tensorrt 'eight' in .*edge.yaml: expected MAJOR.MINOR", **{"build.target_tensorrt": "eight"})
+
+
+def test_a_model_whose_every_weighted_layer_stays_float_is_refused_naming_the_setting(tmp_path):
+    """A Conv -> Gemm net: build.exclude_sensitive keeps the first Conv and the classifier in float, which leaves
+    nothing to quantise; the build says so before calibrating, not as a Q/DQ check failure after it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("w", (4, 3, 3, 3)), ("fc", (10, 4)))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["c"], name="conv", strides=[4, 4]),
+         helper.make_node("GlobalAveragePool", ["c"], ["p"], name="pool"),
+         helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+         helper.make_node("Gemm", ["f", "fc"], ["logits"], name="fc", transB=1)], "two",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], weights)
+    path = str(tmp_path / "two.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(EdgeError, match="two.onnx: every weighted layer .* set build.exclude_sensitive: false"):
+        quantize.quantize_qdq(path, str(tmp_path / "two.int8.onnx"), None, None, log=quiet)
+    assert not os.path.exists(str(tmp_path / "two.int8.onnx"))
 
 
 def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):

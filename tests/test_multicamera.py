@@ -212,21 +212,35 @@ def test_the_demo_shows_a_tile_per_camera(tmp_path, dynamic_model):
 
 def test_a_reload_to_a_batch_one_model_serves_one_frame_at_a_time(tmp_path, dynamic_model, tiny_classifiers):
     wait = {"batching": {"max_wait_ms": 40.0}}  # longer than a frame period: every camera's next frame is waited for
-    cfg = load_config(write_config(tmp_path, dynamic_model, runtime=wait), {"runtime.frames": 200})
-    swapped = load_config(write_config(tmp_path, tiny_classifiers[0], runtime=wait), {"runtime.frames": 200})
-    sink = Collect()
-
-    class ReloadOnce(Collect):
-        def on_result(self, result):
-            if result.frames == 60:
-                stop.reload.set()
-
+    cfg = load_config(write_config(tmp_path, dynamic_model, runtime=wait), {"runtime.frames": 0})
+    swapped = load_config(write_config(tmp_path, tiny_classifiers[0], runtime=wait), {"runtime.frames": 0})
     stop = StopFlag()
-    runtime = Runtime(cfg, [sink, ReloadOnce()], JsonLog(stream=io.StringIO()), reload_config=lambda: swapped)
+    served = ServedBy(stop, reload_at=60, stop_after=30)
+    runtime = Runtime(cfg, [served], JsonLog(stream=io.StringIO()), reload_config=lambda: swapped)
     report = run(runtime, stop)
     assert runtime.reloads == {"ok": 1, "failed": 0} and report["errors"] == 0
-    assert max(batch for _, batch, _ in sink.results[:60]) > 1  # the premise: batches before the reload
-    assert {batch for _, batch, _ in sink.results[62:]} == {1} and runtime.source.batcher.max_batch == 1
+    # the model loads beside the serving one: the swap lands some frames after the request, between two batches
+    before, after = served.batches[0], served.batches[1]
+    assert max(before) > 1 and len(after) >= 30  # the premise: batches before the swap
+    assert set(after) == {1} and runtime.source.batcher.max_batch == 1
+
+
+class ServedBy(Collect):
+    """Each frame's batch size, by how many reloads had landed when it was served; asks for the reload at frame
+    `reload_at` and stops `stop_after` frames after the swap."""
+
+    def __init__(self, stop, *, reload_at, stop_after):
+        super().__init__()
+        self.stop, self.reload_at, self.stop_after = stop, reload_at, stop_after
+        self.batches = {0: [], 1: []}
+
+    def on_result(self, result):
+        after = self.batches[result.reloads.get("ok", 0)]
+        after.append(result.batch)
+        if result.frames == self.reload_at:
+            self.stop.reload.set()
+        if result.reloads.get("ok") and len(after) >= self.stop_after:
+            self.stop.request("test done")
 
 
 def test_batching_off_is_written_as_yaml_people_write_it(tmp_path):

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from edge.build.calibration import CalibrationSet
-from edge.build.placement import OP_TYPES, apply_placement
+from edge.build.placement import OP_TYPES, WEIGHTED, apply_placement
 from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, node_consumers, opset_of, validate_qdq
 from edge.config import PreprocessConfig
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
@@ -205,6 +205,9 @@ def quantize_qdq(fp32_path: str, out_path: str, images: CalibrationSet, preproce
         raise EdgeError("build.method entropy needs onnxruntime with quantize_static(calibration_cache_path=...) "
                         "(onnxruntime {}); use minmax or percentile".format(require("onnxruntime").__version__))
     excluded = sensitive_nodes(model) if exclude_sensitive else []
+    if not [n for n in model.graph.node if n.op_type in WEIGHTED and n.name not in excluded]:
+        raise EdgeError("{}: every weighted layer is one build.exclude_sensitive keeps in float (first Conv, "
+                        "classifier): nothing to quantise; set build.exclude_sensitive: false".format(fp32_path))
     out_dir = os.path.dirname(os.path.abspath(out_path))
     with temp_dir(out_dir, ".quantize-") as work:
         # ONNX Runtime's calibrator and quantize_static write <model>-inferred.onnx beside their input and delete it:
