@@ -243,11 +243,11 @@ def test_telemetry_summary_and_traces(small_model, video_file, tmp_path, monkeyp
     import edge.service.telemetry
 
     monkeypatch.setattr(edge.service.telemetry, "Telemetry", FakeTelemetry)
-    cfg = load_config(None, {"model.path": small_model, "source.uri": video_file, "runtime.warmup": 2,
-                             "source.fps": 200, "backend.intra_op_spinning": False})
+    cfg = load_config(None, {"model.path": small_model, "source.uri": video_file, "source.fps": 200,
+                             "backend.intra_op_spinning": False})
     lines = []
-    report = check.run_check(cfg, 12, str(tmp_path / "r.json"), str(tmp_path / "r.png"), out=lines.append,
-                             warn=lines.append)
+    options = check.CheckOptions(frames=12, warmup=2, json=str(tmp_path / "r.json"), plot=str(tmp_path / "r.png"))
+    report = check.run_check(cfg, options, out=lines.append, warn=lines.append)
     tele = report["telemetry"]
     assert tele["status"] == "ok" and tele["reason"] is None and tele["samples"] >= 12
     assert tele["gpu_clock_mhz"] == {"min": 918.0, "mean": 918.0, "max": 918.0}
