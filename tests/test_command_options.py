@@ -72,11 +72,27 @@ def test_the_check_reads_back_exactly_the_options_its_callers_pass():
     assert options_from(_parse(demo.add_arguments, []), demo.DemoOptions) == demo.DemoOptions()
 
 
+def test_the_rebuild_spells_neither_the_checks_flags_nor_its_report_keys():
+    """edge.commands.check owns the check's command line (check_in_subprocess) and its report's keys (verdict)."""
+    import ast
+
+    import edge.build.rebuild
+
+    with open(edge.build.rebuild.__file__, encoding="utf-8") as fh:
+        strings = {n.value for n in ast.walk(ast.parse(fh.read())) if isinstance(n, ast.Constant)
+                   and isinstance(n.value, str)}
+    owned = {f.metadata["flag"] for _, f, _ in leaves(check.CheckOptions)} | set(check.VERDICT_KEYS) | {
+        "stages_ms", "end_to_end", "check", "-m"}
+    assert strings & owned == set()
+
+
 def test_verdict_reads_a_report_or_names_the_file():
     report = {"verdict": "fail", "verdict_reason": "p99 over budget", "budget_ms": 5.0, "frames": 10, "misses": 3,
               "miss_rate": 0.3, "stages_ms": {"end_to_end": {"p50": 4.0, "p99": 9.0}}}
-    assert check.verdict(report, "r.json") == dict(
-        {k: report[k] for k in check.VERDICT_KEYS}, p50_ms=4.0, p99_ms=9.0)
+    found = check.verdict(report, "r.json")
+    assert not found.passed and found.reason == "p99 over budget"
+    assert found.summary == dict({k: report[k] for k in check.VERDICT_KEYS}, p50_ms=4.0, p99_ms=9.0)
+    assert check.verdict(dict(report, verdict="pass"), "r.json").passed
     with pytest.raises(Exception, match="r.json: not a latency report"):
         check.verdict(dict(report, stages_ms={}), "r.json")
 

@@ -4,8 +4,9 @@ adds the lock, the reload and the command line).
     capture -> calibrate -> fallback -> build -> gate -> latency -> install -> reload
 
 calibrate, build and gate are `edge build`'s steps (edge.build.steps) on the same BuildPlan and BuildState.
-The latency step runs `edge check` as a process on the candidate (the CLI's own check, with the service's
-config and its overrides). Install is edge build's, then the captured set is exchanged with
+The latency step runs `edge check` as a process on the candidate, with the service's config and its overrides
+(edge.commands.check.check_in_subprocess owns that command line and the report's keys). Install is edge build's,
+then the captured set is exchanged with
 build.calibration_dir in one step and the old set kept as `<dir>.previous`; a `.previous` folder is only ever
 replaced when it is a set this tool wrote (its manifest lists every file in it): a user's file there stops the
 rebuild before any work. What a killed rebuild left is settled by the next one (`recover_sets`): the set the
@@ -23,7 +24,7 @@ from edge.build.auto_method import AUTO, CANDIDATES
 from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of, load_calibration_set
 from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
-from edge.commands.check import CheckOptions, check_in_process
+from edge.commands.check import CheckOptions, check_in_subprocess
 from edge.commands.rebuild_options import RebuildOptions
 from edge.config import Config, with_overrides
 from edge.durable import exchange
@@ -121,12 +122,10 @@ def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
         cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source})
         options = CheckOptions(frames=job.options.check_frames, warmup=job.options.check_warmup, json=report,
                                plot="")
-        latency = check_in_process(cfg, options, work)
-    latency["report"] = os.path.basename(report)  # beside the artifact
-    state.info["latency"] = latency
-    if latency["verdict"] != "pass":
-        raise EdgeError("latency check failed: {} (report {})".format(latency["verdict_reason"], report),
-                        exit_code=EXIT_FAIL)
+        result = check_in_subprocess(cfg, options, work)
+    state.info["latency"] = dict(result.summary, report=os.path.basename(report))  # the report: beside the artifact
+    if not result.passed:
+        raise EdgeError("latency check failed: {} (report {})".format(result.reason, report), exit_code=EXIT_FAIL)
 
 
 def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:

@@ -114,24 +114,31 @@ def _check_outputs(json_path: Optional[str], plot_path: Optional[str]) -> None:
 VERDICT_KEYS = ("verdict", "verdict_reason", "budget_ms", "frames", "misses", "miss_rate")
 
 
-def verdict(report: Any, where: str) -> Dict[str, Any]:
-    """What a check concluded, from its report (`where`: the report's file, for the error): VERDICT_KEYS and the
-    end_to_end p50_ms/p99_ms. The one reader of these keys outside the report's writer (check_report)."""
+@dataclass(frozen=True)
+class CheckVerdict:
+    passed: bool
+    reason: str
+    summary: Dict[str, Any]  # VERDICT_KEYS and end_to_end p50_ms/p99_ms: what an artifact's model info records
+
+
+def verdict(report: Any, where: str) -> CheckVerdict:
+    """What a check concluded, from its report (`where`: the report's file, for the error). The one reader of the
+    report's keys besides their writer (check_report): callers use the CheckVerdict."""
     try:
-        found = {key: report[key] for key in VERDICT_KEYS}
+        summary = {key: report[key] for key in VERDICT_KEYS}
         end_to_end = report["stages_ms"]["end_to_end"]
-        found.update(p50_ms=end_to_end["p50"], p99_ms=end_to_end["p99"])
+        summary.update(p50_ms=end_to_end["p50"], p99_ms=end_to_end["p99"])
     except (KeyError, TypeError) as exc:
         raise EdgeError("{}: not a latency report ({})".format(where, first_line(exc))) from None
-    return found
+    return CheckVerdict(summary["verdict"] == "pass", str(summary["verdict_reason"]), summary)
 
 
-def check_in_process(cfg: Config, options: CheckOptions, work: str) -> Dict[str, Any]:
+def check_in_subprocess(cfg: Config, options: CheckOptions, work: str) -> CheckVerdict:
     """`edge check` with `cfg` (written to `work`) in a process of its own, as a user runs it: its own runtime, signal
-    handling and device memory, all gone when it exits. Its verdict (`verdict`); options.json is required.
+    handling and device memory, all gone when it exits. options.json (required) receives the report.
     A check that could not run (exit other than 0 or 1) is an EdgeError with its last error line."""
     if not options.json:
-        raise EdgeError("check_in_process: options.json must name the report")
+        raise EdgeError("check_in_subprocess: options.json must name the report")
     config = os.path.join(work, "check.yaml")
     write_json_atomic(config, as_dict(cfg))  # JSON is YAML
     command = [sys.executable, "-m", "edge", "check", "--config", config] + as_argv(options)
@@ -161,7 +168,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     options = options_from(args, CheckOptions)
     report = run_check(config_from_args(args), options, args.compare, out=lambda s: print(s, flush=True),
                        warn=lambda s: print("edge check: " + s, file=sys.stderr))
-    if verdict(report, options.json or "the report")["verdict"] != "pass":
+    if not verdict(report, options.json or "the report").passed:
         return EXIT_FAIL
     if args.fail_on_regression and report["comparison"] and report["comparison"]["regressions"]:
         return EXIT_FAIL
