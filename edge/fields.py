@@ -203,7 +203,10 @@ def flag_values(args: argparse.Namespace, cls: Any) -> Dict[str, Any]:
     declared = {dotted: f for dotted, f, _ in leaves(cls)}
     given = {k: v for k, v in vars(args).items() if k in declared and v is not None}
     for dotted, value in given.items():
-        check_value(value, declared[dotted], _flag_label(dotted, declared[dotted]))
+        f = declared[dotted]
+        if _config_key(dotted):  # read as the file's value is: a finite number, a text without control characters
+            value = given[dotted] = coerce(value, f.type, f.metadata["flag"], dotted)
+        check_value(value, f, _flag_label(dotted, f))
     return given
 
 
