@@ -54,7 +54,9 @@ def test_the_rebuild_job_built_in_code_is_the_one_the_command_line_gives():
     """RebuildJob() and `edge rebuild` with no option flags agree because both read RebuildOptions' declarations."""
     from edge.build.rebuild import RebuildJob
 
-    job = rebuild.job_from_args(_parse(rebuild.add_arguments, ["--no-reload"]), stamp="x")
+    args = _parse(rebuild.add_arguments, ["--no-reload"])
+    assert {dotted for dotted, _, _ in leaves(RebuildOptions)} <= set(vars(args))  # every option has its flag
+    job = rebuild.job_from_args(args, stamp="x")
     assert job == RebuildJob(load_config(None), stamp="x")
     assert job.options.capture_frames == 3000 and job.options.check_frames == 300
     given = rebuild.job_from_args(_parse(rebuild.add_arguments, ["--no-reload", "--capture-frames", 90,
