@@ -144,7 +144,7 @@ class BuildConfig:
                                             "only (docs/build.md)", choices=("onnxruntime", "modelopt"))
     exclude_sensitive: bool = setting(True, "keep MobileNetV3's squeeze-excite/hard-sigmoid, first conv, "
                                             "classifier in float")
-    min_images: int = setting(32, "fewer calibration images is an error", low=1, high=1000000)
+    min_images: int = setting(32, "fewer calibration images is an error", low=1, high=1000000, flag="--min-images")
     precision: str = setting("int8", "fp16/fp32: TensorRT engines only", choices=("int8", "fp16", "fp32"),
                              flag="--precision")
     engines_dir: str = setting("engines", "where built artifacts are installed")

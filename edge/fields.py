@@ -2,7 +2,9 @@
 from the declarations: validation, argparse flags, the documented example YAML and what a SIGHUP applies.
 
 Declarations live in edge/config.py as dataclass fields made by `setting()` and `section()` (stdlib
-`dataclasses.field(metadata=...)`, Python 3.8); this module walks them.
+`dataclasses.field(metadata=...)`, Python 3.8); this module walks them. A command's own options (`edge check
+--frames`) are declared the same way, one flat dataclass per command: argparse, the bounds check and any caller
+building the options in code read that one declaration.
 """
 
 import argparse
@@ -48,6 +50,11 @@ def leaves(cls: Any, prefix: str = "", reload: str = RESTART) -> Iterator[Tuple[
             yield from leaves(f.type, prefix + f.name + ".", policy)
         else:
             yield prefix + f.name, f, policy
+
+
+def declared_range(cls: Any, dotted: str) -> Tuple[Any, Any]:
+    """The (low, high) declared for key `dotted` of `cls`: an option that sets the key takes the key's bounds."""
+    return next(f for key, f, _ in leaves(cls) if key == dotted).metadata["range"]
 
 
 def lookup(obj: Any, dotted: str) -> Any:
@@ -130,18 +137,21 @@ def spelled(value: Any, f: Any) -> Any:
 def validate(obj: Any, where: str, prefix: str = "") -> None:
     """Every declared choice, range, length and check of `obj` (a Config or one of its sections)."""
     for dotted, f, _ in leaves(type(obj)):
-        value, meta, name = lookup(obj, dotted), f.metadata, prefix + dotted
-        if meta["choices"] and value not in meta["choices"]:
-            raise EdgeError("{}: '{}' must be one of {}, got {}".format(where, name, "|".join(meta["choices"]),
-                                                                        show(value)))
-        items = value if isinstance(value, list) else [value]
-        if meta["length"] and len(items) != meta["length"]:
-            raise EdgeError("{}: '{}' must list {} numbers, got {}".format(where, name, meta["length"], show(value)))
-        if meta["range"] is not None and not all(meta["range"][0] <= v <= meta["range"][1] for v in items):
-            raise EdgeError("{}: '{}' must be between {} and {}, got {}".format(where, name, *meta["range"],
-                                                                                show(value)))
-        if meta["check"] is not None:
-            meta["check"](value, "{}: '{}'".format(where, name))
+        check_value(lookup(obj, dotted), f, "{}: '{}'".format(where, prefix + dotted))
+
+
+def check_value(value: Any, f: Any, label: str) -> None:
+    """`value` against field `f`'s declared choices, range, length and check; EdgeError "<label> must ..."."""
+    meta = f.metadata
+    if meta["choices"] and value not in meta["choices"]:
+        raise EdgeError("{} must be one of {}, got {}".format(label, "|".join(meta["choices"]), show(value)))
+    items = value if isinstance(value, list) else [value]
+    if meta["length"] and len(items) != meta["length"]:
+        raise EdgeError("{} must list {} numbers, got {}".format(label, meta["length"], show(value)))
+    if meta["range"] is not None and not all(meta["range"][0] <= v <= meta["range"][1] for v in items):
+        raise EdgeError("{} must be between {} and {}, got {}".format(label, *meta["range"], show(value)))
+    if meta["check"] is not None:
+        meta["check"](value, label)
 
 
 # -- derived: reload policy, flags, example -----------------------------------------------------------------
@@ -173,8 +183,9 @@ def replace_keys(obj: Any, values: Dict[str, Any]) -> Any:
     return dataclasses.replace(obj, **here)
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: Any, *keys: str) -> None:
-    """The declared flag of each dotted key (type, choices and help from its declaration); dest is the key."""
+def add_flags(parser: Any, cls: Any, *keys: str) -> None:
+    """The declared flag of each dotted key (type, choices and help from its declaration); dest is the key.
+    `parser`: an ArgumentParser or one of its argument groups."""
     declared = {dotted: f for dotted, f, _ in leaves(cls)}
     for dotted in keys:
         f = declared[dotted]
@@ -183,13 +194,51 @@ def add_flags(parser: argparse.ArgumentParser, cls: Any, *keys: str) -> None:
             else meta["help"]
         parser.add_argument(meta["flag"], dest=dotted, type=f.type, choices=meta["choices"] or None,
                             metavar=None if meta["choices"] else dotted.rsplit(".", 1)[-1].upper(),
-                            help="{}: {}".format(dotted, text.replace("%", "%%")))
+                            help=("{}: {}".format(dotted, text) if _config_key(dotted) else text).replace("%", "%%"))
 
 
 def flag_values(args: argparse.Namespace, cls: Any) -> Dict[str, Any]:
-    """{dotted key: value} of the declared flags given on the command line."""
-    keys = {dotted for dotted, _, _ in leaves(cls)}
-    return {k: v for k, v in vars(args).items() if k in keys and v is not None}
+    """{dotted key: value} of the declared flags given on the command line, each checked against its declaration
+    (the error names the flag)."""
+    declared = {dotted: f for dotted, f, _ in leaves(cls)}
+    given = {k: v for k, v in vars(args).items() if k in declared and v is not None}
+    for dotted, value in given.items():
+        f = declared[dotted]
+        if _config_key(dotted):  # read as the file's value is: a finite number, a text without control characters
+            value = given[dotted] = coerce(value, f.type, f.metadata["flag"], dotted)
+        check_value(value, f, _flag_label(dotted, f))
+    return given
+
+
+# -- command options: a flat dataclass of `setting(..., flag=...)` fields, one per command ----------------------
+def options_from(args: argparse.Namespace, cls: Any) -> Any:
+    """The command options `cls` from the command line: a flag not given takes its declared default."""
+    options = cls(**flag_values(args, cls))
+    check_options(options)
+    return options
+
+
+def check_options(options: Any) -> None:
+    """Every option of `options` within its declaration: one EdgeError naming the flag."""
+    for dotted, f, _ in leaves(type(options)):
+        check_value(lookup(options, dotted), f, _flag_label(dotted, f))
+
+
+def as_argv(options: Any) -> List[str]:
+    """The flags that give every option of `options` its value (what `options_from` reads back)."""
+    argv: List[str] = []
+    for dotted, f, _ in leaves(type(options)):
+        argv += [f.metadata["flag"], str(lookup(options, dotted))]
+    return argv
+
+
+def _config_key(dotted: str) -> bool:
+    return "." in dotted  # a config key is sectioned (runtime.frames); a command option is not
+
+
+def _flag_label(dotted: str, f: Any) -> str:
+    """A flag's value in an error line: the flag, and a config key beside it (the YAML spells it so)."""
+    return "{}: '{}'".format(f.metadata["flag"], dotted) if _config_key(dotted) else f.metadata["flag"]
 
 
 def _yaml_value(value: Any) -> str:

@@ -155,7 +155,8 @@ def test_compare_flags_a_constructed_regression(passed, small_model, hd_video, q
 def test_compare_needs_both_thresholds():
     current = {"a": {"p50": 1.15, "p99": 2.3}, "b": {"p50": 10.5, "p99": 0.5}}
     previous = {"stages_ms": {"a": {"p50": 1.0, "p99": 2.0}, "b": {"p50": 10.0, "p99": 0.0}}}
-    result = check_report.compare(current, previous, "prev.json", check.REGRESSION_PCT, check.REGRESSION_MS)
+    defaults = check.CheckOptions()  # 10 % and 0.2 ms
+    result = check_report.compare(current, previous, "prev.json", defaults.regression_pct, defaults.regression_ms)
     assert not result["stages"]["a"]["p50"]["regressed"]  # +15 % but only +0.15 ms
     assert result["stages"]["a"]["p99"]["regressed"]  # +15 % and +0.3 ms
     assert not result["stages"]["b"]["p50"]["regressed"]  # +0.5 ms but only +5 %
@@ -243,11 +244,11 @@ def test_telemetry_summary_and_traces(small_model, video_file, tmp_path, monkeyp
     import edge.service.telemetry
 
     monkeypatch.setattr(edge.service.telemetry, "Telemetry", FakeTelemetry)
-    cfg = load_config(None, {"model.path": small_model, "source.uri": video_file, "runtime.warmup": 2,
-                             "source.fps": 200, "backend.intra_op_spinning": False})
+    cfg = load_config(None, {"model.path": small_model, "source.uri": video_file, "source.fps": 200,
+                             "backend.intra_op_spinning": False})
     lines = []
-    report = check.run_check(cfg, 12, str(tmp_path / "r.json"), str(tmp_path / "r.png"), out=lines.append,
-                             warn=lines.append)
+    options = check.CheckOptions(frames=12, warmup=2, json=str(tmp_path / "r.json"), plot=str(tmp_path / "r.png"))
+    report = check.run_check(cfg, options, out=lines.append, warn=lines.append)
     tele = report["telemetry"]
     assert tele["status"] == "ok" and tele["reason"] is None and tele["samples"] >= 12
     assert tele["gpu_clock_mhz"] == {"min": 918.0, "mean": 918.0, "max": 918.0}

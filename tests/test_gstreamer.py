@@ -311,7 +311,7 @@ def test_a_password_uri_leaks_from_no_command_while_the_stream_is_up(server, sma
         uri, small_model))
     edge = [sys.executable, "-m", "edge"]
     commands = (["run", "--frames", "5"], ["check", "--frames", "5", "--warmup", "1", "--json", "r.json"],
-                ["calibrate", "capture", "set", "--frames", "10", "--every", "2", "--min-images", "1"])
+                ["calibrate", "capture", "set", "--capture-frames", "10", "--every", "2", "--min-images", "1"])
 
     def output_of(argv):
         done = subprocess.run(edge + argv + ["--config", str(config)], cwd=str(tmp_path), capture_output=True,

@@ -182,12 +182,12 @@ def test_cameras_take_the_source_section_for_what_they_leave_out(tmp_path):
 
 
 def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
-    from edge.commands.check import run_check
+    from edge.commands.check import CheckOptions, run_check
 
     printed = []
     config = write_config(tmp_path, dynamic_model)
-    report = run_check(load_config(config), 60, json_path=str(tmp_path / "check.json"), out=printed.append,
-                       warn=lambda line: None)
+    report = run_check(load_config(config), CheckOptions(frames=60, warmup=3, json=str(tmp_path / "check.json"),
+                                                         plot=""), out=printed.append, warn=lambda line: None)
     assert set(report["cameras"]) == set(NAMES) and report["verdict"] == "pass"
     assert "worst camera" in report["verdict_reason"]
     assert sum(c["frames"] for c in report["cameras"].values()) == 60
@@ -195,7 +195,8 @@ def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
     saved = json.loads((tmp_path / "check.json").read_text())
     assert set(saved["cameras"]) == set(NAMES)
     tight = load_config(config, {"runtime.budget_ms": 0.001})  # no camera meets this budget: the check fails
-    assert run_check(tight, 30, out=printed.append, warn=lambda line: None)["verdict"] == "fail"
+    quick = CheckOptions(frames=30, warmup=3, json="", plot="")
+    assert run_check(tight, quick, out=printed.append, warn=lambda line: None)["verdict"] == "fail"
 
 
 def test_the_demo_shows_a_tile_per_camera(tmp_path, dynamic_model):

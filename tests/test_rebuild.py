@@ -119,7 +119,7 @@ def rebuild_cli(capsys, *args):
     return rc, out, err
 
 
-CHEAP = ("--every", 5, "--frames", 40, "--check-frames", 5, "--check-warmup", 1)  # 8 images: build.min_images
+CHEAP = ("--every", 5, "--capture-frames", 40, "--check-frames", 5, "--check-warmup", 1)  # 8 images: build.min_images
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(ws, capsys, monkeypatch):

@@ -105,7 +105,8 @@ def test_a_password_uri_leaks_from_no_command_when_the_source_is_down(small_mode
     config = tmp_path / "edge.yaml"
     config.write_text("source:\n  uri: '{}'\n  start_timeout_s: 2\nmodel:\n  path: {}\n".format(uri, small_model))
     commands = (["run"], ["check", "--json", "report.json", "--plot", ""], ["demo", "--headless", "--port", "0"],
-                ["doctor"], ["calibrate", "capture", "set", "--frames", "5", "--every", "1", "--min-images", "1"],
+                ["doctor"],
+                ["calibrate", "capture", "set", "--capture-frames", "5", "--every", "1", "--min-images", "1"],
                 ["rebuild", "--dry-run", "--no-reload"])
     procs = [subprocess.Popen([sys.executable, "-m", "edge"] + argv + ["--config", str(config)], cwd=str(tmp_path),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 
+from edge.build.capture_options import DEFAULT_MIN_DIFF
 from edge.errors import EdgeError, require
 from edge.fileio import atomic_dir, load_json, read_image, write_json_atomic
 
@@ -28,7 +29,6 @@ MANIFEST = "manifest.json"
 MIN_SIDE = 32  # smaller images cannot be resized/cropped meaningfully
 TRT_RECOMMENDED_IMAGES = 500  # "TensorRT recommends ... at least 500" (ModelOpt README)
 THUMB = 16  # near-duplicate test: mean |difference| of 16x16 grey thumbnails
-DEFAULT_MIN_DIFF = 4.0  # grey levels (0-255) below which a captured frame counts as a near-duplicate
 _DECODABLE = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pnm", ".jp2")
 
 

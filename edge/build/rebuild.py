@@ -4,8 +4,9 @@ adds the lock, the reload and the command line).
     capture -> calibrate -> fallback -> build -> gate -> latency -> install -> reload
 
 calibrate, build and gate are `edge build`'s steps (edge.build.steps) on the same BuildPlan and BuildState.
-The latency step runs `edge check` as a process on the candidate (the CLI's own check, with the service's
-config and its overrides). Install is edge build's, then the captured set is exchanged with
+The latency step runs `edge check` as a process on the candidate, with the service's config and its overrides
+(edge.commands.check.check_in_subprocess owns that command line and the report's keys). Install is edge build's,
+then the captured set is exchanged with
 build.calibration_dir in one step and the old set kept as `<dir>.previous`; a `.previous` folder is only ever
 replaced when it is a set this tool wrote (its manifest lists every file in it): a user's file there stops the
 rebuild before any work. What a killed rebuild left is settled by the next one (`recover_sets`): the set the
@@ -15,40 +16,42 @@ installed artifact's model info records goes to build.calibration_dir, a leftove
 import os
 import shlex
 import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
 
 from edge.artifact import install, labels_file, lookup, read_model_info, served_note
 from edge.build.auto_method import AUTO, CANDIDATES
 from edge.build.calibration import MANIFEST, capture_calibration_set, frames_of, load_calibration_set
 from edge.build.plan import BuildPlan, Log, check_inputs
 from edge.build.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
-from edge.config import Config, as_dict, with_overrides
+from edge.commands.check import CheckOptions, check_in_subprocess
+from edge.commands.rebuild_options import RebuildOptions
+from edge.config import Config, with_overrides
 from edge.durable import exchange
-from edge.errors import EXIT_FAIL, EdgeError, first_line
-from edge.fileio import check_output, check_replaceable, load_json, temp_dir, write_json_atomic
+from edge.errors import EXIT_FAIL, EdgeError
+from edge.fields import check_options
+from edge.fileio import check_output, check_replaceable, temp_dir
 from edge.frame.sources import open_capture
 from edge.uri import redact
 
 
 @dataclass(frozen=True)
 class RebuildJob:
-    """What the rebuild-only steps need besides the BuildPlan: the capture and check settings, and where things go."""
+    """What the rebuild-only steps need besides the BuildPlan: the service's config, the options, where things go."""
 
     cfg: Config
-    frames: int = 3000
-    every: int = 15
-    max_images: int = 500
-    min_images: int = 32
-    min_diff: float = 4.0
-    check_frames: int = 300
-    check_warmup: int = 20
-    check_source: str = "synthetic"
+    options: RebuildOptions = field(default_factory=RebuildOptions)
     keep_work: bool = False
     stamp: str = ""
     accept_inconclusive: bool = False  # --accept-inconclusive: the gate's inconclusive verdict still installs
+
+    @property
+    def min_images(self) -> int:
+        return self.cfg.build.min_images
+
+    @property
+    def check_source(self) -> str:
+        return self.options.check_source or self.cfg.source.uri
 
     @property
     def calibration_dir(self) -> str:
@@ -68,17 +71,14 @@ def latency_report(plan: BuildPlan) -> str:
 
 
 def _check_numbers(job: RebuildJob) -> None:
-    for flag, value, low in (("--frames", job.frames, 1), ("--every", job.every, 1),
-                             ("--max-images", job.max_images, 1), ("--min-images", job.min_images, 1),
-                             ("--check-frames", job.check_frames, 1), ("--check-warmup", job.check_warmup, 0)):
-        if value < low:
-            raise EdgeError("{} must be >= {}, got {}".format(flag, low, value))
-    if job.max_images < job.min_images:
+    o = job.options
+    check_options(o)
+    if o.max_images < job.min_images:
         raise EdgeError("--max-images {} is below the {} images needed (--min-images / build.min_images)".format(
-            job.max_images, job.min_images))
-    if job.frames < job.every * job.min_images:
-        raise EdgeError("--frames {} with --every {} cannot give {} images (--min-images / build.min_images)"
-                        .format(job.frames, job.every, job.min_images))
+            o.max_images, job.min_images))
+    if o.capture_frames < o.every * job.min_images:
+        raise EdgeError("--capture-frames {} with --every {} cannot give {} images (--min-images / build.min_images)"
+                        .format(o.capture_frames, o.every, job.min_images))
 
 
 def preflight(job: RebuildJob, *, engine: bool, calibrator: bool, log: Log) -> BuildPlan:
@@ -103,47 +103,29 @@ def preflight(job: RebuildJob, *, engine: bool, calibrator: bool, log: Log) -> B
 
 
 def step_capture(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
-    source = with_overrides(job.cfg, {"source.loop": False}).source  # a file is read once
-    state.calibration = capture_calibration_set(frames_of(open_capture(source), job.frames), job.staged_set,
-                                                job.every, job.max_images, job.min_images, job.min_diff,
+    o, source = job.options, with_overrides(job.cfg, {"source.loop": False}).source  # a file is read once
+    state.calibration = capture_calibration_set(frames_of(open_capture(source), o.capture_frames), job.staged_set,
+                                                o.every, o.max_images, job.min_images, o.min_diff,
                                                 source=source.uri, log=log)
     state.calibration_dir = job.calibration_dir  # where the manifest will find it once installed
 
 
-def _run_check(job: RebuildJob, plan: BuildPlan, state: BuildState, work: str) -> Dict[str, Any]:
-    """`edge check` on a link to the candidate (the backend is chosen by the extension); its JSON report."""
-    model = os.path.join(work, "candidate" + plan.fmt.suffix)  # a set of its own, as edge build installs one
-    labels = labels_file(plan.source)
-    install(model, artifact=state.candidate, info=plan.source_info, labels=labels if os.path.isfile(labels) else None,
-            keep_previous=False, log=lambda *a: None)
-    cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source})
-    config = os.path.join(work, "check.yaml")
-    write_json_atomic(config, as_dict(cfg))  # JSON is YAML
-    command = [sys.executable, "-m", "edge", "check", "--config", config, "--frames", str(job.check_frames),
-               "--warmup", str(job.check_warmup), "--json", latency_report(plan), "--plot", ""]
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode not in (0, EXIT_FAIL) or not os.path.isfile(latency_report(plan)):
-        lines = proc.stderr.strip().splitlines()
-        raise EdgeError("latency check: edge check exited {}: {}".format(
-            proc.returncode, lines[-1] if lines else "no output"), exit_code=EXIT_FAIL)
-    return dict(load_json(latency_report(plan), "latency report"))
-
-
 def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """p99 end_to_end of the candidate within runtime.budget_ms, measured by `edge check` in a work folder."""
+    """p99 end_to_end of the candidate within runtime.budget_ms, measured by `edge check` (its own process) on a
+    link to the candidate in a work folder (the backend is chosen by the extension)."""
+    report = latency_report(plan)
     with temp_dir(os.path.dirname(os.path.abspath(plan.artifact)), ".rebuild-") as work:
-        report = _run_check(job, plan, state, work)
-    try:
-        latency = {k: report[k] for k in ("verdict", "verdict_reason", "budget_ms", "frames", "misses", "miss_rate")}
-        latency.update(p50_ms=report["stages_ms"]["end_to_end"]["p50"],
-                       p99_ms=report["stages_ms"]["end_to_end"]["p99"])
-    except (KeyError, TypeError) as exc:
-        raise EdgeError("{}: not a latency report ({})".format(latency_report(plan), first_line(exc))) from None
-    latency["report"] = os.path.basename(latency_report(plan))  # beside the artifact
-    state.info["latency"] = latency
-    if report["verdict"] != "pass":
-        raise EdgeError("latency check failed: {} (report {})".format(report["verdict_reason"], latency_report(plan)),
-                        exit_code=EXIT_FAIL)
+        model = os.path.join(work, "candidate" + plan.fmt.suffix)  # a set of its own, as edge build installs one
+        labels = labels_file(plan.source)
+        install(model, artifact=state.candidate, info=plan.source_info,
+                labels=labels if os.path.isfile(labels) else None, keep_previous=False, log=lambda *a: None)
+        cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source})
+        options = CheckOptions(frames=job.options.check_frames, warmup=job.options.check_warmup, json=report,
+                               plot="")
+        result = check_in_subprocess(cfg, options, work)
+    state.info["latency"] = dict(result.summary, report=os.path.basename(report))  # the report: beside the artifact
+    if not result.passed:
+        raise EdgeError("latency check failed: {} (report {})".format(result.reason, report), exit_code=EXIT_FAIL)
 
 
 def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
@@ -217,14 +199,14 @@ def rebuild_steps(job: RebuildJob, reload: Step) -> List[Step]:
 
 def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, str]]:
     """(step, what it will do with the concrete paths and commands) for the dry run."""
-    cfg, b, gate = job.cfg, job.cfg.build, job.cfg.build.gate
+    cfg, b, gate, o = job.cfg, job.cfg.build, job.cfg.build.gate, job.options
     conf = " --config " + shlex.quote(cfg.path) if cfg.path else ""
     uri = redact(cfg.source.uri)
     return [
         ("capture", "read up to {} frames of {}, keep every {}th unless a near-duplicate (max {}, at least {}) -> {}/"
-         "  (= edge calibrate capture {}{} --source {} --every {} --frames {} --max-images {})".format(
-             job.frames, uri, job.every, job.max_images, job.min_images, job.staged_set,
-             shlex.quote(job.staged_set), conf, shlex.quote(uri), job.every, job.frames, job.max_images)),
+         "  (= edge calibrate capture {}{} --source {} --every {} --capture-frames {} --max-images {})".format(
+             o.capture_frames, uri, o.every, o.max_images, job.min_images, job.staged_set,
+             shlex.quote(job.staged_set), conf, shlex.quote(uri), o.every, o.capture_frames, o.max_images)),
         ("calibrate", "{} INT8 calibration of {} on the captured set -> staged Q/DQ ONNX beside {}{}".format(
             "{} (auto: the closest to FP32 kept)".format(", ".join(CANDIDATES[b.quantizer])) if b.method == AUTO
             else b.method,
@@ -243,7 +225,7 @@ def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, s
              "; inconclusive installs (--accept-inconclusive)" if plan.accept_inconclusive else
              "; inconclusive installs nothing", plan.report_path)),
         ("latency", "edge check with the candidate: {} frames of {} after {} warm-up, p99 end_to_end <= {:g} ms -> {}"
-         .format(job.check_frames, redact(job.check_source), job.check_warmup, cfg.runtime.budget_ms,
+         .format(o.check_frames, redact(job.check_source), o.check_warmup, cfg.runtime.budget_ms,
                  latency_report(plan))),
         ("install", "atomic install of {} (+ .json, .labels.txt), the current one kept in {}/; the captured set "
          "replaces {}/ (current kept as {}/)".format(plan.artifact, os.path.join(b.engines_dir, "previous"),

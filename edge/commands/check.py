@@ -12,26 +12,41 @@ stacked stages, telemetry traces). `--compare previous.json` flags per-stage p50
 import argparse
 import io
 import os
+import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
-from edge.config import Config, with_overrides
-from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, require
-from edge.fileio import check_output, write_json_atomic
+from edge.config import Config, as_dict, with_overrides
+from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, first_line, require
+from edge.fields import add_flags, as_argv, check_options, declared_range, leaves, options_from, setting
+from edge.fileio import check_output, load_json, write_json_atomic
 
-DEFAULT_FRAMES = 1000
-DEFAULT_WARMUP = 50
-REGRESSION_PCT = 10.0  # a stage's p50/p99 is flagged when it got worse by more than this many percent ...
-REGRESSION_MS = 0.2  # ... and by more than this many milliseconds
 MAX_FRAMES = 1000000  # the per-frame series are kept in memory (6 stages x 8 bytes per frame)
+_WARMUP_LOW, _WARMUP_HIGH = declared_range(Config, "runtime.warmup")  # --warmup sets runtime.warmup
 
 
-def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_path: Optional[str] = None,
-              previous: Optional[str] = None, regression_pct: float = REGRESSION_PCT,
-              regression_ms: float = REGRESSION_MS, clock_root: str = "/",
+@dataclass(frozen=True)
+class CheckOptions:
+    """`edge check`'s own flags with their defaults and bounds, declared once (edge.fields); a caller that runs the
+    check in code or as a process (the rebuild's latency step) builds these."""
+
+    frames: int = setting(1000, "timed frames", low=1, high=MAX_FRAMES, flag="--frames")
+    warmup: int = setting(50, "frames run first and not timed (engine, caches, clocks)", low=_WARMUP_LOW,
+                          high=_WARMUP_HIGH, flag="--warmup")
+    json: str = setting("latency-check.json", "JSON report ('' for none)", flag="--json")
+    plot: str = setting("latency-check.png", "PNG figure, 1200x900 px ('' for none)", flag="--plot")
+    regression_pct: float = setting(10.0, "flag a stage's p50/p99 worse by more than this % ...", low=0.0, high=1e9,
+                                    flag="--regression-pct")
+    regression_ms: float = setting(0.2, "... and by more than this many ms", low=0.0, high=1e9,
+                                   flag="--regression-ms")
+
+
+def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, clock_root: str = "/",
               out: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Run the check with config `cfg` (its runtime.warmup and runtime.budget_ms apply); returns the report.
+    """Run the check with config `cfg` (its runtime.budget_ms applies; options.warmup is its runtime.warmup);
+    returns the report.
 
     Input problems raise EdgeError (exit 2) before any frame is timed. The verdict is in report['verdict'].
     """
@@ -50,10 +65,13 @@ def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_pa
     from edge.service.loop import run
     from edge.service.runtime import Runtime
 
-    _check_inputs(frames, json_path, plot_path, regression_pct, regression_ms)
+    check_options(options)
+    frames, json_path, plot_path = options.frames, options.json or None, options.plot or None
+    _check_outputs(json_path, plot_path)
     prev = load_previous(previous) if previous else None
     cfg = with_overrides(cfg, {
         "runtime.frames": frames,
+        "runtime.warmup": options.warmup,
         "runtime.latency_window": max(cfg.runtime.latency_window, frames),  # exact percentiles over the whole run
         "service.telemetry.interval_s": min(cfg.service.telemetry.interval_s, 0.5),  # a few samples per second
         "service.metrics.enabled": False})  # the service may be running with the same config and hold the port
@@ -70,7 +88,8 @@ def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_pa
     report = build_report(cfg, runtime.facts, runtime.stages.warning, summary, frames, series.duration_s(),
                           warnings, telemetry.summary(), system_info(clocks))
     if prev:
-        report["comparison"] = compare(report["stages_ms"], prev, previous or "", regression_pct, regression_ms)
+        report["comparison"] = compare(report["stages_ms"], prev, previous or "", options.regression_pct,
+                                       options.regression_ms)
     if plot_path:
         report["figure"] = plot(plot_path, report, series, telemetry.samples, series.t0 or 0.0)
     if json_path:
@@ -81,14 +100,8 @@ def run_check(cfg: Config, frames: int, json_path: Optional[str] = None, plot_pa
     return report
 
 
-def _check_inputs(frames: int, json_path: Optional[str], plot_path: Optional[str], regression_pct: float,
-                  regression_ms: float) -> None:
-    """Bad flags and unwritable outputs are refused before the run, not after it."""
-    if not 1 <= frames <= MAX_FRAMES:
-        raise EdgeError("--frames must be 1-{}, got {}".format(MAX_FRAMES, frames))
-    for flag, value in (("--regression-pct", regression_pct), ("--regression-ms", regression_ms)):
-        if not 0 <= value < 1e9:  # also refuses NaN, which would flag nothing
-            raise EdgeError("{} must be a number >= 0, got {}".format(flag, value))
+def _check_outputs(json_path: Optional[str], plot_path: Optional[str]) -> None:
+    """Unwritable outputs are refused before the run, not after it."""
     for path, what in ((json_path, "JSON report"), (plot_path, "figure")):
         if path:
             check_output(path, what)
@@ -98,21 +111,51 @@ def _check_inputs(frames: int, json_path: Optional[str], plot_path: Optional[str
         require("matplotlib")
 
 
+VERDICT_KEYS = ("verdict", "verdict_reason", "budget_ms", "frames", "misses", "miss_rate")
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    passed: bool
+    reason: str
+    summary: Dict[str, Any]  # VERDICT_KEYS and end_to_end p50_ms/p99_ms: what an artifact's model info records
+
+
+def verdict(report: Any, where: str) -> CheckVerdict:
+    """What a check concluded, from its report (`where`: the report's file, for the error). The one reader of the
+    report's keys besides their writer (check_report): callers use the CheckVerdict."""
+    try:
+        summary = {key: report[key] for key in VERDICT_KEYS}
+        end_to_end = report["stages_ms"]["end_to_end"]
+        summary.update(p50_ms=end_to_end["p50"], p99_ms=end_to_end["p99"])
+    except (KeyError, TypeError) as exc:
+        raise EdgeError("{}: not a latency report ({})".format(where, first_line(exc))) from None
+    return CheckVerdict(summary["verdict"] == "pass", str(summary["verdict_reason"]), summary)
+
+
+def check_in_subprocess(cfg: Config, options: CheckOptions, work: str) -> CheckVerdict:
+    """`edge check` with `cfg` (written to `work`) in a process of its own, as a user runs it: its own runtime, signal
+    handling and device memory, all gone when it exits. options.json (required) receives the report.
+    A check that could not run (exit other than 0 or 1) is an EdgeError with its last error line."""
+    if not options.json:
+        raise EdgeError("check_in_subprocess: options.json must name the report")
+    config = os.path.join(work, "check.yaml")
+    write_json_atomic(config, as_dict(cfg))  # JSON is YAML
+    command = [sys.executable, "-m", "edge", "check", "--config", config] + as_argv(options)
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode not in (EXIT_OK, EXIT_FAIL) or not os.path.isfile(options.json):
+        lines = proc.stderr.strip().splitlines()
+        raise EdgeError("latency check: edge check exited {}: {}".format(
+            proc.returncode, lines[-1] if lines else "no output"), exit_code=EXIT_FAIL)
+    return verdict(load_json(options.json, "latency report"), options.json)
+
+
 # --- command line ------------------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p)
-    p.add_argument("--frames", type=int, default=DEFAULT_FRAMES, help="timed frames (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed frames first (default %(default)s)")
-    p.add_argument("--json", default="latency-check.json", metavar="PATH",
-                   help="JSON report (default %(default)s; '' for none)")
-    p.add_argument("--plot", default="latency-check.png", metavar="PATH",
-                   help="PNG figure, 1200x900 px (default %(default)s; '' for none)")
+    add_flags(p, CheckOptions, *(dotted for dotted, _, _ in leaves(CheckOptions)))
     p.add_argument("--compare", metavar="PATH", help="a previous report: flag per-stage p50/p99 regressions")
-    p.add_argument("--regression-pct", type=float, default=REGRESSION_PCT,
-                   help="flag when worse by more than this %% ... (default %(default)s)")
-    p.add_argument("--regression-ms", type=float, default=REGRESSION_MS,
-                   help="... and by more than this many ms (default %(default)s)")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is flagged")
 
 
@@ -122,13 +165,10 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    if args.warmup < 0:
-        raise EdgeError("--warmup must be >= 0, got {}".format(args.warmup))
-    cfg = config_from_args(args, {"runtime.warmup": args.warmup})
-    report = run_check(cfg, args.frames, args.json or None, args.plot or None, args.compare,
-                       args.regression_pct, args.regression_ms,
-                       out=lambda s: print(s, flush=True), warn=lambda s: print("edge check: " + s, file=sys.stderr))
-    if report["verdict"] != "pass":
+    options = options_from(args, CheckOptions)
+    report = run_check(config_from_args(args), options, args.compare, out=lambda s: print(s, flush=True),
+                       warn=lambda s: print("edge check: " + s, file=sys.stderr))
+    if not verdict(report, options.json or "the report").passed:
         return EXIT_FAIL
     if args.fail_on_regression and report["comparison"] and report["comparison"]["regressions"]:
         return EXIT_FAIL

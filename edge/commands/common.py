@@ -30,10 +30,11 @@ def add_config_flags(p: argparse.ArgumentParser, *keys: str) -> None:
 
 def config_from_args(args: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> Config:
     """The config file named by --config with the config flags given (and `extra` keys) applied."""
-    flags = flag_values(args, Config)
-    note = argv_note(flags["source.uri"]) if isinstance(flags.get("source.uri"), str) else None
-    if note:
+    uri = getattr(args, "source.uri", None)
+    note = argv_note(uri) if isinstance(uri, str) else None
+    if note:  # before the flags are checked: a refused URI still says where its credentials belong
         print(note, file=sys.stderr)
+    flags = flag_values(args, Config)
     flags.update({k: v for k, v in (extra or {}).items() if v is not None})
     return load_config(getattr(args, "config", None), flags)
 

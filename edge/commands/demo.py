@@ -18,12 +18,14 @@ import os
 import re
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
 from edge.artifact import UNTRAINED_WARNING, read_model_info
-from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
+from edge.commands.common import PIPELINE_KEYS, add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config, with_overrides
 from edge.errors import EXIT_OK, EdgeError, require
+from edge.fields import add_flags, check_options, leaves, options_from, setting
 from edge.uri import redact
 
 
@@ -40,10 +42,18 @@ def gui_problem(cv2: Any) -> Optional[str]:
     return None
 
 
-def run_demo(cfg: Config, headless: bool, host: str = "127.0.0.1", port: int = 8080, frames: int = 0,
-             jpeg_quality: int = 80, log: Any = None) -> Dict[str, Any]:
-    """Run the pipeline with the overlay until stopped (Ctrl-C, SIGTERM, q/Esc in the window), `frames`, or the
-    source's end; returns the final latency report."""
+@dataclass(frozen=True)
+class DemoOptions:
+    """`edge demo`'s own flags with their defaults and bounds, declared once (edge.fields)."""
+
+    host: str = setting("127.0.0.1", "address to listen on (127.0.0.1: this machine only)", flag="--host")
+    port: int = setting(8080, "port for --headless (0: a free one)", low=0, high=65535, flag="--port")
+    jpeg_quality: int = setting(80, "JPEG quality of the stream", low=1, high=100, flag="--jpeg-quality")
+
+
+def run_demo(cfg: Config, headless: bool, options: DemoOptions, log: Any = None) -> Dict[str, Any]:
+    """Run the pipeline with the overlay until stopped (Ctrl-C, SIGTERM, q/Esc in the window), runtime.frames, or
+    the source's end; returns the final latency report."""
     from edge.commands.demo_stream import FrameHub, OverlaySink, open_server  # the frame path: loaded when run
     from edge.service.loop import run
     from edge.service.runtime import Runtime
@@ -55,18 +65,17 @@ def run_demo(cfg: Config, headless: bool, host: str = "127.0.0.1", port: int = 8
         if problem:
             raise EdgeError("{}: run with --headless --port 8080 and open http://127.0.0.1:8080/ "
                             "(docs/demo.md)".format(problem))
-    if not 1 <= jpeg_quality <= 100:
-        raise EdgeError("--jpeg-quality must be 1-100, got {}".format(jpeg_quality))
-    cfg = with_overrides(cfg, {"service.metrics.enabled": False,  # the service may hold the port
-                               "runtime.frames": frames})
+    check_options(options)
+    cfg = with_overrides(cfg, {"service.metrics.enabled": False})  # the service may hold the port
     trained = bool(read_model_info(cfg.model.path).get("trained"))
     hub = FrameHub({"warning": None if trained else UNTRAINED_WARNING, "source": redact(cfg.source.uri),
                     "budget_ms": cfg.runtime.budget_ms}) if headless else None
-    server = open_server(host, port, hub) if hub is not None else None
+    server = open_server(options.host, options.port, hub) if hub is not None else None
     try:
         with StopFlag() as stop:  # Ctrl-C, SIGTERM: the report, then exit 0
-            sink = OverlaySink(cfg.runtime.budget_ms, trained, hub, window=not headless, jpeg_quality=jpeg_quality,
-                               stop=stop, on_first_frame=lambda: _announce(server, runtime))
+            sink = OverlaySink(cfg.runtime.budget_ms, trained, hub, window=not headless,
+                               jpeg_quality=options.jpeg_quality, stop=stop,
+                               on_first_frame=lambda: _announce(server, runtime))
             runtime = Runtime(cfg, [sink], log)
             if server is not None:
                 threading.Thread(target=server.serve_forever, name="edge-demo-http", daemon=True).start()
@@ -94,12 +103,9 @@ def _announce(server: Any, runtime: Any) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_config_flags(p)
+    add_config_flags(p, *PIPELINE_KEYS, "runtime.frames")
     p.add_argument("--headless", action="store_true", help="no window: serve the annotated stream over HTTP")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
-    p.add_argument("--port", type=int, default=8080, help="port for --headless (default %(default)s; 0: a free one)")
-    p.add_argument("--frames", type=int, default=0, help="stop after N frames (default: until stopped)")
-    p.add_argument("--jpeg-quality", type=int, default=80, help="JPEG quality of the stream (default %(default)s)")
+    add_flags(p, DemoOptions, *(dotted for dotted, _, _ in leaves(DemoOptions)))
 
 
 def register(subparsers: Any) -> None:
@@ -108,11 +114,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    if args.frames < 0:
-        raise EdgeError("--frames must be >= 0, got {}".format(args.frames))
-    if not 0 <= args.port < 65536:
-        raise EdgeError("--port must be 0-65535, got {}".format(args.port))
-    run_demo(config_from_args(args), args.headless, args.host, args.port, args.frames, args.jpeg_quality)
+    run_demo(config_from_args(args), args.headless, options_from(args, DemoOptions))
     return EXIT_OK
 
 

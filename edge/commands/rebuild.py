@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from edge.commands.build import add_gate_arguments
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
+from edge.commands.rebuild_options import RebuildOptions
 from edge.config import Config
 from edge.errors import EXIT_OK, EdgeError, first_line, require
+from edge.fields import add_flags, options_from
 
 if TYPE_CHECKING:
     from edge.build.plan import BuildPlan
@@ -248,16 +250,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrator", action="store_true", help="with --engine: TensorRT's own entropy calibrator")
     add_gate_arguments(p)
     g = p.add_argument_group("capture")
-    g.add_argument("--frames", type=int, default=3000, help="frames to read from the source (default %(default)s)")
-    g.add_argument("--every", type=int, default=15, help="keep every k-th frame (default %(default)s)")
-    g.add_argument("--max-images", type=int, default=500, help="stop after this many images (default %(default)s)")
-    g.add_argument("--min-images", type=int, help="fewer is a failure (default build.min_images)")
-    g.add_argument("--min-diff", type=float, help="near-duplicate threshold (default 4)")
+    add_flags(g, Config, "build.min_images")
+    add_flags(g, RebuildOptions, "capture_frames", "every", "max_images", "min_diff")
     g = p.add_argument_group("latency check")
-    g.add_argument("--check-frames", type=int, default=300, help="timed frames (default %(default)s)")
-    g.add_argument("--check-warmup", type=int, default=20, help="warm-up frames (default %(default)s)")
-    g.add_argument("--check-source", help="source for the check (default: the configured source; use synthetic "
-                                          "when the service holds the camera)")
+    add_flags(g, RebuildOptions, "check_frames", "check_warmup", "check_source")
     g = p.add_argument_group("reload (exactly one; confirmed through the service's metrics)")
     g.add_argument("--pid", type=int, help="SIGHUP this edge run process")
     g.add_argument("--pidfile", help="SIGHUP the edge run process whose id this file holds")
@@ -274,17 +270,19 @@ def register(subparsers: Any) -> None:
                 add_arguments, cmd_rebuild)
 
 
-def cmd_rebuild(args: argparse.Namespace) -> int:
-    from edge.build.calibration import DEFAULT_MIN_DIFF
-    from edge.build.rebuild import RebuildJob, format_plan, preflight
+def job_from_args(args: argparse.Namespace, stamp: str = "") -> "RebuildJob":
+    """The RebuildJob the command line asks for: a flag not given takes its declared default."""
+    from edge.build.rebuild import RebuildJob
 
-    cfg = config_from_args(args)
-    target = resolve_reload(cfg, args.pid, args.pidfile, args.systemd, args.unit, args.no_reload)
-    job = RebuildJob(cfg, args.frames, args.every, args.max_images,
-                     cfg.build.min_images if args.min_images is None else args.min_images,
-                     DEFAULT_MIN_DIFF if args.min_diff is None else args.min_diff, args.check_frames,
-                     args.check_warmup, args.check_source or cfg.source.uri, args.keep_work, _utc_stamp(),
-                     args.accept_inconclusive)
+    return RebuildJob(config_from_args(args), options_from(args, RebuildOptions), keep_work=args.keep_work,
+                      stamp=stamp, accept_inconclusive=args.accept_inconclusive)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from edge.build.rebuild import format_plan, preflight
+
+    job = job_from_args(args, _utc_stamp())
+    target = resolve_reload(job.cfg, args.pid, args.pidfile, args.systemd, args.unit, args.no_reload)
     log = functools.partial(print, flush=True)
     plan = preflight(job, engine=args.engine, calibrator=args.calibrator, log=log)
     if args.dry_run:

@@ -1,0 +1,141 @@
+"""Command options are declared once (edge.fields `setting(..., flag=...)`): argparse, the bounds check and a
+caller building the options in code (the rebuild's job, its latency check) read the same declaration."""
+
+import argparse
+import dataclasses
+
+import numpy as np
+import pytest
+import yaml
+
+from edge.build.capture_options import CaptureOptions
+from edge.commands import check, demo, rebuild
+from edge.commands.cli import build_parser
+from edge.commands.rebuild_options import RebuildOptions
+from edge.config import Config, load_config
+from edge.fields import as_argv, leaves, options_from
+
+from conftest import assert_refused, edge_here
+
+DECLARED = (Config, check.CheckOptions, demo.DemoOptions, RebuildOptions, CaptureOptions)
+NOT_YET = {"sweep", "release", "export"}  # commands whose numeric options are still argparse's own
+
+
+def _commands(parser, prefix=""):
+    """(command name, its parser) of every subcommand, calibrate's included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, prefix + name + " ") if any(
+                    isinstance(a, argparse._SubParsersAction) for a in sub._actions) else [(prefix + name, sub)]
+
+
+def test_a_numeric_option_with_a_default_is_a_declared_one():
+    """A command's number with a default of its own (a second declaration beside the config's or the command's
+    options) fails here: it must be a `setting` whose flag argparse got from edge.fields."""
+    flags = {f.metadata["flag"] for cls in DECLARED for _, f, _ in leaves(cls) if f.metadata["flag"]}
+    numeric = [(name, action) for name, parser in _commands(build_parser()) if name.split()[0] not in NOT_YET
+               for action in parser._actions if action.option_strings and action.type in (int, float)]
+    assert len(numeric) > 20
+    undeclared = [(name, a.option_strings[0]) for name, a in numeric
+                  if a.default is not None and a.option_strings[0] not in flags]
+    assert undeclared == []
+    declared = [a for _, a in numeric if a.option_strings[0] in flags]
+    assert declared and all(a.default is None for a in declared)  # the default is the declaration's, not argparse's
+
+
+def _parse(add_arguments, argv):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args([str(a) for a in argv])
+
+
+def test_the_rebuild_job_built_in_code_is_the_one_the_command_line_gives():
+    """RebuildJob() and `edge rebuild` with no option flags agree because both read RebuildOptions' declarations."""
+    from edge.build.rebuild import RebuildJob
+
+    args = _parse(rebuild.add_arguments, ["--no-reload"])
+    assert {dotted for dotted, _, _ in leaves(RebuildOptions)} <= set(vars(args))  # every option has its flag
+    job = rebuild.job_from_args(args, stamp="x")
+    assert job == RebuildJob(load_config(None), stamp="x")
+    assert job.options.capture_frames == 3000 and job.options.check_frames == 300
+    given = rebuild.job_from_args(_parse(rebuild.add_arguments, ["--no-reload", "--capture-frames", 90,
+                                                                  "--min-images", 3, "--check-warmup", 0]))
+    assert (given.options.capture_frames, given.min_images, given.options.check_warmup) == (90, 3, 0)
+    assert given.check_source == "synthetic"  # '': the configured source
+
+
+def test_the_check_reads_back_exactly_the_options_its_callers_pass():
+    """check_in_process spells the options with as_argv; `edge check`'s parser reads them back unchanged, and no
+    flag given is the declared default."""
+    assert options_from(_parse(check.add_arguments, []), check.CheckOptions) == check.CheckOptions()
+    wanted = check.CheckOptions(frames=7, warmup=0, json="r.json", plot="", regression_pct=2.5, regression_ms=0.0)
+    assert options_from(_parse(check.add_arguments, as_argv(wanted)), check.CheckOptions) == wanted
+    assert options_from(_parse(demo.add_arguments, []), demo.DemoOptions) == demo.DemoOptions()
+
+
+def test_the_rebuild_spells_neither_the_checks_flags_nor_its_report_keys():
+    """edge.commands.check owns the check's command line (check_in_subprocess) and its report's keys (verdict)."""
+    import ast
+
+    import edge.build.rebuild
+
+    with open(edge.build.rebuild.__file__, encoding="utf-8") as fh:
+        strings = {n.value for n in ast.walk(ast.parse(fh.read())) if isinstance(n, ast.Constant)
+                   and isinstance(n.value, str)}
+    owned = {f.metadata["flag"] for _, f, _ in leaves(check.CheckOptions)} | set(check.VERDICT_KEYS) | {
+        "stages_ms", "end_to_end", "check", "-m"}
+    assert strings & owned == set()
+
+
+def test_verdict_reads_a_report_or_names_the_file():
+    report = {"verdict": "fail", "verdict_reason": "p99 over budget", "budget_ms": 5.0, "frames": 10, "misses": 3,
+              "miss_rate": 0.3, "stages_ms": {"end_to_end": {"p50": 4.0, "p99": 9.0}}}
+    found = check.verdict(report, "r.json")
+    assert not found.passed and found.reason == "p99 over budget"
+    assert found.summary == dict({k: report[k] for k in check.VERDICT_KEYS}, p50_ms=4.0, p99_ms=9.0)
+    assert check.verdict(dict(report, verdict="pass"), "r.json").passed
+    with pytest.raises(Exception, match="r.json: not a latency report"):
+        check.verdict(dict(report, stages_ms={}), "r.json")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["check", "--frames", 0], "--frames"),
+    (["check", "--warmup", -1], "--warmup"),
+    (["check", "--regression-ms", "inf"], "--regression-ms"),
+    (["demo", "--port", 70000], "--port"),
+    (["demo", "--jpeg-quality", 101], "--jpeg-quality"),
+    (["demo", "--frames", -1], "--frames"),
+    (["rebuild", "--no-reload", "--check-warmup", -1], "--check-warmup"),
+    (["rebuild", "--no-reload", "--capture-frames", -5], "--capture-frames"),
+    (["rebuild", "--no-reload", "--min-images", 0], "--min-images"),
+    (["calibrate", "capture", "--every", 0], "--every"),
+    (["calibrate", "capture", "--min-diff", 256], "--min-diff"),
+    (["calibrate", "import", "src", "out", "--min-images", 0], "--min-images"),
+])
+def test_an_option_out_of_its_bounds_is_one_line_naming_the_flag(argv, flag):
+    assert_refused(edge_here(*argv), "error: " + flag, "must be between")
+
+
+def test_calibrate_import_obeys_build_min_images(tmp_path):
+    cv2 = pytest.importorskip("cv2")
+    src, out = tmp_path / "src", tmp_path / "set"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        cv2.imwrite(str(src / "{}.png".format(i)), rng.integers(0, 255, (48, 48, 3), dtype=np.uint8))
+    config = tmp_path / "edge.yaml"
+    config.write_text(yaml.safe_dump({"build": {"min_images": 4}}))
+    assert_refused(edge_here("calibrate", "import", src, out, "--config", config), "at least 4 needed",
+                   "build.min_images")
+    assert not out.exists()
+    assert edge_here("calibrate", "import", src, out, "--config", config, "--min-images", 3).returncode == 0
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".png") == ["0.png", "1.png", "2.png"]
+
+
+def test_the_capture_flags_share_one_declaration_with_each_commands_default():
+    capture = {f.name: f for f in dataclasses.fields(CaptureOptions)}
+    again = {f.name: f for f in dataclasses.fields(RebuildOptions)}
+    for name in capture:
+        assert capture[name].metadata == again[name].metadata, name  # help, bounds and flag: the same
+    assert (CaptureOptions().capture_frames, RebuildOptions().capture_frames) == (0, 3000)
