@@ -22,6 +22,11 @@ from edge.frame.cuda_session import CudaSession
 from edge.frame.postprocess import Prediction, TopK
 from edge.frame.preprocess import model_preprocess
 
+# the config keys the stages read (create_stages and build_stages): a reload builds new stages from the new config,
+# so these reload=APPLY keys (edge/config.py) are applied by the swap; the others need an applier in
+# edge/service/runtime.py (APPLIERS), which tests/test_config.py checks
+STAGE_KEYS = ("model.", "preprocess.", "backend.", "runtime.top_k")
+
 
 @dataclass
 class Stages:
