@@ -8,6 +8,8 @@ import pytest
 from edge.config import Config, as_dict, example_yaml, load_config
 from edge.errors import EdgeError
 from edge.fields import APPLY, add_flags, flag_values, leaves, lookup, reloaded
+from edge.frame.stages import STAGE_KEYS
+from edge.service.runtime import APPLIERS
 
 from conftest import REPO, assert_refused, edge_here, run_edge
 
@@ -177,3 +179,12 @@ def test_a_reload_applies_the_keys_declared_reloadable_and_names_the_rest():
     policies = {dotted: policy for dotted, _, policy in leaves(Config)}
     assert {k for k, p in policies.items() if p == APPLY} >= {"model.path", "preprocess.mean", "backend.kind",
                                                               "runtime.top_k", "runtime.max_consecutive_errors"}
+
+
+def test_every_key_declared_reloadable_has_what_applies_it():
+    """A reload=APPLY key is read by the stages a reload builds anew, or has an applier in the runtime: a key marked
+    APPLY with neither would be reported applied while the running objects keep the old value."""
+    apply_keys = [dotted for dotted, _, policy in leaves(Config) if policy == APPLY]
+    by_stages = [k for k in apply_keys if k.startswith(STAGE_KEYS)]
+    assert set(apply_keys) - set(by_stages) == set(APPLIERS), "APPLY keys without an applier"
+    assert "runtime.top_k" in by_stages and "model.path" in by_stages

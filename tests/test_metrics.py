@@ -6,6 +6,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -58,6 +59,12 @@ def test_buckets_are_dense_around_the_budget_and_include_it():
     assert 0.02 in b20 and 0.019 in b20 and 0.021 in b20 and 0.0285 not in b20
 
 
+def stages_serving(model_path, sha256):
+    """What MetricsSink.serving reads of the Stages serving now."""
+    return SimpleNamespace(description={"backend": "onnxruntime", "precision": "fp32"}, model_path=model_path,
+                           sha256=sha256)
+
+
 @pytest.fixture
 def sink():
     stats = {"produced": 50, "skipped": 7, "broken": 1, "faults": 2, "reconnects": 2}
@@ -73,7 +80,7 @@ def sink():
 def test_scrape_counts_the_delivered_frames(sink):
     s, port = sink
     assert s.server.server_address[0] == "127.0.0.1"
-    s.set_engine("onnxruntime", "fp32", "/m/model.onnx", "ab" * 32)
+    s.serving(stages_serving("/m/model.onnx", "ab" * 32))
     e2e = [10.0, 20.0, 29.0, 31.0, 45.0, 29.99]
     for i, ms in enumerate(e2e, start=1):
         s.on_result(result(i, "miss" if ms > 30 else "ok", e2e_ms=ms))
@@ -127,7 +134,7 @@ def test_promtool_accepts_the_exposition(sink, tmp_path):
     if promtool is None:
         pytest.skip("promtool not installed (Debian: apt-get install prometheus; scripts/bootstrap.sh --dev as root)")
     s, port = sink
-    s.set_engine("onnxruntime", "fp32", "/m/model.onnx", "0" * 64)
+    s.serving(stages_serving("/m/model.onnx", "0" * 64))
     for i in range(5):
         s.on_result(result(i + 1, "ok"))
     text = scrape(port)
@@ -222,3 +229,23 @@ def test_throttle_signals_are_exported_in_base_units():
     assert value(p, "edge_gpu_frequency_max_hertz") == pytest.approx(921.6e6)
     assert value(p, "edge_power_rail_overcurrent", rail="VDD_IN") == 1
     assert value(p, "edge_power_rail_overcurrent", rail="VDD_CPU_GPU_CV") == 0
+
+
+def test_a_reload_is_told_to_every_service_part(small_model, tmp_path):
+    """The runtime tells each service part the same things: metrics count the reloads and name the model that
+    serves, a reloadable runtime key reaches the pipeline (its applier), the log tags untrained weights."""
+    port = sh.free_port()
+    served = {"service.metrics.enabled": True, "service.metrics.port": port}
+    b = sh.copy_model(small_model, tmp_path, "b")
+    configs = iter([sh.service_config(b, **served, **{"runtime.max_consecutive_errors": 7}),
+                    sh.service_config(str(tmp_path / "missing.onnx"), **served)])
+    log = sh.ListLog()
+    with Runtime(sh.service_config(small_model, **served), log=log, reload_config=lambda: next(configs)) as rt:
+        assert rt.pipeline.max_consecutive_errors == 50
+        assert rt.reload() and not rt.reload()
+        p = samples(scrape(port))
+        assert value(p, "edge_reloads_total", result="ok") == 1 and value(p, "edge_reloads_total", result="failed") == 1
+        assert value(p, "edge_engine_info", backend="onnxruntime", precision="fp32", model="b.onnx",
+                     sha256=sha256_file(b)) == 1
+        assert rt.pipeline.max_consecutive_errors == 7
+        assert "UNTRAINED" in log.extra["warning"]  # on every line: b's weights are random, as small_model's

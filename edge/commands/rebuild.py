@@ -112,8 +112,9 @@ def metrics_url(cfg: Config) -> str:
     if not m.enabled:
         raise EdgeError("service.metrics.enabled is false in {}: the rebuild confirms a reload from the service's "
                         "metrics; enable them or use --no-reload".format(cfg.path or "<defaults>"))
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(m.host, m.host)
-    return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, m.port)
+    from edge.service.metrics import metrics_url as url
+
+    return url({"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(m.host, m.host), m.port)
 
 
 def _pid_target(pid: Optional[int], pidfile: Optional[str]) -> int:

@@ -58,6 +58,11 @@ class Backend:
         raise NotImplementedError
 
     @property
+    def input_dtype(self) -> np.dtype:
+        """The dtype infer() takes; a host array of float32 is always taken (cast where the model wants another)."""
+        return np.dtype(np.float32)
+
+    @property
     def output_shape(self) -> Tuple[int, ...]:
         """The first output's shape, as it came out of the blank input load() ran: (1, num_classes)."""
         raise NotImplementedError

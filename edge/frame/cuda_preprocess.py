@@ -25,7 +25,7 @@ from edge.config import PreprocessConfig
 from edge.errors import EdgeError
 from edge.frame.cuda_kernel import KERNELS, load_kernel
 from edge.frame.cuda_session import CudaSession
-from edge.frame.preprocess import crop_geometry
+from edge.frame.preprocess import Preprocessor, crop_geometry
 
 _BLOCK = (16, 16, 1)
 _ARG_FORMAT = "PiiiddiiiffffffP"  # src, w, h, stride, scale x/y, offset x/y, crop, mul[3], add[3], dst
@@ -69,7 +69,7 @@ class _Staging:
         allocation.free()
 
 
-class CudaPreprocessor:
+class CudaPreprocessor(Preprocessor):
     """Same call shape as edge.frame.preprocess.CpuPreprocessor; returns a DeviceTensor instead of an array."""
 
     name = "cuda"

@@ -150,7 +150,23 @@ class _Plan:
         self.horizontal = np.empty((g.crop, g.crop * 3), np.float32)
 
 
-class CpuPreprocessor:
+class Preprocessor:
+    """The preprocessing stage (CPU here, CUDA in edge.frame.cuda_preprocess): an HxWx3 uint8 BGR frame -> the
+    backend's (1, 3, crop, crop) input, RGB and normalised, in one buffer reused by every call."""
+
+    name = "base"  # the device it runs on, as reports say it
+
+    def __call__(self, frame: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def write_as(self, dtype: Any) -> None:
+        """Write the backend's input dtype from now on; a host array stays float32 (the backend casts it)."""
+
+    def close(self) -> None:
+        """Free what it holds; safe to call twice."""
+
+
+class CpuPreprocessor(Preprocessor):
     """NumPy implementation. `__call__` returns the same preallocated (1, 3, crop, crop) buffer each time."""
 
     name = "cpu"
@@ -196,7 +212,7 @@ class CpuPreprocessor:
         return self.output
 
 
-class FastPreprocessor:
+class FastPreprocessor(Preprocessor):
     """OpenCV's box average by a whole factor, then bilinear sampling at the exact positions (module docstring).
     Same call shape as CpuPreprocessor, whose exact filter it runs for frames it has no fast plan for."""
 
@@ -254,6 +270,6 @@ def _fast_plan(g: Geometry, cv2: Any) -> Any:
     return k, y0, y1, x0, x1, xy, weights
 
 
-def cpu_preprocessor(cfg: PreprocessConfig) -> Any:
+def cpu_preprocessor(cfg: PreprocessConfig) -> Preprocessor:
     """The CPU preprocessor `preprocess.cpu` chooses: fast (the service's default) or exact."""
     return FastPreprocessor(cfg) if cfg.cpu == "fast" else CpuPreprocessor(cfg)

@@ -20,12 +20,17 @@ from edge.errors import EdgeError
 from edge.frame.backend import Backend
 from edge.frame.cuda_session import CudaSession
 from edge.frame.postprocess import Prediction, TopK
-from edge.frame.preprocess import model_preprocess
+from edge.frame.preprocess import Preprocessor, model_preprocess
+
+# the config keys the stages read (create_stages and build_stages): a reload builds new stages from the new config,
+# so these reload=APPLY keys (edge/config.py) are applied by the swap; the others need an applier in
+# edge/service/runtime.py (APPLIERS), which tests/test_config.py checks
+STAGE_KEYS = ("model.", "preprocess.", "backend.", "runtime.top_k")
 
 
 @dataclass
 class Stages:
-    preprocess: Callable[[Any], Any]
+    preprocess: Preprocessor
     backend: Backend  # loaded
     postprocess: TopK
     reason: str  # why this backend and preprocessor were chosen
@@ -46,7 +51,7 @@ class Stages:
 
     @property
     def preprocess_name(self) -> str:
-        return str(getattr(self.preprocess, "name", "?"))
+        return self.preprocess.name
 
     def facts(self) -> Dict[str, Any]:
         """What the start line, reports and the demo say about the model being served."""
@@ -85,15 +90,13 @@ class Stages:
         close_stages(self.preprocess, self.backend, self.session)
 
 
-def close_stages(preprocessor: Any, backend: Backend, session: Optional[CudaSession] = None) -> None:
+def close_stages(preprocessor: Preprocessor, backend: Backend, session: Optional[CudaSession] = None) -> None:
     """The preprocessor, then the backend, then the CUDA session both ran on: each one even if one before fails."""
     with contextlib.ExitStack() as later:
         if session is not None:
             later.callback(session.release)
         later.callback(backend.close)
-        close = getattr(preprocessor, "close", None)  # CPU preprocessing holds nothing to free
-        if close is not None:
-            close()
+        preprocessor.close()
 
 
 def choose_devices(cfg: Config) -> Tuple[str, str, str]:
@@ -106,7 +109,7 @@ def choose_devices(cfg: Config) -> Tuple[str, str, str]:
 class StageParts(NamedTuple):
     """What a stages factory makes: CPU stages hold no CUDA session."""
 
-    preprocessor: Callable[[Any], Any]
+    preprocessor: Preprocessor
     backend: Any  # not yet loaded
     reason: str
     session: Optional[CudaSession] = None
@@ -188,9 +191,7 @@ def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) 
         if model.info != info:  # an install or rollback switched the set in between
             raise EdgeError("{}: its set changed while it was being loaded; load it again".format(cfg.model.path))
         backend.load(model)
-        write_as = getattr(preprocessor, "write_as", None)  # a GPU preprocessor writes the engine's input dtype
-        if write_as is not None:
-            write_as(backend.input_dtype)
+        preprocessor.write_as(backend.input_dtype)  # a GPU preprocessor writes the engine's input dtype
         if model.labels is None:
             raise EdgeError("{}: labels file not found".format(model.labels_path))
         check_fit(cfg, backend, model.labels_path, len(model.labels))

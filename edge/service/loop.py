@@ -30,21 +30,13 @@ def run(runtime: Runtime, stop: Optional[StopFlag] = None, table: Optional[str] 
             for frame in rt.frames(stop):
                 rt.process(frame)
         except TooManyErrors as exc:
-            rt.ended_by = "too many errors"
             _finish(rt, table, exc)
         return _finish(rt, table, None)
 
 
 def _finish(runtime: Runtime, table: Optional[str], failure: Optional[TooManyErrors]) -> Dict[str, Any]:
     """Report (log line, systemd status, the table) and return it; raise EdgeError (exit 1) after a failure."""
-    report = runtime.report()
-    report["ended_by"] = runtime.ended_by
-    if failure is not None:
-        runtime.notifier.status("failed: {}".format(failure))
-    else:
-        runtime.notifier.stopping("stopping ({}): {} frames, {} misses".format(
-            runtime.ended_by, report["frames"], report["misses"]))
-    runtime.event("report", level="error" if failure is not None else "info", **report)
+    report = runtime.final_report(failure)
     if table and report["frames"]:
         header = "{}: {} on {} - {}".format(table, runtime.facts.get("backend", "?"), runtime.facts.get("source"),
                                            runtime.stages.warning or "trained weights")

@@ -48,8 +48,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from edge import __version__
 from edge.board import board_model, read_l4t, tensorrt_version
 from edge.errors import EdgeError, require
-from edge.frame.pipeline import Result, Sink
+from edge.frame.pipeline import Result
 from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler, allowed_hosts
+from edge.service.parts import ServicePart
 
 STAGES = ("capture", "frame_age", "preprocess", "infer", "postprocess")
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -187,6 +188,11 @@ class _ThreadingServer6(_ThreadingServer):
     address_family = socket.AF_INET6
 
 
+def metrics_url(host: str, port: int) -> str:
+    """The metrics' URL on `host` (an IPv6 address in brackets)."""
+    return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, port)
+
+
 def build_labels() -> Dict[str, str]:
     """edge_build_info's labels: the package, the release deploy/ansible or the chart set (EDGE_RELEASE) and what
     the engine is tied to, so dashboards and alerts can group devices by them ("" when unknown)."""
@@ -195,7 +201,7 @@ def build_labels() -> Dict[str, str]:
             "l4t": read_l4t() or "", "tensorrt": tensorrt_version() or ""}
 
 
-class MetricsSink(Sink):
+class MetricsSink(ServicePart):
     """Observes every delivered Result; `serve()` exposes the registry and /healthz over HTTP."""
 
     def __init__(self, budget_ms: float, registry: Any = None,
@@ -243,10 +249,14 @@ class MetricsSink(Sink):
         self.server: Optional[WSGIServer] = None
         self._thread: Optional[threading.Thread] = None
 
-    def set_engine(self, backend: str, precision: str, model: str, sha256: str) -> None:
+    def serving(self, stages: Any) -> None:
         # the file's name only: a label carries no path of this machine (the sha256 identifies the bytes)
-        self.engine.info({"backend": str(backend), "precision": str(precision),
-                          "model": os.path.basename(str(model)), "sha256": str(sha256)})
+        d = stages.description
+        self.engine.info({"backend": str(d.get("backend", "?")), "precision": str(d.get("precision", "?")),
+                          "model": os.path.basename(str(stages.model_path)), "sha256": str(stages.sha256)})
+
+    def reload_done(self, outcome: str) -> None:
+        self.reloads.labels(outcome).inc()
 
     def on_result(self, result: Result) -> None:
         self._status[result.status].inc()

@@ -24,7 +24,7 @@ import numpy as np
 
 from edge.config import Config, SourceConfig, cameras, load_config
 from edge.errors import EdgeError
-from edge.fields import reloaded
+from edge.fields import lookup, reloaded
 from edge.frame.latency import LatencyRecorder
 from edge.frame.pipeline import Pipeline, Result, Sink
 from edge.frame.sources import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
@@ -32,11 +32,19 @@ from edge.frame.stages import Stages, build_stages, create_stages
 from edge.service.cameras import Batch, CameraSet
 from edge.service.frame_log import FrameLogSink, report_fields
 from edge.service.log import JsonLog
+from edge.service.metrics import metrics_url
 from edge.service.notify import Notifier, NotifySink
+from edge.service.parts import ServicePart, WarningTag
 from edge.service.reload import Loading
 from edge.service.signals import StopFlag
 
 SLICE_S = 0.25  # the longest wait for a frame before stop and reload requests are looked at again
+
+# how a reload applies each reload=APPLY key the new stages do not read (edge.frame.stages.STAGE_KEYS); a key marked
+# APPLY with neither fails tests/test_config.py
+APPLIERS: Dict[str, Callable[[Pipeline, Any], None]] = {
+    "runtime.max_consecutive_errors": lambda pipeline, value: setattr(pipeline, "max_consecutive_errors", value),
+}
 
 
 class Runtime:
@@ -111,7 +119,7 @@ class Runtime:
         self.pipeline = Pipeline(stages, recorder, cfg.runtime.max_consecutive_errors)
         self.source = self._open_source(stages)
         self._start_services(recorder)
-        self._set_untrained_warning(stages)
+        self._serving(stages)
         self.facts = dict(stages.facts(), source=self.source.description, budget_ms=cfg.runtime.budget_ms,
                           **self.source.facts())
         self.event("start", metrics=self._metrics_url(), telemetry=self._telemetry_source(),
@@ -151,9 +159,16 @@ class Runtime:
                                        camera_stats=source.drops if isinstance(source, CameraSet) else None)
             self.sinks.append(self.metrics)  # closed with the others, even if serving fails
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
-            self._describe_engine(self.stages)
         self.sinks.append(FrameLogSink(self.event, recorder, cfg.runtime.budget_ms, cfg.runtime.report_every))
         self.sinks.append(NotifySink(self.notifier, recorder))
+        self.sinks.append(WarningTag(self.log.extra))
+
+    def _parts(self) -> List[ServicePart]:
+        return [sink for sink in self.sinks if isinstance(sink, ServicePart)]
+
+    def _serving(self, stages: Stages) -> None:
+        for part in self._parts():
+            part.serving(stages)
 
     def _metrics_url(self) -> Optional[str]:
         """The start line's URL (an IPv6 address in brackets; "" is 0.0.0.0). A host beyond loopback gets the
@@ -164,27 +179,16 @@ class Runtime:
         if host not in ("127.0.0.1", "localhost", "::1"):
             self.event("metrics_exposed", level="warning", host=host, port=self.metrics_port,
                        note="listening beyond this machine: anyone who can reach it can read the metrics")
-        return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, self.metrics_port)
+        return metrics_url(host, self.metrics_port)
 
     def _telemetry_source(self) -> str:
         if self.telemetry is None:
             return "off"
         return "jtop" if self.telemetry.wants_jtop() else "linux"
 
-    def _set_untrained_warning(self, stages: Stages) -> None:
-        if stages.warning:
-            self.log.extra["warning"] = stages.warning
-        else:
-            self.log.extra.pop("warning", None)
-
     def _warn_stale_info(self, stages: Stages) -> None:
         for note in stages.notes:  # a stale model info is refused at load (edge.artifact.read_set)
             self.event("model_note", level="warning", model=stages.model_path, note=note)
-
-    def _describe_engine(self, stages: Stages) -> None:
-        if self.metrics is not None:
-            d = stages.description
-            self.metrics.set_engine(d.get("backend", "?"), d.get("precision", "?"), stages.model_path, stages.sha256)
 
     def _source_event(self, name: str, fields: Dict[str, Any]) -> None:
         """The source supervisor's faults, reconnects and timeouts: logged, and the outage told to systemd."""
@@ -202,6 +206,19 @@ class Runtime:
                             self.telemetry.latest() if self.telemetry is not None else None)
         out.update(self.source.figures())
         return out
+
+    def final_report(self, failure: Optional[Exception] = None) -> Dict[str, Any]:
+        """The report line, last, and systemd told why the loop ended; `failure`: the loop ends on it."""
+        if failure is not None:
+            self.ended_by = "too many errors"
+        report = dict(self.report(), ended_by=self.ended_by)
+        if failure is not None:
+            self.notifier.status("failed: {}".format(failure))
+        else:
+            self.notifier.stopping("stopping ({}): {} frames, {} misses".format(
+                self.ended_by, report["frames"], report["misses"]))
+        self.event("report", level="error" if failure is not None else "info", **report)
+        return report
 
     def close(self) -> None:
         if self._loading is not None:
@@ -333,7 +350,8 @@ class Runtime:
         pipeline.stages = stages  # the swap: one object, between two frames
         if isinstance(self.source, CameraSet):
             self.source.restage(stages)  # the batch sizes the new model takes
-        pipeline.max_consecutive_errors = new_cfg.runtime.max_consecutive_errors
+        for key, apply in APPLIERS.items():
+            apply(pipeline, lookup(new_cfg, key))
         try:
             old.close()
         except Exception as exc:
@@ -344,15 +362,14 @@ class Runtime:
 
     def _count_reload(self, outcome: str) -> None:
         self.reloads[outcome] += 1
-        if self.metrics is not None:
-            self.metrics.reloads.labels(outcome).inc()
+        for part in self._parts():
+            part.reload_done(outcome)
 
     def _apply(self, new_cfg: Config, stages: Stages, old: Stages, started: float) -> None:
         # the keys declared reloadable (edge/config.py) are applied; the other changed keys wait for a restart
         self.cfg, restart_needed = reloaded(self.cfg, new_cfg)
-        self._set_untrained_warning(stages)
+        self._serving(stages)
         self.facts = dict(self.facts, **stages.facts())
-        self._describe_engine(stages)
         self._count_reload("ok")
         self.event("reload", took_ms=round((time.monotonic() - started) * 1e3, 1), sha256=stages.sha256,
                    weights=stages.model_info.get("weights"), restart_needed=restart_needed,
