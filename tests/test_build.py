@@ -92,6 +92,7 @@ def test_build_installs_validated_qdq_model_with_manifest(built, digits):
     assert manifest["gate"]["looks"] == len(report["looks"]) == 1
     kernels = report["this_cpu_int8_kernels"]  # what this CPU's fused int8 kernels would serve, beside the verdict
     assert kernels["images"] == 32 and 0 <= kernels["top1_agreement"] <= 1 and kernels["max_relative_difference"] >= 0
+    assert kernels["served"] == "emulated" and isinstance(kernels["saturate"], bool)  # served as judged, any CPU
     assert [n for n in os.listdir(engines) if n.startswith(".")] == []
 
 

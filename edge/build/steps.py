@@ -236,7 +236,7 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     if not plan.fmt.engine:
         with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
             extra["this_cpu_int8_kernels"] = dict(kernel_distance(judged, fused, plan.regression, plan.cfg.preprocess),
-                                                  served="emulated" if int8_kernels_saturate() else "these kernels")
+                                                  saturate=int8_kernels_saturate(), served="emulated")
     write_report(plan.report_path, result, {"artifact": plan.artifact, "source": plan.source,
                                             "enforced": plan.gate_enforced, "evaluator": plan.fmt.evaluator,
                                             "accept_inconclusive": plan.accept_inconclusive, **extra})
