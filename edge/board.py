@@ -4,12 +4,15 @@ Every probe reads files or runs a command with a timeout and answers None/'unkno
 is safe off a Jetson. `root` arguments let tests point the probes at a fake filesystem.
 """
 
+import importlib
 import os
 import platform
 import re
 import socket
 import subprocess
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from edge.errors import first_line
 
 NV_TEGRA_RELEASE = "etc/nv_tegra_release"  # relative to `root`
 
@@ -43,13 +46,29 @@ def read_l4t(root: str = "/") -> Optional[str]:
     return text.strip().splitlines()[0][:80] if text.strip() else None
 
 
-def tensorrt_version() -> Optional[str]:
-    """The installed TensorRT's version, or None (a stub-only `tensorrt` package has none)."""
+MIN_TENSORRT = (8, 5)  # JetPack 5.1: the named-tensor API and execute_async_v3
+
+
+class TensorRTProbe(NamedTuple):
+    version: Optional[str]  # the installed runtime's; None when none imports (absent, broken, type stubs alone)
+    problem: Optional[str]  # None when jetson-edge can use it, else why not
+
+
+def tensorrt_probe() -> TensorRTProbe:
+    """The one TensorRT probe (backend selection, the runner, the engine build, `edge doctor`, the system's
+    identity). tensorrt-stubs alone import as a namespace package with no Runtime."""
     try:
-        import tensorrt
-    except ImportError:
-        return None
-    return getattr(tensorrt, "__version__", None) if hasattr(tensorrt, "Builder") else None
+        module = importlib.import_module("tensorrt")
+    except Exception as exc:  # a broken install raises anything from ImportError to OSError
+        return TensorRTProbe(None, "tensorrt not importable: {}".format(first_line(exc)))
+    if not hasattr(module, "Runtime"):
+        return TensorRTProbe(None, "tensorrt not importable: only type stubs are installed, no TensorRT runtime")
+    version = getattr(module, "__version__", None)
+    parts = (str(version or "0").split(".") + ["0"])[:2]
+    if tuple(int(p) if p.isdigit() else 0 for p in parts) < MIN_TENSORRT:
+        return TensorRTProbe(version, "tensorrt {}: jetson-edge needs TensorRT >= {}.{} (JetPack >= 5.1)".format(
+            version, *MIN_TENSORRT))
+    return TensorRTProbe(version, None)
 
 
 def gpu_identity() -> Dict[str, Any]:
@@ -95,7 +114,7 @@ def tegra_arch(root: str = "/") -> Optional[str]:
 def current_system(root: str = "/") -> Dict[str, Any]:
     """The running system's identity: what an engine is tied to (edge.artifact.ENGINE_SYSTEM_KEYS), L4T, the CPU
     runtime."""
-    trt = tensorrt_version()
+    trt = tensorrt_probe().version
     system: Dict[str, Any] = {"tensorrt": trt, "board": board_model(root)}
     system.update(gpu_identity() if trt else dict.fromkeys(("gpu", "compute_capability", "sm_count", "cuda")))
     system.update({"l4t": read_l4t(root), "onnxruntime": package_version("onnxruntime"), "machine": platform.machine()})
@@ -238,7 +257,8 @@ def system_info(clocks: Dict[str, Any]) -> Dict[str, Any]:
     info = {
         "hostname": socket.gethostname(), "platform": platform.platform(), "machine": platform.machine(),
         "python": platform.python_version(), "cpu_count": os.cpu_count() or 0,
-        "onnxruntime": package_version("onnxruntime"), "tensorrt": tensorrt_version(), "opencv": package_version("cv2"),
+        "onnxruntime": package_version("onnxruntime"), "tensorrt": tensorrt_probe().version,
+        "opencv": package_version("cv2"),
     }
     info.update(clocks)
     return info

@@ -1,4 +1,5 @@
-"""A source URI parsed once: its kind, its parts, and a form safe to show.
+"""A source URI parsed once into a resource (jetson-utils' videoSource URI: protocol, location, port, extension)
+that config validation, the sources' dispatch and the GStreamer pipelines all read, and a form safe to show.
 
 `parse_source` refuses anything that is not a well-formed URI for its kind (a GStreamer pipeline is built from
 the parts, so a space, `!` or quote would be pipeline syntax). The real URI is kept only to open the source;
@@ -6,6 +7,7 @@ everything shown or stored uses `SourceURI.shown`, and `redact` masks credential
 chokepoints (log lines, error lines, JSON files, HTTP pages) in case one got through another way.
 """
 
+import os
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -31,11 +33,12 @@ _SECRET_PARAM = re.compile(r"([?&;][^=&#\s\"']*(?:pass|pwd|token|key|secret|auth
 
 @dataclass(frozen=True)
 class SourceURI:
-    kind: str  # synthetic | path (a file or folder) | v4l2 | csi | rtsp
+    protocol: str  # synthetic | file (a file or folder) | v4l2 | csi | rtsp
     text: str  # the URI as given: only for opening the source, never shown
+    location: str = ""  # file: the path; v4l2: /dev/videoN; rtsp: the host
+    port: int = 0  # rtsp: the TCP port (554 when the URI names none)
     device: int = -1  # v4l2 and csi: the device or sensor number
-    host: str = ""  # rtsp
-    port: int = 0  # rtsp
+    extension: str = ""  # file: the name's extension, lower case with its dot ('' for none: a folder)
 
     @property
     def shown(self) -> str:
@@ -74,12 +77,14 @@ def parse_source(uri: str, field: str = FIELD) -> SourceURI:
         raise _refuse(uri, "control characters are not allowed", field)
     if uri == "synthetic":
         return SourceURI("synthetic", uri)
-    for prefix, kind in (("/dev/video", "v4l2"), ("v4l2://", "v4l2"), ("csi://", "csi")):
+    for prefix, protocol in (("/dev/video", "v4l2"), ("v4l2://", "v4l2"), ("csi://", "csi")):
         if uri.startswith(prefix):
-            return SourceURI(kind, uri, device=_number(uri, prefix, field))
+            device = _number(uri, prefix, field)
+            return SourceURI(protocol, uri, location="/dev/video{}".format(device) if protocol == "v4l2" else "",
+                             device=device)
     scheme = uri.split("://", 1)[0] if "://" in uri else None
     if scheme is None:
-        return SourceURI("path", uri)
+        return SourceURI("file", uri, location=uri, extension=os.path.splitext(uri)[1].lower())
     if scheme.lower() != "rtsp":
         raise _refuse(uri, "unsupported scheme (synthetic, FILE, FOLDER, /dev/videoN, v4l2://N, csi://N, rtsp://)",
                       field)
@@ -110,4 +115,4 @@ def _rtsp(uri: str, field: str) -> SourceURI:
         raise _refuse(uri, "the port must be a number from 1 to 65535", field) from None
     if not _HOST.match(parts.hostname or "") or port == 0:
         raise _refuse(uri, "expected rtsp://[user:password@]host[:port]/path", field)
-    return SourceURI("rtsp", uri, host=parts.hostname or "", port=port or 554)
+    return SourceURI("rtsp", uri, location=parts.hostname or "", port=port or 554)

@@ -20,7 +20,7 @@ import service_helpers as sh
 
 from edge.artifact import UNTRAINED_WARNING
 from edge.commands.demo_stream import FrameHub, OverlaySink
-from edge.commands.overlay import AMBER, GREEN, RED, draw_overlay
+from edge.commands.overlay import AMBER, GREEN, RED, draw_overlay, stats_of
 from edge.frame.pipeline import Result
 from edge.frame.postprocess import Prediction
 
@@ -53,6 +53,17 @@ def test_overlay_budget_box_is_green_within_budget_and_red_over_it():
     assert np.array_equal(frame, np.full_like(frame, 40))  # the pipeline's frame is not drawn on
     assert ok[:60, :100].mean() > frame[:60, :100].mean()  # white text in the top-left panel
     assert colour_pixels(ok, AMBER) == 0  # trained: no banner
+
+
+def test_overlay_and_stats_read_the_pipelines_verdict_never_a_second_one():
+    """The budget box and /stats.json say what the Result's status says (the latency recorder's miss), even where
+    the overlay's budget argument would judge the frame otherwise."""
+    frame = np.full((SIZE[1], SIZE[0], 3), 40, np.uint8)
+    for status, e2e, colour in (("miss", 12.0, RED), ("ok", 45.0, GREEN), ("error", 12.0, RED)):
+        result = make_result(e2e, frame, status)
+        box = draw_overlay(frame, result, 30.0, 29.5, trained=True)[:12, -30:]
+        assert colour_pixels(box, colour) > 200, status
+        assert stats_of(result, 30.0, 29.5)["within_budget"] is (status == "ok")
 
 
 def test_overlay_says_untrained():

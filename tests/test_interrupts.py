@@ -2,6 +2,7 @@
 import` or `edge build` is working leaves no temporary file or folder, keeps what was there, and ends with one
 line and 128 + the signal (the CLI turns both into an exception, so every cleanup runs)."""
 
+import ast
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import service_helpers as sh
 
+from edge import interrupts
 from edge.build.calibration import load_calibration_set
 
 from conftest import REPO
@@ -121,3 +123,53 @@ def test_a_signal_right_after_a_temporary_is_created_leaves_nothing(tmp_path, wh
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and proc.stderr == "write: terminated by SIGTERM\n", proc.stderr
     assert os.listdir(str(tmp_path)) == []
+
+
+def test_only_edge_interrupts_sets_signal_handlers():
+    """One owner of who answers which signal: every other module enters a phase of edge/interrupts.py."""
+    calls = {"signal", "getsignal", "pthread_sigmask", "set_wakeup_fd", "siginterrupt"}
+    found = []
+    for root, _, files in os.walk(os.path.join(REPO, "edge")):
+        for name in files:
+            path = os.path.join(root, name)
+            if not name.endswith(".py") or path == os.path.join(REPO, "edge", "interrupts.py"):
+                continue
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                handler_call = (isinstance(node, ast.Attribute) and node.attr in calls
+                                and isinstance(node.value, ast.Name) and node.value.id == "signal")
+                if handler_call or (isinstance(node, ast.ImportFrom) and node.module == "signal"):
+                    found.append("{}:{}".format(os.path.relpath(path, REPO), node.lineno))
+    assert found == []
+
+
+def test_every_phase_says_what_each_signal_does():
+    actions = {interrupts.RAISE, interrupts.IGNORE, interrupts.STOP, interrupts.RELOAD, interrupts.HOLD}
+    for name, row in interrupts.PHASES.items():
+        assert set(row) == set(interrupts.SIGNALS) and set(row.values()) <= actions, name
+    with pytest.raises(TypeError, match="stop"):  # the owner of a phase that stops must say how
+        interrupts.Phase("serving", reload=lambda signum: None)
+
+
+def test_a_held_signal_waits_for_the_end_of_its_phase_and_is_handed_to_its_owner():
+    before = [signal.getsignal(s) for s in interrupts.SIGNALS]
+    with interrupts.Phase("command"):
+        with interrupts.Phase("installing") as installing:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert sh.wait_until(lambda: installing.held, 30)
+        assert installing.held == [signal.SIGTERM]
+        with pytest.raises(interrupts.Terminated):  # after the hold, the command's own answer again
+            os.kill(os.getpid(), signal.SIGTERM)
+            sh.wait_until(lambda: False, 30)
+    assert [signal.getsignal(s) for s in interrupts.SIGNALS] == before
+
+
+def test_a_ctrl_c_the_process_was_started_to_ignore_stays_ignored_in_every_phase():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's
+    try:
+        for name in interrupts.PHASES:
+            owner = {a: (lambda signum: None) for a in (interrupts.STOP, interrupts.RELOAD)
+                     if a in interrupts.PHASES[name].values()}
+            with interrupts.Phase(name, **owner):
+                assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN, name
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -208,6 +208,18 @@ def test_an_opencv_without_gstreamer_uses_its_own_backends():
         usb.open()
 
 
+def test_the_uri_is_parsed_once_and_its_resource_reaches_the_camera_path(monkeypatch):
+    from edge.frame import sources
+
+    parsed, seen = [], []
+    real = sources.parse_source
+    monkeypatch.setattr(sources, "parse_source", lambda uri: parsed.append(uri) or real(uri))
+    monkeypatch.setattr(sources, "camera_capture", lambda resource, cfg: seen.append(resource))
+    open_capture(SourceConfig(uri="v4l2://57"))
+    assert parsed == ["v4l2://57"] and [(r.protocol, r.location, r.device) for r in seen] == [
+        ("v4l2", "/dev/video57", 57)]
+
+
 class HangingOpen(Capture):
     """A camera whose open() blocks in the driver until `release` is set (OpenCV's rtspsrc open can)."""
 

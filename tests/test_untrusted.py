@@ -32,7 +32,7 @@ HOSTILE_URIS = [
 ]
 GOOD_URIS = [("rtsp://cam.local/stream", "rtsp"), ("rtsp://admin:p%40ss%21@10.0.0.2:8554/s?ch=1&subtype=0", "rtsp"),
              ("rtsp://[::1]:8554/x", "rtsp"), ("csi://1", "csi"), ("/dev/video2", "v4l2"), ("v4l2://0", "v4l2"),
-             ("synthetic", "synthetic"), ("clips/a b!'.mp4", "path"), ("photos/", "path")]
+             ("synthetic", "synthetic"), ("clips/a b!'.MP4", "file"), ("photos/", "file")]
 
 
 @pytest.mark.parametrize("uri", HOSTILE_URIS)
@@ -44,10 +44,20 @@ def test_anything_but_a_well_formed_uri_is_refused_naming_source_uri(uri):
     assert "\n" not in line and "\x00" not in line and "\x1b" not in line and len(line) < 300
 
 
-@pytest.mark.parametrize("uri, kind", GOOD_URIS)
-def test_well_formed_uris_of_every_kind_are_kept(uri, kind):
+@pytest.mark.parametrize("uri, protocol", GOOD_URIS)
+def test_well_formed_uris_of_every_kind_are_kept(uri, protocol):
     parsed = parse_source(uri)
-    assert parsed.kind == kind and parsed.text == uri
+    assert parsed.protocol == protocol and parsed.text == uri
+
+
+@pytest.mark.parametrize("uri, parts", [
+    ("rtsp://u:p@10.0.0.2:8554/s", {"location": "10.0.0.2", "port": 8554}), ("rtsp://cam/s", {"port": 554}),
+    ("csi://1", {"device": 1}), ("/dev/video2", {"location": "/dev/video2", "device": 2}),
+    ("v4l2://0", {"location": "/dev/video0", "device": 0}),
+    ("clips/a.MP4", {"location": "clips/a.MP4", "extension": ".mp4"}), ("photos/", {"extension": ""})])
+def test_the_parsed_resource_has_the_parts_the_sources_open(uri, parts):
+    resource = parse_source(uri)
+    assert {name: getattr(resource, name) for name in parts} == parts
 
 
 def test_the_injection_is_refused_by_every_command_before_anything_runs(small_model, tmp_path):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 from edge.artifact import engine_expectations, info_path, is_current, read_set, sha256_file
-from edge.board import tensorrt_version
+from edge.board import tensorrt_probe
 from edge.build.artifacts import verify_onnx
 from edge.build.calibration import CalibrationSet, load_calibration_set
 from edge.build.gate import Infer, resolve_labels
@@ -163,7 +163,7 @@ def rebuild_command(cfg: Config, model: Optional[str], fmt: Format, *, calibrato
 def target_tensorrt(cfg: Config) -> Optional[str]:
     """The TensorRT version the build is for: build.target_tensorrt, else this machine's, else None (no limit
     beyond what ONNX Runtime's quantizer makes)."""
-    target = cfg.build.target_tensorrt or tensorrt_version()
+    target = cfg.build.target_tensorrt or tensorrt_probe().version
     if target:
         try:
             max_opset(target)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
+from edge.board import tensorrt_probe
 from edge.build.calibration import CalibrationSet
 from edge.build.placement import OP_TYPES, WEIGHTED, apply_placement
 from edge.build.qdq_rules import OPSET_MAX, OPSET_MIN, node_consumers, opset_of, validate_qdq
@@ -32,7 +33,6 @@ from edge.errors import EXIT_FAIL, EdgeError, first_line, require
 from edge.fileio import temp_dir
 from edge.frame.onnxruntime_backend import OFFLINE_THREADS, session_options
 from edge.frame.preprocess import CpuPreprocessor
-from edge.frame.select import tensorrt_unavailable
 
 METHODS = ("minmax", "entropy", "percentile")
 QUANTIZERS = ("onnxruntime", "modelopt")
@@ -269,7 +269,7 @@ def _modelopt() -> Any:
     except ImportError as exc:
         raise EdgeError("build.quantizer modelopt: {} (pip install 'jetson-edge[modelopt]', or scripts/bootstrap.sh "
                         "--dev)".format(first_line(exc))) from None
-    if trt_utils.TRT_PYTHON_AVAILABLE and tensorrt_unavailable() is not None:
+    if trt_utils.TRT_PYTHON_AVAILABLE and tensorrt_probe().problem is not None:
         trt_utils.TRT_PYTHON_AVAILABLE = False  # tensorrt-stubs alone: no TensorRT to probe for plugins
     return quantize
 

@@ -7,7 +7,8 @@
 A step is `Step(name, run)`, `run(plan, state, log)` reading and filling the `BuildState`. `run_steps` times
 each one and logs one line when it is done; a failure of any kind becomes one `StepFailed` line naming the
 step, after the undo actions committed steps registered, and staged files are removed. From the first
-`commit` step on, Ctrl-C is held back until the chain ends: an install is finished, never cut in half.
+`commit` step on, SIGINT/SIGTERM/SIGHUP are held back until the chain ends (edge.interrupts' "installing"
+phase): an install is finished, never cut in half, and the log says the signal came.
 
 The gate looks at the regression set once per build, at the model the calibration side chose (the float fallback
 decides on held-out calibration images), and is enforced unless the model is declared untrained (--untrained, or
@@ -19,7 +20,6 @@ the manifest and the log record.
 
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -45,6 +45,7 @@ from edge.build.gate import GateResult, enforce, evaluate, kernel_distance, reco
 from edge.build.plan import BuildPlan, Log, fused_runner, onnx_runner
 from edge.errors import EXIT_FAIL, EdgeError, require
 from edge.frame.qdq_emulation import int8_kernels_saturate
+from edge.interrupts import Phase
 
 EXIT_INTERRUPTED = 130
 
@@ -104,39 +105,15 @@ def _undo(state: BuildState, artifact: str) -> str:
     return "{}, {} unchanged".format(", ".join(reversed(done)) or "nothing installed", artifact)
 
 
-class _HeldInterrupts:
-    """SIGINT, SIGTERM and SIGHUP noted instead of raised while held (main thread only: signals are delivered
-    there)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.pending = False
-        self._previous: Any = None
-
-    def hold(self) -> None:
-        if self._previous is None and threading.current_thread() is threading.main_thread():
-            self._previous = [signal.signal(sig, self._note) for sig in self.SIGNALS]
-
-    def _note(self, *_: Any) -> None:
-        self.pending = True
-
-    def release(self) -> None:
-        if self._previous is not None:
-            for sig, previous in zip(self.SIGNALS, self._previous):
-                signal.signal(sig, previous)
-            self._previous = None
-
-
 def run_steps(steps: Sequence[Step], plan: BuildPlan, state: BuildState, log: Log, chain: str = "build",
               cleanup: Callable[[bool], None] = lambda failed: None) -> None:
     """Run `steps` in order; `cleanup(failed)` and the removal of staged files run whatever happens."""
-    held = _HeldInterrupts()
+    installing = Phase("installing")  # from the first commit step on, signals wait for the end
     failed = True
     try:
         for number, step in enumerate(steps, 1):
             if step.commit:
-                held.hold()
+                installing.begin()
             started = time.monotonic()
             try:
                 step.run(plan, state, log)
@@ -148,14 +125,16 @@ def run_steps(steps: Sequence[Step], plan: BuildPlan, state: BuildState, log: Lo
                                                              time.monotonic() - started))
         failed = False
     finally:
-        held.hold()  # cleaning up is not cut short either
+        installing.begin()  # cleaning up is not cut short either
         try:
             remove_quietly(state.staged)
             cleanup(failed)
         finally:
-            held.release()
-    if held.pending:
-        log("{}: Ctrl-C (or SIGTERM/SIGHUP) came after the install had begun; it was completed".format(chain))
+            installing.end()
+            if installing.held:
+                names = "/".join(signal.Signals(s).name for s in sorted(set(installing.held)))
+                log("{}: {} came during the undo and cleanup; held until they were done".format(chain, names) if failed
+                    else "{}: {} came after the install had begun; it was completed".format(chain, names))
 
 
 # --- the steps both chains share -----------------------------------------------------------------------------

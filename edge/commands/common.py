@@ -5,7 +5,6 @@ import errno
 import os
 import signal
 import sys
-import threading
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from edge import interrupts
@@ -43,25 +42,13 @@ def add_command(subparsers: Any, name: str, summary: str, description: Optional[
                 add_arguments: Callable[[argparse.ArgumentParser], None], func: Handler,
                 hangup_reloads: bool = False) -> argparse.ArgumentParser:
     """Register a subcommand whose flags come from `add_arguments` (shared with its scripts/ caller).
-    `hangup_reloads`: the command serves SIGHUP as a reload (its own handler, installed first thing)."""
+    `hangup_reloads`: the command serves SIGHUP as a reload (edge.interrupts' "reloading_command" phase, then its
+    own "serving" phase first thing)."""
     p = subparsers.add_parser(name, help=summary, description=description,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=func, hangup_reloads=hangup_reloads)
     return p
-
-
-_TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _handler(sig: int, args: argparse.Namespace) -> Any:
-    """`interrupts.terminate`, except: a reloading command's SIGHUP is ignored until the command's own handler is
-    in place (never fatal), and a Ctrl-C this process was started to ignore stays ignored."""
-    if sig == signal.SIGHUP and getattr(args, "hangup_reloads", False):
-        return signal.SIG_IGN
-    if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
-        return signal.SIG_IGN
-    return interrupts.terminate
 
 
 def _run(func: Handler, args: argparse.Namespace) -> int:
@@ -81,10 +68,10 @@ def execute(prog: str, func: Handler, args: argparse.Namespace) -> int:
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints escaped, never a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = [signal.signal(sig, _handler(sig, args)) for sig in _TERMINATING] if main_thread else []
+    phase = interrupts.Phase("reloading_command" if getattr(args, "hangup_reloads", False) else "command")
     interrupts.received.clear()
     try:
+        phase.begin()
         return _run(func, args)
     except EdgeError as exc:
         return _error(prog, str(exc), exc.exit_code)
@@ -100,8 +87,7 @@ def execute(prog: str, func: Handler, args: argparse.Namespace) -> int:
         print("{}: interrupted".format(prog), file=sys.stderr)
         return 130
     finally:
-        for sig, handler in zip(_TERMINATING, previous):
-            signal.signal(sig, handler)
+        phase.end()
 
 
 def _error(prog: str, message: str, code: int) -> int:

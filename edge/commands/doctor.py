@@ -23,7 +23,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from edge import __version__
 from edge.artifact import check_engine
-from edge.board import clock_state, gpu_identity, is_jetson, package_version
+from edge.board import clock_state, gpu_identity, is_jetson, package_version, tensorrt_probe
 from edge.commands.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, first_line
@@ -68,9 +68,7 @@ def check_python() -> Line:
 
 
 def check_tensorrt(needed: bool) -> Line:
-    from edge.frame.select import tensorrt_unavailable
-
-    problem = tensorrt_unavailable()
+    problem = tensorrt_probe().problem
     if problem is None:
         return "ok", "tensorrt", _version("tensorrt")
     return _not_ok(needed), "tensorrt", "{}: sudo apt install python3-libnvinfer, and a venv made with " \

@@ -16,7 +16,7 @@ from edge.board import is_jetson
 from edge.config import SourceConfig
 from edge.errors import EdgeError, require
 from edge.frame.capture import Capture, OpenCVCapture
-from edge.uri import SourceURI, parse_source
+from edge.uri import SourceURI
 
 APPSINK = "video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false"
 # RTP payload -> elementary stream; `auto` lets parsebin plug the depayloader and parser the stream needs.
@@ -100,7 +100,7 @@ class GStreamerCapture(OpenCVCapture):
 
     def open(self) -> None:
         cv2 = require("cv2")
-        if self.uri.kind == "rtsp":
+        if self.uri.protocol == "rtsp":
             _check_reachable(self.uri)
         for label, pipeline in self.candidates:
             cap = cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
@@ -120,9 +120,9 @@ def _check_reachable(uri: SourceURI, timeout_s: float = 1.0) -> None:
     """Refuse before GStreamer when the RTSP server does not accept connections: OpenCV (4.6) waits without a
     timeout for rtspsrc to start, and a refused connection racing that wait has been seen to hang it for good."""
     try:
-        socket.create_connection((uri.host, uri.port), timeout_s).close()
+        socket.create_connection((uri.location, uri.port), timeout_s).close()
     except OSError as exc:
-        raise EdgeError("{}: cannot reach {}:{} ({})".format(uri.shown, uri.host, uri.port,
+        raise EdgeError("{}: cannot reach {}:{} ({})".format(uri.shown, uri.location, uri.port,
                                                              exc.strerror or exc)) from None
 
 
@@ -154,26 +154,24 @@ def _has_gstreamer(cv2: Any) -> bool:
     return any("GStreamer" in line and "YES" in line for line in info.splitlines())
 
 
-def camera_capture(cfg: SourceConfig) -> Capture:
-    """csi://N, rtsp://, /dev/videoN, v4l2://N -> a Capture (not yet opened): GStreamer with the board's element
-    set when OpenCV has GStreamer, else OpenCV's own V4L2 and FFmpeg backends."""
+def camera_capture(uri: SourceURI, cfg: SourceConfig) -> Capture:
+    """`uri` (csi, rtsp or v4l2: `cfg.uri` parsed) -> a Capture (not yet opened): GStreamer with the board's
+    element set when OpenCV has GStreamer, else OpenCV's own V4L2 and FFmpeg backends."""
     cv2 = require("cv2")
-    uri, gst = parse_source(cfg.uri), _has_gstreamer(cv2)
+    gst = _has_gstreamer(cv2)
     elements = JETSON if is_jetson() else SOFTWARE
-    if uri.kind == "csi":
+    if uri.protocol == "csi":
         if not gst:
             raise EdgeError("source.uri {}: this OpenCV has no GStreamer (PyPI's opencv-python does not); "
                             "on a Jetson use JetPack's python3-opencv".format(uri.text))
         pipeline = csi_pipeline(uri.device, cfg.width, cfg.height, cfg.fps, elements)
         return GStreamerCapture(uri, [("NV12", pipeline)], elements, cfg.fps)
-    if uri.kind == "rtsp":
+    if uri.protocol == "rtsp":
         if not gst:  # OpenCV's FFmpeg backend: any codec, software decode, RTSP over TCP
             return OpenCVCapture(uri.text, cv2.CAP_FFMPEG, uri.shown)
         pipeline = rtsp_pipeline(uri.text, cfg.rtsp_codec, cfg.rtsp_tcp, elements)
         return GStreamerCapture(uri, [(cfg.rtsp_codec, pipeline)], elements)
-    if uri.kind != "v4l2":
-        raise EdgeError("source.uri: {!r} is not a camera or stream".format(uri.shown))
-    if not gst:
+    if not gst:  # v4l2
         return V4L2Capture(uri.device, uri.text, cv2.CAP_V4L2, cfg.width, cfg.height, cfg.fps)
-    pipelines = usb_pipelines("/dev/video{}".format(uri.device), cfg.width, cfg.height, cfg.fps, elements)
+    pipelines = usb_pipelines(uri.location, cfg.width, cfg.height, cfg.fps, elements)
     return GStreamerCapture(uri, pipelines, elements, cfg.fps)

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 from typing import Optional, Tuple
 
+from edge.board import tensorrt_probe
 from edge.config import Config
 from edge.errors import EdgeError, first_line
 
@@ -39,28 +40,9 @@ def cuda_unavailable() -> Optional[str]:
     return None if count > 0 else "no CUDA device"
 
 
-MIN_TENSORRT = (8, 5)  # JetPack 5.1: the named-tensor API and execute_async_v3
-
-
-def tensorrt_unavailable() -> Optional[str]:
-    """None if TensorRT >= 8.5 imports as a runtime, else why not: the one TensorRT probe (backend selection, the
-    runner, the engine build and `edge doctor`). tensorrt-stubs alone import as a namespace package with no
-    Runtime."""
-    try:
-        module = importlib.import_module("tensorrt")
-    except Exception as exc:  # a broken install raises anything from ImportError to OSError
-        return "tensorrt not importable: {}".format(first_line(exc))
-    if not hasattr(module, "Runtime"):
-        return "tensorrt not importable: only type stubs are installed, no TensorRT runtime"
-    version = str(getattr(module, "__version__", "0"))
-    if tuple(int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2]) < MIN_TENSORRT:
-        return "tensorrt {}: jetson-edge needs TensorRT >= {}.{} (JetPack >= 5.1)".format(version, *MIN_TENSORRT)
-    return None
-
-
 def gpu_unavailable() -> Optional[str]:
     """None if TensorRT, pycuda and a CUDA device are all present, else the first thing missing."""
-    return tensorrt_unavailable() or cuda_unavailable()
+    return tensorrt_probe().problem or cuda_unavailable()
 
 
 def select_devices(cfg: Config) -> Tuple[str, str, str]:

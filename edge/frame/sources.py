@@ -47,20 +47,21 @@ __all__ = ["IMAGE_EXTENSIONS", "Capture", "Frame", "SourceEnded",
 
 
 def open_capture(cfg: SourceConfig) -> Capture:
-    """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError."""
-    parsed = parse_source(cfg.uri)
-    uri = parsed.text
-    if parsed.kind == "synthetic":
+    """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError. The URI is parsed
+    here once; the camera path gets the resource."""
+    resource = parse_source(cfg.uri)
+    if resource.protocol == "synthetic":
         return SyntheticCapture(cfg.width, cfg.height, cfg.fps)
-    if parsed.kind != "path":
-        return camera_capture(cfg)
+    if resource.protocol != "file":
+        return camera_capture(resource, cfg)
+    uri = resource.location
     if os.path.isdir(uri):
         return ImageFolderCapture(uri, cfg.fps, cfg.loop)
     cv2 = require("cv2")
     if not os.path.isfile(uri):
         raise EdgeError("{}: {}".format(uri, "video file or image folder not found" if not os.path.lexists(uri) else
                                         "not a regular file or folder ({})".format(path_kind(uri))))
-    if uri.lower().endswith(IMAGE_EXTENSIONS):
+    if resource.extension in IMAGE_EXTENSIONS:
         raise EdgeError("{}: a single image is not a video source; put images in a folder".format(uri))
     return OpenCVCapture(uri, cv2.CAP_ANY, uri, fps=cfg.fps, loop=cfg.loop, is_file=True)
 

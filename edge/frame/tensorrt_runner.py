@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from edge.board import tensorrt_probe
 from edge.errors import EXIT_FAIL, EdgeError, require
 from edge.frame.cuda_session import CudaSession
-from edge.frame.select import tensorrt_unavailable
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -31,7 +31,7 @@ class TensorSpec(NamedTuple):
 
 def require_tensorrt() -> str:
     """TensorRT's version; a one-line EdgeError for type stubs alone, nothing, or a TensorRT before 8.5."""
-    problem = tensorrt_unavailable()
+    problem = tensorrt_probe().problem
     if problem is not None:
         raise EdgeError(problem + "; on a Jetson: apt install python3-libnvinfer (JetPack's TensorRT)")
     return str(require("tensorrt").__version__)

@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from edge import __version__
-from edge.board import board_model, read_l4t, tensorrt_version
+from edge.board import board_model, read_l4t, tensorrt_probe
 from edge.errors import EdgeError, require
 from edge.frame.pipeline import Result
 from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler, allowed_hosts
@@ -198,7 +198,7 @@ def build_labels() -> Dict[str, str]:
     the engine is tied to, so dashboards and alerts can group devices by them ("" when unknown)."""
     return {"version": __version__, "python": platform.python_version(),
             "release": os.environ.get("EDGE_RELEASE", ""), "board": board_model() or "",
-            "l4t": read_l4t() or "", "tensorrt": tensorrt_version() or ""}
+            "l4t": read_l4t() or "", "tensorrt": tensorrt_probe().version or ""}
 
 
 class MetricsSink(ServicePart):

@@ -5,44 +5,37 @@ config or loads a model, so a signal during start-up is noted, never fatal.
         ...                      # ... and the handlers it replaced are back afterwards
 """
 
-import signal
 import threading
 from types import TracebackType
-from typing import Any, Dict, Optional, Type
+from typing import Optional, Type
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+from edge.interrupts import Phase
 
 
 class StopFlag:
-    """SIGINT/SIGTERM (or `request(why)`) set `event`: the loop finishes the frame in hand, then reports.
-    SIGHUP sets `reload`: the loop swaps to the model the config now names, between two frames. Without `with`
-    nothing is installed and only `request()` stops (a command that keeps Python's own Ctrl-C)."""
+    """The "serving" phase of edge.interrupts: SIGINT/SIGTERM (or `request(why)`) set `event`: the loop finishes
+    the frame in hand, then reports. SIGHUP sets `reload`: the loop swaps to the model the config now names,
+    between two frames. Without `with` nothing is installed and only `request()` stops (a command that keeps
+    Python's own Ctrl-C)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.reload = threading.Event()
         self.signal: Optional[int] = None
         self.reason: Optional[str] = None
-        self._replaced: Dict[int, Any] = {}
+        self._phase = Phase("serving", stop=self._stop, reload=lambda _signum: self.reload.set())
 
     def __enter__(self) -> "StopFlag":
-        if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
-                self._replaced[sig] = signal.signal(sig, self._handle)
+        self._phase.begin()
         return self
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
-        for sig, previous in self._replaced.items():
-            signal.signal(sig, previous)
-        self._replaced.clear()
+        self._phase.end()
 
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if signum == signal.SIGHUP:
-            self.reload.set()
-        else:
-            self.signal = signum
-            self.request("signal {}".format(signum))
+    def _stop(self, signum: int) -> None:
+        self.signal = signum
+        self.request("signal {}".format(signum))
 
     def request(self, why: str) -> None:
         """Stop after the frame in hand; `why` becomes the report's `ended_by`."""

@@ -1,6 +1,8 @@
 """select_devices without a GPU (not marked jetson: runs everywhere). The probe is replaced where a test
 needs the GPU path to look available."""
 
+import sys
+
 import pytest
 
 from edge.config import load_config
@@ -48,3 +50,23 @@ def test_explicit_gpu_choice_that_cannot_work_raises(gpu_absent: None, overrides
     with pytest.raises(EdgeError, match=message) as info:
         select.select_devices(load_config(None, overrides))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("attrs, version, problem", [
+    ({"__version__": "10.3.0", "Runtime": object}, "10.3.0", None),
+    ({"__version__": "8.2.1", "Runtime": object}, "8.2.1", "needs TensorRT >= 8.5"),
+    ({}, None, "only type stubs are installed"),  # tensorrt-stubs alone: no Runtime, no version
+])
+def test_one_tensorrt_probe_answers_the_board_and_the_selection(monkeypatch: pytest.MonkeyPatch, attrs: dict,
+                                                                 version: str, problem: str) -> None:
+    import types
+
+    from edge import board
+
+    fake = types.ModuleType("tensorrt")
+    fake.__dict__.update(attrs)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    probe = board.tensorrt_probe()
+    assert probe.version == version and (probe.problem is None if problem is None else problem in probe.problem)
+    if problem is not None:
+        assert select.gpu_unavailable() == probe.problem

@@ -417,7 +417,7 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     (root / "proc" / "device-tree" / "model").write_bytes(b"NVIDIA Jetson AGX Orin Developer Kit\x00")
     (root / "etc").mkdir()
     (root / "etc" / "nv_tegra_release").write_text("# R36 (release), REVISION: 4.3, GCID: 1, BOARD: generic\n")
-    monkeypatch.setattr(board, "tensorrt_version", lambda: "10.3.0")
+    monkeypatch.setattr(board, "tensorrt_probe", lambda: board.TensorRTProbe("10.3.0", None))
     monkeypatch.setattr(board, "gpu_identity", lambda: {"gpu": "Orin", "compute_capability": "8.7", "sm_count": 16,
                                                         "cuda": "12.6"})
     built = board.current_system(str(root))
