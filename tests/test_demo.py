@@ -23,15 +23,11 @@ from edge.commands.overlay import AMBER, GREEN, RED, draw_overlay
 from edge.frame.pipeline import Result
 from edge.frame.postprocess import Prediction
 
-from conftest import REPO, assert_refused, run_edge, write_video
+from conftest import REPO, assert_refused, colour_pixels, run_edge, write_video
 
 SCRIPT = os.path.join(REPO, "scripts", "camera_demo.py")
 SIZE = (320, 240)
 SHOT = (900, 700)  # Chromium window (and screenshot) size
-
-
-def colour_pixels(image, bgr, tol=30):
-    return int(np.all(np.abs(image.astype(int) - np.array(bgr)) <= tol, axis=2).sum())
 
 
 def make_result(e2e_ms, image=None, status="ok"):
