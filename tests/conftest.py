@@ -1,5 +1,6 @@
 """Shared fixtures: a real exported MobileNetV3, tiny exported classifiers, a trained digits model, real video files
-written with OpenCV."""
+written with OpenCV; the run's file order; helpers for refusals, the CLI and images (service helpers:
+tests/service_helpers.py)."""
 
 import contextlib
 import fcntl

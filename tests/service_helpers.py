@@ -15,6 +15,8 @@ from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.sources import Capture, SyntheticCapture
 from edge.service.log import JsonLog
+from edge.service.loop import run
+from edge.service.signals import StopFlag
 
 
 class NotifyListener:
@@ -322,6 +324,14 @@ def stages_with(backend):
     def factory(cfg):
         return CpuPreprocessor(cfg.preprocess), backend, "test backend"
     return factory
+
+
+def run_in_thread(runtime):
+    """edge.service.loop.run(runtime) on a thread: (its StopFlag, the thread, a dict that gets the "report")."""
+    stop, outcome = StopFlag(), {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(runtime, stop)))
+    thread.start()
+    return stop, thread, outcome
 
 
 def wait_until(predicate, timeout=10.0, interval=0.02):

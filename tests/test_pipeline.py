@@ -112,7 +112,8 @@ def test_edge_run_on_a_video_file(small_model, video_file):
     assert lines[0]["event"] == "start" and lines[0]["backend"] == "onnxruntime"
     report = lines[-1]
     assert report["event"] == "report" and report["frames"] == 20
-    assert report["stages_ms"]["end_to_end"]["p99"] <= report["stages_ms"]["end_to_end"]["max"]
+    stages = report["stages_ms"]  # each frame's capture -> result contains its forward pass, which takes time
+    assert stages["end_to_end"]["p99"] >= stages["infer"]["p99"] > 0
     # random weights: every line says so, and so does the human report
     assert all("UNTRAINED" in line["warning"] for line in lines)
     assert "UNTRAINED WEIGHTS" in proc.stderr and "end_to_end" in proc.stderr
