@@ -1,4 +1,6 @@
-"""Helpers shared by the service tests: a real sd_notify listener, configs, injectable sources and backends."""
+"""Helpers shared by the service tests: a real sd_notify listener, free ports, a running process's JSON lines, config
+files, injectable sources and backends, the service loop on a thread. Each is defined here only (tests/test_static.py
+refuses a second definition)."""
 
 import json
 import os
