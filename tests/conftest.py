@@ -1,5 +1,6 @@
 """Shared fixtures: a real exported MobileNetV3, tiny exported classifiers, a trained digits model, real video files
-written with OpenCV."""
+written with OpenCV; the run's file order; helpers for refusals, the CLI and images (service helpers:
+tests/service_helpers.py)."""
 
 import contextlib
 import fcntl
@@ -70,11 +71,27 @@ def once_per_run(tmp_path_factory, name, make):
 
 # The files that take longest on a loaded 2-core machine, longest first (pytest --durations under
 # ../shared/tools/under_load.sh). pytest-xdist hands each worker a whole file, in this order (pytest.ini keeps it
-# from reordering): started first, no long file is left running alone at the end. Only the order depends on this.
+# from reordering): started first, no long file is left running alone at the end. Only the order depends on this;
+# a name here that is no test file stops the run (pytest_configure).
 LONGEST = ("test_rehearsal.py", "test_real_weights.py", "test_hostile.py", "test_gstreamer.py", "test_typecheck.py",
            "test_fleet_deploy.py", "test_rebuild.py", "test_export.py", "test_check.py", "test_calibration.py",
            "test_artifacts.py", "test_fallback.py", "test_build.py", "test_auto_method.py", "test_quantize.py",
            "test_gate.py")
+
+
+def schedule_problems(names, folder=HERE):
+    """What is wrong with a hand-kept list of test files like LONGEST: a name listed twice, or one that is no file
+    in `folder` (renamed or removed: it would silently fall out of the schedule)."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    return (["{} is listed twice".format(name) for name in twice]
+            + ["{} is no file in {}".format(name, folder) for name in names
+               if not os.path.isfile(os.path.join(folder, name))])
+
+
+def pytest_configure(config):
+    problems = schedule_problems(LONGEST)
+    if problems:
+        raise pytest.UsageError("tests/conftest.py LONGEST: " + "; ".join(problems))
 
 
 # fixture -> its folder in the run's shared folder, in the order the background maker makes them
@@ -150,6 +167,11 @@ def write_video(path, frames=30, size=(320, 240), fps=30.0):
         written.append(img)
     writer.release()
     return written
+
+
+def colour_pixels(image, bgr, tol=30):
+    """How many pixels of a BGR image are within `tol` of the colour `bgr` in every channel."""
+    return int(np.all(np.abs(image.astype(int) - np.array(bgr)) <= tol, axis=2).sum())
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""Helpers shared by the service tests: a real sd_notify listener, configs, injectable sources and backends."""
+"""Helpers shared by the service tests: a real sd_notify listener, free ports, a running process's JSON lines, config
+files, injectable sources and backends, the service loop on a thread. Each is defined here only (tests/test_static.py
+refuses a second definition)."""
 
 import json
 import os
@@ -15,6 +17,8 @@ from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
 from edge.frame.preprocess import CpuPreprocessor
 from edge.frame.sources import Capture, SyntheticCapture
 from edge.service.log import JsonLog
+from edge.service.loop import run
+from edge.service.signals import StopFlag
 
 
 class NotifyListener:
@@ -87,7 +91,49 @@ def json_lines(text):
     return out
 
 
+class JsonLines:
+    """The JSON lines a process prints on stdout (json_lines), read on a thread as they come; `wait_for` takes them
+    in order."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.records = []  # every JSON line so far
+        self.text = []  # every line so far, for failure messages
+        self.taken = 0  # how many records wait_for has gone past
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.text.append(line)
+            self.records.extend(json_lines(line))
+
+    def wait_for(self, match, timeout=30.0):
+        """The next record `match` accepts (an event name, or a predicate on the record), within `timeout` s; those
+        before it are passed over. Fails when the output ends (the process exited) or the time runs out."""
+        accepts = (lambda record: record.get("event") == match) if isinstance(match, str) else match
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = not self.thread.is_alive()  # read before the records: none can come after it
+            while self.taken < len(self.records):
+                self.taken += 1
+                if accepts(self.records[self.taken - 1]):
+                    return self.records[self.taken - 1]
+            if ended or time.monotonic() > deadline:
+                raise AssertionError("{} not seen: {}; last lines:\n{}{}".format(
+                    match if isinstance(match, str) else "the line waited for",
+                    "the output ended" if ended else "timed out after {} s".format(timeout),
+                    "".join(self.text[-20:])[-2000:], self._stderr()))
+            time.sleep(0.02)
+
+    def _stderr(self):
+        if self.proc.poll() is None or self.proc.stderr is None:
+            return ""
+        return "\nstderr:\n" + self.proc.stderr.read()[-2000:]
+
+
 def write_config(path, data):
+    """`data` written as YAML at `path` (a config file); returns the path."""
     with open(str(path), "w") as fh:
         yaml.safe_dump(data, fh)
     return str(path)
@@ -280,6 +326,14 @@ def stages_with(backend):
     def factory(cfg):
         return CpuPreprocessor(cfg.preprocess), backend, "test backend"
     return factory
+
+
+def run_in_thread(runtime):
+    """edge.service.loop.run(runtime) on a thread: (its StopFlag, the thread, a dict that gets the "report")."""
+    stop, outcome = StopFlag(), {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(runtime, stop)))
+    thread.start()
+    return stop, thread, outcome
 
 
 def wait_until(predicate, timeout=10.0, interval=0.02):

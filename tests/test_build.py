@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-import yaml
+from service_helpers import write_config
 
 from edge import artifact as artifact_files
 from edge.artifact import read_model_info
@@ -41,15 +41,14 @@ def cli(*argv):
 DIGITS_GATE = {"max_top1_drop_pp": 5.0}
 
 
-def write_config(folder, digits, model=None, **build):
-    cfg = {"model": {"path": model or digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
-           "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
-                          "method": "minmax", "engines_dir": os.path.join(str(folder), "engines"),
-                          "gate": DIGITS_GATE}, **build)}
-    path = os.path.join(str(folder), "edge.yaml")
-    with open(path, "w") as fh:
-        yaml.safe_dump(cfg, fh)
-    return path
+def digits_build_config(folder, digits, model=None, **build):
+    """folder/edge.yaml: a build of the digits model (or `model`) with its sets into folder/engines; `build` keys
+    replace those of the build section."""
+    return write_config(os.path.join(str(folder), "edge.yaml"), {
+        "model": {"path": model or digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
+        "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
+                       "method": "minmax", "engines_dir": os.path.join(str(folder), "engines"),
+                       "gate": DIGITS_GATE}, **build)})
 
 
 def snapshot(engines):
@@ -65,7 +64,7 @@ def snapshot(engines):
 @pytest.fixture(scope="module")
 def built(digits, tmp_path_factory):
     folder = tmp_path_factory.mktemp("build")
-    config = write_config(folder, digits)
+    config = digits_build_config(folder, digits)
     assert cli("build", "--config", config, "--no-progress") == 0
     return config, os.path.join(str(folder), "engines")
 
@@ -154,7 +153,7 @@ def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, s
     elif case == "too few images":
         argv += ["--calibration", small_set]
     elif case == "gate failure":  # the float fallback's search is tests/test_fallback.py's
-        argv = ["build", "--config", write_config(tmp_path, digits, engines_dir=engines, max_float_layers=0),
+        argv = ["build", "--config", digits_build_config(tmp_path, digits, engines_dir=engines, max_float_layers=0),
                 "--no-progress", "--calibration", digits.grey_calibration]
     elif case == "disk full":
         _disk_full(monkeypatch)
@@ -176,7 +175,7 @@ def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, s
 
 def test_inputs_are_checked_up_front_naming_the_field(digits, tmp_path):
     def refused(match, engine=False, calibrator=False, **overrides):
-        cfg = load_config(write_config(tmp_path, digits), overrides)
+        cfg = load_config(digits_build_config(tmp_path, digits), overrides)
         with pytest.raises(EdgeError, match=match):
             check_inputs(cfg, engine=engine, calibrator=calibrator)
 
@@ -230,19 +229,18 @@ def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
     info["sha256"] = sha256_file(newer)  # the model info of the edited model (a stale one is refused first)
     (tmp_path / "digits18.json").write_text(json.dumps(info))
     shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "digits18.labels.txt"))
-    cfg = load_config(write_config(tmp_path, digits), {"build.target_tensorrt": "8.5"})
+    cfg = load_config(digits_build_config(tmp_path, digits), {"build.target_tensorrt": "8.5"})
     with pytest.raises(EdgeError, match=r"digits18.onnx: opset 18, INT8 Q/DQ for TensorRT 8.5 needs 13-17"):
         check_inputs(cfg, newer)
-    plan = check_inputs(load_config(write_config(tmp_path, digits), {"build.target_tensorrt": "10.3"}), newer)
+    plan = check_inputs(load_config(digits_build_config(tmp_path, digits), {"build.target_tensorrt": "10.3"}), newer)
     assert plan.target_tensorrt == "10.3"
 
 
 def test_untrained_model_builds_with_gate_recorded_but_not_enforced(tiny_classifiers, tmp_path, capsys):
     engines = tmp_path / "engines"
-    config = tmp_path / "edge.yaml"
     shipped_regression = os.path.join(REPO, "calibration", "regression")
-    config.write_text(yaml.safe_dump({"model": {"path": tiny_classifiers[0]}, "build": {
-        "engines_dir": str(engines), "method": "minmax", "regression_dir": shipped_regression}}))
+    config = write_config(tmp_path / "edge.yaml", {"model": {"path": tiny_classifiers[0]}, "build": {
+        "engines_dir": str(engines), "method": "minmax", "regression_dir": shipped_regression}})
     assert cli("build", "--config", config, "--no-progress") == 0
     manifest = read_model_info(str(engines / "tiny0.int8.onnx"))
     assert manifest["trained"] is False and manifest["gate"]["enforced"] is False
@@ -259,7 +257,7 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_acce
         os.makedirs(str(raw / os.path.dirname(name)), exist_ok=True)
         shutil.copy(os.path.join(digits.regression, name), str(raw / name))
     twenty = import_calibration_set(str(raw), str(tmp_path / "twenty-set"), min_images=20, log=quiet).root
-    config = write_config(tmp_path, digits, regression_dir=twenty)
+    config = digits_build_config(tmp_path, digits, regression_dir=twenty)
     artifact = str(tmp_path / "engines" / "digits.int8.onnx")
     with pytest.raises(EdgeError, match="accuracy gate inconclusive, nothing installed: cannot tell: the drop is .* "
                                         "on 20 labelled images; deciding a 5 pp limit needs ~") as err:
@@ -285,11 +283,11 @@ def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_pat
     engines.mkdir()
     for ext in (".onnx", ".labels.txt", ".json"):
         shutil.copy(os.path.splitext(tiny_classifiers[0])[0] + ext, str(engines / ("m" + ext)))
-    config = tmp_path / "edge.yaml"
-    config.write_text(yaml.safe_dump({"model": {"path": str(engines / "m.int8.onnx")}, "source": {"uri": "synthetic"},
-                                      "build": {"engines_dir": str(engines), "calibration_dir": str(tmp_path / "cal"),
-                                                "regression_dir": os.path.join(REPO, "calibration", "regression")}}))
-    job = RebuildJob(load_config(str(config)), accept_inconclusive=True, stamp="x")
+    config = write_config(tmp_path / "edge.yaml", {
+        "model": {"path": str(engines / "m.int8.onnx")}, "source": {"uri": "synthetic"},
+        "build": {"engines_dir": str(engines), "calibration_dir": str(tmp_path / "cal"),
+                  "regression_dir": os.path.join(REPO, "calibration", "regression")}})
+    job = RebuildJob(load_config(config), accept_inconclusive=True, stamp="x")
     plan = preflight(job, engine=False, calibrator=False, log=quiet)
     assert plan.accept_inconclusive is True
     assert "inconclusive installs (--accept-inconclusive)" in format_plan(job, plan, "no reload")
@@ -301,7 +299,8 @@ def test_a_model_without_model_info_is_gated_and_untrained_must_be_declared(digi
     bare = str(tmp_path / "user.onnx")
     shutil.copyfile(digits.onnx, bare)
     shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "user.labels.txt"))
-    config = write_config(tmp_path, digits, model=bare, calibration_dir=digits.grey_calibration, max_float_layers=0)
+    config = digits_build_config(tmp_path, digits, model=bare, calibration_dir=digits.grey_calibration,
+                                 max_float_layers=0)
     artifact = str(tmp_path / "engines" / "user.int8.onnx")
     with pytest.raises(EdgeError, match="build failed at step 'gate': accuracy gate failed: "):
         cli("build", "--config", config, "--no-progress")
@@ -316,7 +315,7 @@ def test_rollback_restores_the_previous_build(built, digits, tmp_path):
     config, engines = built
     mine = str(tmp_path / "engines")
     shutil.copytree(engines, mine)
-    config = write_config(tmp_path, digits, engines_dir=mine)
+    config = digits_build_config(tmp_path, digits, engines_dir=mine)
     assert cli("build", "--config", config, "--method", "percentile", "--no-progress") == 0
     artifact = os.path.join(mine, "digits.int8.onnx")
     assert read_model_info(artifact)["calibration"]["method"] == "percentile"

@@ -176,14 +176,21 @@ def test_build_killed_during_its_install_never_pairs_an_artifact_with_other_labe
         assert debris(str(tmp_path / "engines")) == [], (kind, k)
 
 
-def test_calibrate_import_killed_at_any_moment_leaves_the_old_or_the_new_set(tmp_path):
-    images = sorted(f for f in os.listdir(os.path.join(REPO, "calibration", "default")) if f.endswith(".jpg"))
+def old_and_new_images(tmp_path):
+    """Two folders of shipped calibration images to import, tmp_path/raw-old (2) and tmp_path/raw-new (3 others)."""
+    shipped = os.path.join(REPO, "calibration", "default")
+    images = sorted(f for f in os.listdir(shipped) if f.endswith(".jpg"))
     raws = []
-    for name, chosen in (("a", images[:2]), ("b", images[2:5])):
+    for name, chosen in (("old", images[:2]), ("new", images[2:5])):
         raws.append(tmp_path / ("raw-" + name))
         raws[-1].mkdir()
         for image in chosen:
-            shutil.copy(os.path.join(REPO, "calibration", "default", image), str(raws[-1]))
+            shutil.copy(os.path.join(shipped, image), str(raws[-1]))
+    return raws
+
+
+def test_calibrate_import_killed_at_any_moment_leaves_the_old_or_the_new_set(tmp_path):
+    raws = old_and_new_images(tmp_path)
     out = str(tmp_path / "set")
     held = 0
     for no_exchange in ("0", "1"):  # RENAME_EXCHANGE, and a filesystem without it (two renames, an orphan restored)
@@ -242,13 +249,7 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
     from edge.build.rebuild import RebuildJob, recover_sets
     from edge.config import with_overrides
 
-    images = sorted(f for f in os.listdir(os.path.join(REPO, "calibration", "default")) if f.endswith(".jpg"))
-    raws = []
-    for n, chosen in (("old", images[:2]), ("new", images[2:5])):
-        raws.append(tmp_path / ("raw-" + n))
-        raws[-1].mkdir()
-        for image in chosen:
-            shutil.copy(os.path.join(REPO, "calibration", "default", image), str(raws[-1]))
+    raws = old_and_new_images(tmp_path)
     cal, staged = str(tmp_path / "cal"), str(tmp_path / "cal.rebuild-20261201T000000Z")
     job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
     artifact = str(tmp_path / "engines" / "m.int8.onnx")

@@ -93,11 +93,8 @@ def test_a_read_hung_in_the_driver_is_abandoned_and_a_fresh_capture_used(small_m
 def test_stop_is_served_quickly_while_the_source_is_down(small_model):
     sh.HangingCapture.instances = []
     cfg = sh.service_config(small_model, **{"source.timeout_s": 120.0})
-    stop = StopFlag()
     runtime = Runtime(cfg, log=sh.ListLog(), capture_factory=lambda source: sh.HangingCapture(good=20))
-    out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("report", run(runtime, stop)))
-    thread.start()
+    stop, thread, out = sh.run_in_thread(runtime)
     try:
         assert sh.wait_until(lambda: runtime.source is not None and runtime.source.stalled_for() > 0.3, 60)
         stop.request("test stop")

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -24,15 +23,11 @@ from edge.commands.overlay import AMBER, GREEN, RED, draw_overlay, stats_of
 from edge.frame.pipeline import Result
 from edge.frame.postprocess import Prediction
 
-from conftest import REPO, assert_refused, run_edge, write_video
+from conftest import REPO, assert_refused, colour_pixels, run_edge, write_video
 
 SCRIPT = os.path.join(REPO, "scripts", "camera_demo.py")
 SIZE = (320, 240)
 SHOT = (900, 700)  # Chromium window (and screenshot) size
-
-
-def colour_pixels(image, bgr, tol=30):
-    return int(np.all(np.abs(image.astype(int) - np.array(bgr)) <= tol, axis=2).sum())
 
 
 def make_result(e2e_ms, image=None, status="ok"):
@@ -89,12 +84,6 @@ def test_jpeg_is_encoded_only_when_someone_waits():
     assert hub.stats["within_budget"] is False
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_window_mode_without_gui_says_use_headless(small_model, video_file):
     import cv2
 
@@ -126,19 +115,8 @@ def running_demo(model, tmp_path):
     proc = subprocess.Popen([sys.executable, SCRIPT, "--model", model, "--source", str(video), "--headless",
                              "--port", "0", "--budget-ms", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    url = None
-    deadline = time.monotonic() + 60
-    while url is None and time.monotonic() < deadline and proc.poll() is None:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
-        if line.startswith("{") and json.loads(line)["event"] == "serving":
-            url = json.loads(line)["url"]
     try:
-        assert url is not None, "no 'serving' line: " + (proc.stderr.read() if proc.poll() is not None else "")
+        url = sh.JsonLines(proc).wait_for("serving", timeout=60)["url"]
         assert url.startswith("http://127.0.0.1:")
         yield url, raw, proc
     finally:
@@ -157,13 +135,11 @@ def demo(small_model, tmp_path):
 
 
 def wait_for_frames(url, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def framed():
         with urllib.request.urlopen(url + "stats.json", timeout=10) as resp:
-            if json.loads(resp.read())["frame"] > 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError("no frame within {} s".format(timeout))
+            return json.loads(resp.read())["frame"] > 0
+
+    assert sh.wait_until(framed, timeout, 0.1), "no frame within {} s".format(timeout)
 
 
 def read_mjpeg_frames(url, count, timeout=20):

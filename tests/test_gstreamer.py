@@ -12,17 +12,15 @@ and edge's dependencies installed a second time; a subprocess needs only the apt
 
 import json
 import os
-import queue
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import service_helpers as sh
 
 from conftest import REPO
 
@@ -59,18 +57,12 @@ def gst_worker():
     worker.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class RtspServer:
     """tests/rtsp_server.py in its own process: start(), drop() its clients, stop() it, start() it again."""
 
     def __init__(self, codec: str, width: int = 320, height: int = 240, fps: int = 30):
         self.args = ["--codec", codec, "--width", str(width), "--height", str(height), "--fps", str(fps)]
-        self.port = free_port()
+        self.port = sh.free_port()
         self.uri = "rtsp://127.0.0.1:{}/cam".format(self.port)
         self.proc = None
 
@@ -102,33 +94,12 @@ def server(request):
         srv.stop()
 
 
-class Lines:
-    """tests/gst_client.py COMMAND ARGS: the JSON lines it prints, collected by a thread."""
+class Lines(sh.JsonLines):
+    """tests/gst_client.py COMMAND ARGS: the JSON lines it prints."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, os.path.join(HERE, "gst_client.py")] + list(args),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV)
-        self.lines: "queue.Queue[dict]" = queue.Queue()
-        self.seen = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-
-    def wait_for(self, predicate, timeout: float = 15.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                assert self.proc.poll() is None, "the client process exited"
-                continue
-            self.seen.append(line)
-            if predicate(line):
-                return line
-        raise AssertionError("not seen within {} s; last lines: {}".format(timeout, self.seen[-5:]))
+        super().__init__(subprocess.Popen([SYSTEM_PYTHON, os.path.join(HERE, "gst_client.py")] + list(args),
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV))
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -167,7 +138,7 @@ class Client(Lines):
         return line
 
     def events(self, name: str) -> list:
-        return [x for x in self.seen if x.get("event") == name]
+        return [x for x in self.records if x.get("event") == name]
 
     def rss_kb(self) -> int:
         with open("/proc/{}/status".format(self.proc.pid)) as fh:
@@ -207,8 +178,8 @@ def test_rtsp_server_restart_resumes_frames_in_the_same_process(server, codec, r
     try:
         before = client.frames(10)
         srv.stop()
-        client.wait_for(lambda x: x.get("event") == "source_fault")
-        client.wait_for(lambda x: x.get("event") == "source_reconnect_failed")  # down: retried with backoff
+        client.wait_for("source_fault")
+        client.wait_for("source_reconnect_failed")  # down: retried with backoff
         restarted = time.monotonic()
         srv.start()
         after = client.frames(10)
@@ -288,10 +259,10 @@ def test_a_password_uri_opens_quoted_and_is_masked_in_what_the_capture_shows(gst
     try:
         client.frames(3)
         srv.drop()
-        client.wait_for(lambda x: x.get("event") == "source_reconnected")
+        client.wait_for("source_reconnected")
     finally:
         client.close()
-    assert client.seen and not [line for line in client.seen if PASSWORD in json.dumps(line)]
+    assert client.records and not [line for line in client.records if PASSWORD in json.dumps(line)]
 
 
 def _get(url: str) -> str:

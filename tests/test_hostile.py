@@ -12,7 +12,6 @@ import stat
 import struct
 import subprocess
 import sys
-import threading
 import time
 import zlib
 
@@ -438,30 +437,6 @@ def test_calibrate_import_skips_and_names_odd_files(tmp_path):
 
 # --- the running service: model file overwritten or removed, metrics host ------------------------------------
 
-class Reader:
-    """JSON lines of a running `edge run`, read on a thread."""
-
-    def __init__(self, proc):
-        self.records, self.proc = [], proc
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.records.append(json.loads(line))
-
-    def wait(self, predicate, timeout=30):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for record in list(self.records):
-                if predicate(record):
-                    return record
-            assert self.proc.poll() is None, self.proc.stderr.read()[-2000:]
-            time.sleep(0.05)
-        raise AssertionError("timed out; got {}".format([r["event"] for r in self.records]))
-
-
 def start_run(config):
     return subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", str(config)], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -480,18 +455,18 @@ def test_sighup_and_sigterm_after_the_served_model_is_overwritten_or_removed(sma
     model = sh.copy_model(small_model, tmp_path, "m")
     proc = start_run(service_yaml(tmp_path / "c.yaml", model))
     try:
-        out = Reader(proc)
-        out.wait(lambda r: r["event"] == "summary")
+        out = sh.JsonLines(proc)
+        out.wait_for("summary")
         with open(model, "r+b") as fh:  # overwritten in place: the running session never notices
             fh.write(b"\0garbage" * 64)
         proc.send_signal(signal.SIGHUP)
-        first = out.wait(lambda r: r["event"] == "reload_failed")
+        first = out.wait_for("reload_failed")
         assert first["still_serving"] == model
         os.remove(model)
         proc.send_signal(signal.SIGHUP)
-        out.wait(lambda r: r["event"] == "reload_failed" and r is not first)
+        out.wait_for("reload_failed")  # the next one: for the removed file
         frames = max(r["frames"] for r in out.records if r["event"] == "summary")
-        out.wait(lambda r: r["event"] == "summary" and r["frames"] > frames)  # still serving
+        out.wait_for(lambda r: r["event"] == "summary" and r["frames"] > frames)  # still serving
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)
         out.thread.join(timeout=5)
@@ -577,8 +552,8 @@ def test_demo_http_server_survives_rude_clients(small_model, tmp_path):
                             cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     idle = []
     try:
-        out = Reader(proc)
-        out.wait(lambda r: r["event"] == "serving", timeout=60)
+        out = sh.JsonLines(proc)
+        out.wait_for("serving", timeout=60)
         for i in range(60):  # leave early: mid-stream, or before the answer is written
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall("GET {} HTTP/1.1\r\nHost: x\r\n\r\n".format(("/stream.mjpg", "/frame.jpg", "/")[i % 3])

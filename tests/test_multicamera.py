@@ -7,8 +7,7 @@ import json
 import urllib.request
 
 import pytest
-import yaml
-from service_helpers import free_port
+from service_helpers import free_port, json_lines, write_config
 
 from edge.config import MAX_CAMERAS, load_config
 from edge.frame.capture import SyntheticCapture
@@ -24,23 +23,19 @@ NAMES = ("front", "left", "right")
 LOOSE_BUDGET_MS = 5000.0  # nothing expires on a loaded machine: what is served is decided by the batcher, not luck
 
 
-def write_config(tmp_path, model, **extra):
+def cameras_config(tmp_path, model, **sections):
+    """tmp_path/cameras.yaml: the three cameras NAMES on `model`; each of `sections` replaces that top-level value,
+    or, a dict, is merged into that section."""
     data = {"model": {"path": model}, "source": {"width": 320, "height": 240},
             "sources": [{"name": n} for n in NAMES],
             "runtime": {"budget_ms": LOOSE_BUDGET_MS, "warmup": 3}, "service": {"telemetry": {"enabled": False}}}
-    for key, value in extra.items():
+    for key, value in sections.items():
         data[key] = value if not isinstance(value, dict) else dict(data.get(key, {}), **value)
-    path = tmp_path / "cameras.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
-def json_lines(text):
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return write_config(tmp_path / "cameras.yaml", data)
 
 
 def test_edge_run_serves_three_cameras_from_one_model(tmp_path, dynamic_model):
-    config = write_config(tmp_path, dynamic_model, runtime={"report_every": 20})
+    config = cameras_config(tmp_path, dynamic_model, runtime={"report_every": 20})
     proc = run_edge("run", "--config", config, "--frames", 90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = json_lines(proc.stdout)
@@ -98,7 +93,7 @@ def run_cameras(config, factory=open_capture, frames=120, overrides=None):
 
 
 def test_a_camera_unplugged_mid_run_costs_the_others_nothing(tmp_path, dynamic_model):
-    config = write_config(tmp_path, dynamic_model, service={"reconnect_initial_s": 0.05, "reconnect_max_s": 0.1})
+    config = cameras_config(tmp_path, dynamic_model, service={"reconnect_initial_s": 0.05, "reconnect_max_s": 0.1})
     dies = {}
 
     def factory(cfg):
@@ -119,18 +114,18 @@ def test_a_camera_unplugged_mid_run_costs_the_others_nothing(tmp_path, dynamic_m
 
 
 def test_batching_off_and_a_batch_one_model_serve_one_frame_at_a_time(tmp_path, dynamic_model, tiny_classifiers):
-    config = write_config(tmp_path, dynamic_model, runtime={"batching": {"policy": "off"}})
+    config = cameras_config(tmp_path, dynamic_model, runtime={"batching": {"policy": "off"}})
     report, results, runtime = run_cameras(config, frames=60)
     assert {batch for _, batch, _ in results} == {1} and runtime.facts["max_batch"] == 1
     assert set(report["batches"]) == {"1"}
-    config = write_config(tmp_path, tiny_classifiers[0])  # static 1x3xHxW: batch 1 whatever the config says
+    config = cameras_config(tmp_path, tiny_classifiers[0])  # static 1x3xHxW: batch 1 whatever the config says
     report, results, runtime = run_cameras(config, frames=60)
     assert {batch for _, batch, _ in results} == {1} and runtime.facts["max_batch"] == 1
     assert {camera for camera, _, _ in results} == set(NAMES)
 
 
 def test_one_camera_in_sources_is_the_batch_one_path(tmp_path, dynamic_model):
-    config = write_config(tmp_path, dynamic_model, sources=[{"name": "only", "fps": 60.0}])
+    config = cameras_config(tmp_path, dynamic_model, sources=[{"name": "only", "fps": 60.0}])
     report, results, runtime = run_cameras(config, frames=30)
     assert "cameras" not in report and "max_batch" not in runtime.facts
     assert {(camera, batch) for camera, batch, _ in results} == {("", 1)}
@@ -138,7 +133,7 @@ def test_one_camera_in_sources_is_the_batch_one_path(tmp_path, dynamic_model):
 
 
 def test_metrics_have_a_camera_label_per_configured_camera(tmp_path, dynamic_model):
-    config = write_config(tmp_path, dynamic_model)
+    config = cameras_config(tmp_path, dynamic_model)
     scraped = {}
 
     class Scrape(Collect):
@@ -168,16 +163,14 @@ def test_metrics_have_a_camera_label_per_configured_camera(tmp_path, dynamic_mod
     ([{"name": "c{}".format(i)} for i in range(MAX_CAMERAS + 1)], ["sources", str(MAX_CAMERAS)]),
 ])
 def test_bad_cameras_are_refused_in_one_line(tmp_path, sources, names):
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"sources": sources}))
+    path = write_config(tmp_path / "bad.yaml", {"sources": sources})
     assert_refused(edge_here("run", "--config", path), str(path), *names)
 
 
 def test_cameras_take_the_source_section_for_what_they_leave_out(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"source": {"fps": 12.5, "width": 640},
-                                    "sources": [{"name": "a"}, {"name": "b", "fps": 25.0}]}))
-    a, b = load_config(str(path)).sources
+    path = write_config(tmp_path / "c.yaml", {"source": {"fps": 12.5, "width": 640},
+                                              "sources": [{"name": "a"}, {"name": "b", "fps": 25.0}]})
+    a, b = load_config(path).sources
     assert (a.fps, a.width, b.fps, b.width) == (12.5, 640, 25.0, 640)
 
 
@@ -185,7 +178,7 @@ def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
     from edge.commands.check import CheckOptions, run_check
 
     printed = []
-    config = write_config(tmp_path, dynamic_model)
+    config = cameras_config(tmp_path, dynamic_model)
     report = run_check(load_config(config), CheckOptions(frames=60, warmup=3, json=str(tmp_path / "check.json"),
                                                          plot=""), out=printed.append, warn=lambda line: None)
     assert set(report["cameras"]) == set(NAMES) and report["verdict"] == "pass"
@@ -203,7 +196,7 @@ def test_the_demo_shows_a_tile_per_camera(tmp_path, dynamic_model):
     from edge.commands.demo_stream import OverlaySink
 
     sink = OverlaySink(LOOSE_BUDGET_MS, trained=False)
-    cfg = load_config(write_config(tmp_path, dynamic_model), {"runtime.frames": 30})
+    cfg = load_config(cameras_config(tmp_path, dynamic_model), {"runtime.frames": 30})
     run(Runtime(cfg, [sink], JsonLog(stream=io.StringIO())))
     assert set(sink.tiles) == set(NAMES)
     assert sink.last.shape == (240, 320, 3)  # one camera's size: the stream costs what one camera's did
@@ -213,8 +206,8 @@ def test_the_demo_shows_a_tile_per_camera(tmp_path, dynamic_model):
 
 def test_a_reload_to_a_batch_one_model_serves_one_frame_at_a_time(tmp_path, dynamic_model, tiny_classifiers):
     wait = {"batching": {"max_wait_ms": 40.0}}  # longer than a frame period: every camera's next frame is waited for
-    cfg = load_config(write_config(tmp_path, dynamic_model, runtime=wait), {"runtime.frames": 0})
-    swapped = load_config(write_config(tmp_path, tiny_classifiers[0], runtime=wait), {"runtime.frames": 0})
+    cfg = load_config(cameras_config(tmp_path, dynamic_model, runtime=wait), {"runtime.frames": 0})
+    swapped = load_config(cameras_config(tmp_path, tiny_classifiers[0], runtime=wait), {"runtime.frames": 0})
     stop = StopFlag()
     served = ServedBy(stop, reload_at=60, stop_after=30)
     runtime = Runtime(cfg, [served], JsonLog(stream=io.StringIO()), reload_config=lambda: swapped)

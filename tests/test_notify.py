@@ -13,10 +13,8 @@ import service_helpers as sh
 from edge.frame.capture import SyntheticCapture
 from edge.frame.pipeline import Sink
 from edge.frame.stages import create_stages
-from edge.service.loop import run
 from edge.service.notify import Notifier
 from edge.service.runtime import Runtime
-from edge.service.signals import StopFlag
 
 from conftest import REPO
 
@@ -120,10 +118,7 @@ def test_watchdog_stops_while_inference_hangs_and_resumes_after(small_model, lis
     cfg = sh.service_config(small_model)
     log = sh.ListLog()
     runtime = Runtime(cfg, log=log, stages_factory=sh.stages_with(backend))
-    stop = StopFlag()
-    outcome = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(runtime, stop)))
-    thread.start()
+    stop, thread, outcome = sh.run_in_thread(runtime)
     try:
         ready_at, _ = listener.wait_for("READY")
         first_ping, _ = listener.wait_for("WATCHDOG", after=ready_at)
@@ -176,11 +171,7 @@ def runtime_in_thread(cfg, stages_factory=None, reload_config=None):
     runtime = Runtime(cfg, sinks=[served], log=sh.ListLog(), stages_factory=stages_factory,
                       reload_config=reload_config)
     holder.append(runtime)
-    stop = StopFlag()
-    outcome = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(runtime, stop)))
-    thread.start()
-    return runtime, served, stop, thread, outcome
+    return (runtime, served) + sh.run_in_thread(runtime)
 
 
 def test_reloads_in_a_row_never_starve_the_watchdog(small_model, listener, monkeypatch):
@@ -267,10 +258,7 @@ def test_under_systemd_a_camera_absent_at_start_is_waited_for_not_fatal(small_mo
     present = threading.Event()
     cfg = sh.service_config(small_model, **{"source.start_timeout_s": 0.5, "source.timeout_s": 0.2})
     runtime = Runtime(cfg, log=sh.ListLog(), capture_factory=lambda _: LateCamera(present))
-    stop = StopFlag()
-    outcome = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("report", run(runtime, stop)))
-    thread.start()
+    stop, thread, outcome = sh.run_in_thread(runtime)
     try:
         ready_at, _ = listener.wait_for("READY")
         assert sh.wait_until(lambda: runtime.log.events("source_start_timeout"), 30)

@@ -1,12 +1,12 @@
 """The batch-1 pipeline and `edge run` end to end on a real ONNX Runtime session and real video files."""
 
-import json
 import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from service_helpers import JsonLines, json_lines, write_config
 
 from edge.artifact import labels_path
 from edge.config import SourceConfig, load_config
@@ -20,10 +20,6 @@ from edge.frame.sources import SourceEnded, open_capture
 from edge.frame.stages import Stages
 
 from conftest import REPO, run_edge
-
-
-def json_lines(text):
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def test_topk_matches_numpy_softmax():
@@ -116,7 +112,8 @@ def test_edge_run_on_a_video_file(small_model, video_file):
     assert lines[0]["event"] == "start" and lines[0]["backend"] == "onnxruntime"
     report = lines[-1]
     assert report["event"] == "report" and report["frames"] == 20
-    assert report["stages_ms"]["end_to_end"]["p99"] <= report["stages_ms"]["end_to_end"]["max"]
+    stages = report["stages_ms"]  # each frame's capture -> result contains its forward pass, which takes time
+    assert stages["end_to_end"]["p99"] >= stages["infer"]["p99"] > 0
     # random weights: every line says so, and so does the human report
     assert all("UNTRAINED" in line["warning"] for line in lines)
     assert "UNTRAINED WEIGHTS" in proc.stderr and "end_to_end" in proc.stderr
@@ -131,21 +128,19 @@ def test_edge_run_auto_falls_back_to_cpu_and_says_why(small_model, video_file):
 
 
 def test_sigint_finishes_with_a_report(small_model, tmp_path):
-    import service_helpers as sh
-
-    config = sh.write_config(tmp_path / "run.yaml", {
+    config = write_config(tmp_path / "run.yaml", {
         "model": {"path": small_model}, "source": {"uri": "synthetic"}, "backend": {"kind": "onnxruntime"},
         "preprocess": {"device": "cpu"}, "runtime": {"report_every": 1, "warmup": 1}})
     proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for line in proc.stdout:  # until a timed frame is through (a summary line per frame)
-            if json.loads(line)["event"] == "summary":
-                break
+        out = JsonLines(proc)
+        out.wait_for("summary", timeout=60)  # a timed frame is through (a summary line per frame)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        proc.wait(60)
+        out.thread.join(10)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err
-    report = json_lines(out)[-1]
+    assert proc.returncode == 0, proc.stderr.read()
+    report = out.records[-1]
     assert report["event"] == "report" and report["ended_by"] == "signal 2" and report["frames"] > 0

@@ -68,9 +68,16 @@ def test_constant_frame_gives_exact_normalised_value():
 
 
 def test_weights_rows_sum_to_one():
+    import torch
+    import torchvision.transforms.functional as F
+
+    # one axis of a 1280-wide frame resized to 455 and cropped to 224 from 116
     matrix, first = axis_weights(224, 116, 1280 / 455, 1280)
     assert np.allclose(matrix.sum(axis=1), 1.0, atol=1e-6)
-    assert first >= 0
+    # the source window [first, first + span) is where those 224 samples come from: torchvision's resize and crop
+    line = np.random.default_rng(0).random(1280)
+    expected = F.resize(torch.from_numpy(line).reshape(1, 1, -1), [1, 455], antialias=True)[0, 0, 116:116 + 224]
+    assert np.allclose(matrix @ line[first:first + matrix.shape[1]], expected.numpy(), atol=1e-5)
 
 
 def test_rejects_wrong_frames():

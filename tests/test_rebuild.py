@@ -7,14 +7,11 @@ import glob
 import hashlib
 import json
 import os
-import queue
 import shutil
 import signal
 import stat
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -97,7 +94,7 @@ def ws(workspace, regression_set, tmp_path):
               "build": {"calibration_dir": "cal/current", "regression_dir": regression_set, "engines_dir": "engines",
                         "min_images": 8, "method": "minmax"},
               "service": {"telemetry": {"enabled": False}, "metrics": {"enabled": True, "port": sh.free_port()}}}
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
+    sh.write_config(tmp_path / "cfg.yaml", config)
     return tmp_path
 
 
@@ -154,29 +151,6 @@ def test_reload_target_is_checked_before_any_work(ws, capsys, monkeypatch):
     assert tree(ws, "") == before
 
 
-class Lines:
-    """A process's stdout read in a thread, so the test can wait for a given JSON line."""
-
-    def __init__(self, stream):
-        self.q = queue.Queue()
-        self.seen = []
-        threading.Thread(target=lambda: [self.q.put(line) for line in stream], daemon=True).start()
-
-    def wait_for(self, event, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.q.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            self.seen.append(line)
-            if line.startswith("{"):
-                record = json.loads(line)
-                if record["event"] == event:
-                    return record
-        raise AssertionError("no '{}' line within {} s; saw: {}".format(event, timeout, "".join(self.seen)[-2000:]))
-
-
 @contextlib.contextmanager
 def daemon(ws, **model):
     """A real `edge run` on the workspace's config (`model` keys changed); yields (process, its stdout lines) once it
@@ -186,12 +160,12 @@ def daemon(ws, **model):
     # two frames a second (well within source.timeout_s) instead of 30: each costs CPU for as long as the rebuild
     # runs, and nothing asserted depends on the frame rate
     cfg["source"]["fps"] = 2
-    (ws / "daemon.yaml").write_text(yaml.safe_dump(cfg))
+    sh.write_config(ws / "daemon.yaml", cfg)
     service = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", "daemon.yaml"], cwd=str(ws),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out = Lines(service.stdout)
-        out.wait_for("start")
+        out = sh.JsonLines(service)
+        out.wait_for("start", timeout=60)
         yield service, out
     finally:
         if service.poll() is None:
@@ -275,7 +249,7 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
         cfg = yaml.safe_load((ws / "cfg.yaml").read_text())
         cfg["build"]["gate"] = {"min_agreement": 1.0, "min_mean_cosine": 1.0}
         cfg["build"]["max_float_layers"] = 0  # the float-layer search is tests/test_fallback.py's
-        (ws / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+        sh.write_config(ws / "cfg.yaml", cfg)
     elif why == "impossible budget":
         args += ["--budget-ms", 0.001]
     elif why == "the service reports its reload failed":  # its labels file is gone when it reloads

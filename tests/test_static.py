@@ -1,5 +1,6 @@
-"""Static checks CI runs with the tests: Python 3.8 compatibility (no 3.8 interpreter here), lint, and the list of
-tests whose premise could differ between machines (tests/premises.py)."""
+"""Static checks CI runs with the tests: Python 3.8 compatibility (no 3.8 interpreter here), lint, the list of
+tests whose premise could differ between machines (tests/premises.py), one definition of each shared test helper,
+and the schedule's file names."""
 
 import ast
 import glob
@@ -8,7 +9,7 @@ import subprocess
 import sys
 
 import premises
-from conftest import REPO
+from conftest import HERE, REPO, schedule_problems
 
 
 def test_source_is_python38_compatible():
@@ -56,3 +57,29 @@ def test_every_test_with_a_machine_dependent_premise_says_how_it_holds_everywher
         files = {t.split("::")[0] for t in tests}
         stale = [k for k in listed if k not in tests and not (k.endswith("::*") and k.split("::")[0] in files)]
         assert not stale, "tests/premises.py {}: no such test of that kind: {}".format(kind, stale)
+
+
+def test_a_schedule_naming_a_missing_or_repeated_file_is_refused():
+    assert schedule_problems(("test_static.py", "test_gone.py", "test_static.py")) == [
+        "test_static.py is listed twice", "test_gone.py is no file in " + HERE]
+
+
+SHARED_HELPERS = ("conftest.py", "service_helpers.py")
+
+
+def _defined(path, top_level_only):
+    tree = ast.parse(open(path).read())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    return {n.name.lstrip("_") for n in nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_shared_helpers_are_defined_once():
+    """A test file that defines its own free_port, json_lines, write_config, wait_until ... (or _free_port) has a
+    second copy of a helper that tests/conftest.py or tests/service_helpers.py owns: import that one."""
+    shared = {name: module for module in SHARED_HELPERS for name in _defined(os.path.join(HERE, module), True)
+              if not name.startswith("pytest_")}  # hooks: each conftest.py has its own
+    again = ["{} defines {} ({} has it)".format(os.path.relpath(path, HERE), name, shared[name])
+             for path in sorted(glob.glob(os.path.join(HERE, "**", "*.py"), recursive=True))
+             if os.path.basename(path) not in SHARED_HELPERS
+             for name in sorted(_defined(path, False) & set(shared))]
+    assert not again, again

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import service_helpers as sh
 import service_jtop as sj
 from prometheus_client import generate_latest
 
@@ -97,13 +98,15 @@ def test_no_jtop_service_is_degraded_retried_with_backoff_and_never_fatal(tmp_pa
     started = time.monotonic()
     telemetry.start()
     try:
-        assert telemetry.latest().degraded is not None
-        assert sj_wait(lambda: len(telemetry.retry_delays) >= 3, 60), telemetry.attempts  # 3 failed attempts
+        assert sh.wait_until(lambda: telemetry.latest().source != "none", 30), telemetry.latest()
+        first = telemetry.latest()  # the first sample already says why jtop is not read: no healthy-looking gap
+        assert sh.wait_until(lambda: len(telemetry.retry_delays) >= 3, 60), telemetry.attempts  # 3 failed attempts
         elapsed = time.monotonic() - started
         snap = telemetry.latest()
     finally:
         telemetry.stop()
-    assert snap.source == "linux" and "not active" in snap.degraded  # jtop's own words
+    assert first.source == "linux" and str(first.degraded).startswith("jtop: "), first
+    assert snap.source == "linux" and snap.degraded == first.degraded and "not active" in snap.degraded  # jtop's own
     assert snap.ram_fraction is not None  # the Linux reader filled in meanwhile
     delays = telemetry.retry_delays
     # backoff (0.05, 0.1, then every 0.2 s), not a retry on every 50 ms sample
@@ -148,15 +151,6 @@ def test_latest_never_waits_for_a_slow_sample():
     finally:
         release.set()
         telemetry.stop()
-
-
-def sj_wait(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # -- the real jtop service (jetson-stats, testing mode) ---------------------------------------------------
@@ -233,17 +227,14 @@ def test_service_restart_degrades_then_recovers(jtop_service):
                           log=lambda event, **f: logged.append((event, f)))
     telemetry.start()
     try:
-        assert sj_wait(lambda: telemetry.latest().source == "jtop"), telemetry.latest()
+        assert sh.wait_until(lambda: telemetry.latest().source == "jtop"), telemetry.latest()
         jtop_service.stop()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and telemetry.latest().degraded is None:
-            time.sleep(0.05)
+        sh.wait_until(lambda: telemetry.latest().degraded is not None, 10)
         down = telemetry.latest()
         assert down.source == "linux" and down.degraded, "stopping the service did not degrade telemetry"
         jtop_service.start()
-        deadline = time.monotonic() + 30  # the restarted service can take a while on a loaded 2-core machine
-        while time.monotonic() < deadline and telemetry.latest().source != "jtop":
-            time.sleep(0.05)
+        # the restarted service can take a while on a loaded 2-core machine
+        sh.wait_until(lambda: telemetry.latest().source == "jtop", 30)
         up = telemetry.latest()
     finally:
         telemetry.stop()

@@ -7,11 +7,10 @@ nothing listens (an offline device)."""
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
-import yaml
+from service_helpers import free_port, write_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -19,13 +18,6 @@ SITE = os.path.join(REPO, "deploy", "ansible", "site.yml")
 STATE = "var/lib/jetson-edge"
 BOARDS = {"orin": ("NVIDIA Jetson Orin Nano Developer Kit", "# R36 (release), REVISION: 4.0, BOARD: generic"),
           "xavier": ("NVIDIA Jetson Xavier NX Developer Kit", "# R35 (release), REVISION: 6.0, BOARD: t186ref")}
-
-
-def free_port():
-    """A local TCP port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_wheel(out):
@@ -97,19 +89,14 @@ class Fleet:
         if offline:
             hosts[offline] = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": free_port(),
                               "ansible_ssh_common_args": "-o ConnectTimeout=5 -o StrictHostKeyChecking=no"}
-        path = os.path.join(self.base, "inventory.yml")
-        with open(path, "w") as fh:
-            yaml.safe_dump({"jetsons": {"hosts": hosts}}, fh)
-        return path
+        return write_config(os.path.join(self.base, "inventory.yml"), {"jetsons": {"hosts": hosts}})
 
     def command(self, release, *args, offline=None, forks=10, **extra):
         """The ansible-playbook command line and environment for `release`; extra keyword arguments are
         jetson_edge_* variables."""
         extra_vars = dict(self.common, jetson_edge_release=release,
                           **{"jetson_edge_" + k: v for k, v in extra.items()})
-        vars_file = os.path.join(self.base, "vars-{}.yml".format(os.getpid()))
-        with open(vars_file, "w") as fh:
-            yaml.safe_dump(extra_vars, fh)
+        vars_file = write_config(os.path.join(self.base, "vars-{}.yml".format(os.getpid())), extra_vars)
         playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=os.path.join(self.base, "tmp"),
                    ANSIBLE_REMOTE_TMP=os.path.join(self.base, "tmp"), ANSIBLE_HOST_KEY_CHECKING="False",
