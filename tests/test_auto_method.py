@@ -5,7 +5,7 @@ import os
 
 import onnx
 import pytest
-from test_build import cli, write_config
+from test_build import cli, digits_build_config
 
 from edge.artifact import read_model_info
 from edge.build import auto_method
@@ -73,7 +73,7 @@ def test_when_every_method_fails_the_first_error_is_the_build_error(digits, tmp_
 
 def test_the_build_records_what_auto_chose(digits, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(auto_method, "CANDIDATES", CHEAP)
-    assert cli("build", "--config", write_config(tmp_path, digits, method="auto"), "--no-progress") == 0
+    assert cli("build", "--config", digits_build_config(tmp_path, digits, method="auto"), "--no-progress") == 0
     manifest = read_model_info(str(tmp_path / "engines" / "digits.int8.onnx"))
     quantize = manifest["build"]["quantize"]
     assert manifest["calibration"]["method"] == "auto"  # what the config asked: a rebuild compares this

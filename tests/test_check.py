@@ -95,7 +95,8 @@ def test_report_figures_are_those_of_every_timed_frame(small_model, video_file, 
     cfg = load_config(None, {"model.path": small_model, "source.uri": video_file, "source.fps": 200,
                              "runtime.warmup": 3, "runtime.latency_window": 8, "service.telemetry.enabled": False,
                              **{"backend." + key: value for key, value in sh.QUIET_ORT.items()}})
-    report = check.run_check(cfg, 20, out=lambda line: None, warn=lambda line: None)
+    report = check.run_check(cfg, check.CheckOptions(frames=20, warmup=3, json="", plot=""), out=lambda line: None,
+                             warn=lambda line: None)
     series = kept[0]
     assert report["frames"] == series.count == 20
     for name in STAGES:
