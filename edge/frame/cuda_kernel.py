@@ -17,6 +17,7 @@ temporary files go to a private folder inside the output folder, so an unwritabl
 message is kept in the error.
 """
 
+import functools
 import glob
 import hashlib
 import json
@@ -43,7 +44,9 @@ class KernelUnavailable(EdgeError):
     """No kernel binary loads on this GPU (exit 2 when preprocess.device is cuda; `auto` uses the CPU)."""
 
 
+@functools.lru_cache(maxsize=1)
 def source_sha256() -> str:
+    """Of the shipped kernel sources: read once per process (they ship with the package and never change under it)."""
     digest = hashlib.sha256()
     for name in SOURCES:
         with open(os.path.join(CUDA_DIR, name), "rb") as fh:
