@@ -28,9 +28,15 @@ def small_frames(tmp_path):
     return str(path)
 
 
-def test_sweep_writes_json_csv_and_png_with_goodput_within_the_offered_load(tmp_path, dynamic_model, small_frames):
+def test_sweep_writes_json_csv_and_png_with_goodput_within_the_offered_load(tmp_path, dynamic_model):
     out = {k: str(tmp_path / ("sweep." + k)) for k in ("json", "csv", "png")}
-    proc = run_edge("sweep", "--config", small_frames, "--model", dynamic_model, "--batch", "1,2,4", "--streams",
+    # batches form by construction on any machine, however loaded: no batch's cost nears a 1 s budget, and a
+    # 40 ms wait (longer than a 30 fps frame period) lets every live camera's next frame join
+    config = tmp_path / "batching.yaml"
+    config.write_text(yaml.safe_dump({"source": {"width": 320, "height": 240},
+                                      "runtime": {"budget_ms": 1000.0, "batching": {"max_wait_ms": 40.0}},
+                                      "service": {"telemetry": {"enabled": False}}}))
+    proc = run_edge("sweep", "--config", str(config), "--model", dynamic_model, "--batch", "1,2,4", "--streams",
                     "1,2,4", "--duration", 3, "--max-windows", 3, "--json", out["json"], "--csv", out["csv"],
                     "--plot", out["png"], timeout=600)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]  # the knee depends on this machine: either is a verdict
@@ -86,6 +92,13 @@ def test_the_knee_is_the_most_goodput_within_the_budgets():
     assert len(report["left_out"]) == 3
     none = build_report([cell(8, 4, 240, 45)], {"budget_ms": 30.0, "drop_budget_pct": 0.1}, {}, {})
     assert none["verdict"] == "fail" and none["knee"] is None
+
+
+def test_a_batch_cut_by_a_window_edge_counts_as_one_batch():
+    """Frames of size-2 batches, 201 recorded (the window's edge cut one batch): 101 batches, mean under 2."""
+    cell = cell_figures([window(60, 10, frames=201)], streams=2, batch=2, fps=30.0, budget_ms=30.0, stable=True,
+                        all_windows=1)
+    assert cell["batch_hist"] == {2: 101} and cell["mean_batch"] == round(201 / 101, 3) <= 2
 
 
 def test_compare_flags_a_cell_that_got_worse():
