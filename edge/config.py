@@ -40,8 +40,8 @@ class SourceConfig:
     loop: bool = setting(True, "restart files and folders at the end")
     timeout_s: float = setting(2.0, "no new frame for this long is a source fault", low=0.01, high=3600.0)
     start_timeout_s: float = setting(10.0, "no first frame this long after start (or timeout_s if longer): the "
-                                     "source is dead, exit 2 (a camera slow to stream wants more)", low=0.1,
-                                     high=3600.0)
+                                     "source is dead, exit 2 (a camera slow to stream wants more); also how long "
+                                     "an open may take before it counts as hung", low=0.1, high=3600.0)
     rtsp_codec: str = setting("auto", "rtsp:// decoder (auto: any codec the stream has)",
                               choices=("auto", "h264", "h265", "mjpeg"))
     rtsp_tcp: bool = setting(False, "rtsp:// over TCP instead of UDP (sites that block UDP)")

@@ -255,6 +255,33 @@ def test_a_live_capture_whose_open_hangs_does_not_block_start():
         reader.stop()
 
 
+def test_a_slow_first_open_is_waited_for_not_abandoned_as_a_hung_read():
+    """A camera may take seconds to open (nvargus at boot, a machine under load): an open is given
+    start_timeout_s, not the read's timeout_s, before the supervisor replaces the reader."""
+    release, made = threading.Event(), []
+
+    def camera():
+        made.append(HangingOpen(release))
+        return made[-1]
+
+    supervisor = SourceSupervisor(camera(), timeout_s=0.2, reconnect_initial_s=0.05, reopen=camera,
+                                  start_timeout_s=60.0).start()
+    first = supervisor.reader
+    try:
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing assertion
+        while supervisor.stalled_for() < 1.0 and time.monotonic() < deadline:  # five read timeouts into the open
+            assert supervisor.next_frame(0.1) is None
+        assert supervisor.reader is first and len(made) == 1  # still the first open, not abandoned
+        release.set()
+        frame = None
+        while frame is None and time.monotonic() < deadline:
+            frame = supervisor.next_frame(0.1)
+        assert frame is not None and supervisor.stats()["faults"] == 0
+    finally:
+        release.set()
+        supervisor.stop()
+
+
 def test_the_supervisor_replaces_a_hung_reader_and_counts_on_from_it():
     sh.HangingCapture.instances = []
     events = []

@@ -42,6 +42,7 @@ class FrameReader:
         self._abandoned = False  # replaced while hung: the thread closes its capture once the call returns
         self._thread: Optional[threading.Thread] = None
         self._read_started: Optional[float] = None
+        self.opening = False  # the call in progress is an open (a camera may take seconds), not a read
         self.produced = 0
         self.skipped = 0
         self.broken = 0  # images rejected as broken (never handed to the pipeline)
@@ -81,7 +82,7 @@ class FrameReader:
     def _open_first(self) -> bool:
         """The first open of a live capture; a camera that is not there yet is a fault, retried with backoff."""
         try:
-            self._timed(self.capture.open)
+            self._timed(self.capture.open, opening=True)
             return True
         except Exception as exc:
             self._fault("open", exc)
@@ -170,7 +171,7 @@ class FrameReader:
         """Close and open the capture again: (whether it opened, the wait before the next try)."""
         capture = self.capture
         try:
-            self._timed(lambda: (capture.close(), capture.open()))
+            self._timed(lambda: (capture.close(), capture.open()), opening=True)
         except Exception as exc:
             delay = min(delay * 2, self.reconnect_max_s)
             self.emit("source_reconnect_failed", source=capture.description,
@@ -178,8 +179,9 @@ class FrameReader:
             return False, delay
         return True, delay
 
-    def _timed(self, call: Callable[[], Any]) -> Any:
+    def _timed(self, call: Callable[[], Any], opening: bool = False) -> Any:
         """`call()` with its start time kept, so that `stalled_for()` sees a read or reopening that hangs."""
+        self.opening = opening
         self._read_started = time.monotonic()
         try:
             return call()

@@ -116,11 +116,13 @@ class SourceSupervisor:
         return self.reader.stalled_for()
 
     def recover_stall(self) -> bool:
-        """Abandon a reader whose read or reopening has been blocked for longer than `timeout_s` for a fresh one
-        on a fresh capture (live sources with `reopen` only). The hung reader closes its capture when its call
+        """Abandon a reader whose read has been blocked for longer than `timeout_s` (an open or reopening: longer
+        than `start_timeout_s`, as a camera may take seconds to open, more on a loaded machine) for a fresh one on
+        a fresh capture (live sources with `reopen` only). The hung reader closes its capture when its call
         returns."""
         hung = self.reader
-        if not hung.recovers or self.reopen is None or self._stopped or self.stalled_for() < self.timeout_s:
+        limit = self.start_timeout_s if hung.opening else self.timeout_s
+        if not hung.recovers or self.reopen is None or self._stopped or self.stalled_for() < limit:
             return False
         hung.abandon()
         self.reader = hung.successor(self.reopen()).start(reconnect=True)
