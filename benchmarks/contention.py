@@ -54,7 +54,7 @@ def cgroup_root():
     if os.path.isfile("/sys/fs/cgroup/cpu/cpu.shares"):
         return "/sys/fs/cgroup/cpu", 1
     controllers = "/sys/fs/cgroup/cgroup.controllers"
-    if os.path.isfile(controllers) and "cpu" in open(controllers).read().split():
+    if os.path.isfile(controllers) and "cpu" in open(controllers, encoding="utf-8").read().split():
         return "/sys/fs/cgroup", 2
     return None
 
@@ -67,17 +67,17 @@ def make_cgroup(chain):
         path = os.path.join(path, name) if name else path
         os.makedirs(path, exist_ok=True)
         if version == 2:
-            with open(os.path.join(os.path.dirname(path), "cgroup.subtree_control"), "w") as fh:
+            with open(os.path.join(os.path.dirname(path), "cgroup.subtree_control"), "w", encoding="utf-8") as fh:
                 fh.write("+cpu")
         if weight is not None:
             name, value = ("cpu.shares", weight * 1024 // 100) if version == 1 else ("cpu.weight", weight)
-            with open(os.path.join(path, name), "w") as fh:
+            with open(os.path.join(path, name), "w", encoding="utf-8") as fh:
                 fh.write(str(value))
     return path
 
 
 def join(path, pid):
-    with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+    with open(os.path.join(path, "cgroup.procs"), "w", encoding="utf-8") as fh:
         fh.write(str(pid))
 
 
@@ -101,7 +101,7 @@ def run_edge(model, video, frames, nice, cpus, cgroup):
 
     proc = subprocess.run([sys.executable, "-m", "edge", "run", "--model", model, "--source", video, "--frames",
                            str(frames), "--backend", "onnxruntime", "--preprocess", "cpu"], cwd=REPO,
-                          capture_output=True, text=True, preexec_fn=prioritise, timeout=600)
+                          capture_output=True, encoding="utf-8", errors="replace", preexec_fn=prioritise, timeout=600)
     report = [json.loads(line) for line in proc.stdout.splitlines() if '"event":"report"' in line]
     if proc.returncode != 0 or not report:
         raise SystemExit("edge run failed: " + proc.stderr[-500:])

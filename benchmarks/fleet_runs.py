@@ -43,7 +43,7 @@ def clone(fleet, source, host):
     for name in ("live", "daemon.pid", "service.log"):
         if os.path.exists(os.path.join(dst, name)):
             os.unlink(os.path.join(dst, name))
-    with open(os.path.join(dst, "service.state"), "w") as fh:
+    with open(os.path.join(dst, "service.state"), "w", encoding="utf-8") as fh:
         fh.write("active\n")
     old, new = src.encode(), dst.encode()
     for parent, _, files in os.walk(dst):
@@ -103,7 +103,7 @@ def main() -> int:
         for host in fleet.hosts[1:]:
             clone(fleet, first, host)
         os.unlink(os.path.join(fleet.root(first), "live"))  # state only, as its copies
-        with open(os.path.join(fleet.root(first), "service.state"), "w") as fh:
+        with open(os.path.join(fleet.root(first), "service.state"), "w", encoding="utf-8") as fh:
             fh.write("active\n")
         print("{} hosts, this machine: {} cores, load {:.1f}".format(args.hosts, os.cpu_count(), os.getloadavg()[0]))
         print("| forks | no-op run (s) | changed | kill switch (s) | back on r1 |")

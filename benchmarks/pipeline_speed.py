@@ -45,7 +45,7 @@ def run_edge_pipeline(model, video, frames, spinning=True):
                              "backend.kind": "onnxruntime", "preprocess.device": "cpu",
                              "backend.intra_op_spinning": spinning, "runtime.frames": frames,
                              "runtime.latency_window": max(frames, 4096)})
-    with open(os.devnull, "w") as devnull:
+    with open(os.devnull, "w", encoding="utf-8") as devnull:
         runtime = Runtime(cfg, log=JsonLog(devnull))
         run(runtime)  # the one frame loop, as `edge run` runs it
     stages = runtime.pipeline.recorder.stages

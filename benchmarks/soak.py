@@ -115,7 +115,7 @@ def soak(model: str, frames: int = 20000, baseline_at: int = 2000, every: int = 
         "runtime.budget_ms": 30.0, "runtime.report_every": 1000, "service.metrics.enabled": True,
         "service.metrics.port": port, "service.telemetry.enabled": True, "service.telemetry.interval_s": 0.5})
     probe = Probe(every, scrape_every=500, metrics_port=port)
-    log_file = open(log_path, "w")
+    log_file = open(log_path, "w", encoding="utf-8")
     try:
         runtime = Runtime(cfg, [probe], JsonLog(log_file))
         started = time.monotonic()
@@ -173,7 +173,7 @@ def main() -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
-        with open(args.json, "w") as fh:
+        with open(args.json, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
     print("soak: {} frames in {} s; RSS {} -> {} MB ({:+.2f} %), threads {} -> {}, fds {} -> {}: {}".format(
         result["frames"], result["wall_s"], result["rss_mb"]["baseline"], result["rss_mb"]["end"],

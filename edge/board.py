@@ -175,7 +175,8 @@ def max_power_mode(modes: List[PowerMode]) -> Optional[PowerMode]:
 def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optional[int], Optional[PowerMode], str]:
     """(mode name, mode id, the board's maximum mode or None, problem) from `nvpmodel -q` and /etc/nvpmodel.conf."""
     try:
-        proc = subprocess.run(["nvpmodel", "-q"], capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(["nvpmodel", "-q"], capture_output=True,
+                              encoding="utf-8", errors="replace", timeout=timeout_s)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, None, None, "nvpmodel -q failed ({})".format(type(exc).__name__)
     lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]

@@ -211,7 +211,7 @@ def run_edge(*args, timeout=120, env=None):
     """Run the real CLI in a subprocess (as a user would)."""
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "edge"] + [str(a) for a in args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, env=full_env)
+                          encoding="utf-8", errors="replace", timeout=timeout, cwd=REPO, env=full_env)
 
 
 NOBODY = 65534
@@ -259,7 +259,7 @@ def as_nobody(act, warm):
 def jtop_turn():
     """A machine has one jtop socket (/run/jtop.sock): pytest-xdist workers that start a jtop service, or need none
     running, take turns; each looks for a socket only in its turn (another worker's service is no real one)."""
-    with open(os.path.join(tempfile.gettempdir(), "jetson-edge-tests-jtop.lock"), "w") as lock:
+    with open(os.path.join(tempfile.gettempdir(), "jetson-edge-tests-jtop.lock"), "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -7,7 +7,7 @@ import shutil
 
 def _locked(folder):
     """`folder`.lock, open and held (closing it lets go)."""
-    lock = open(folder + ".lock", "w")
+    lock = open(folder + ".lock", "w", encoding="utf-8")
     fcntl.flock(lock, fcntl.LOCK_EX)
     return lock
 
@@ -18,7 +18,7 @@ def _make_unless_done(folder, make):
         shutil.rmtree(folder, ignore_errors=True)
         os.mkdir(folder)
         make(folder)
-        open(done, "w").close()
+        open(done, "w", encoding="utf-8").close()
 
 
 def make_once(folder, make):

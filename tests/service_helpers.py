@@ -132,9 +132,15 @@ class JsonLines:
         return "\nstderr:\n" + self.proc.stderr.read()[-2000:]
 
 
+def ansible_env(temp, **more):
+    """The environment of every ansible-playbook and ansible-lint run: Ansible refuses a locale whose encoding is
+    not UTF-8 (a machine's LANG may be C, unset or another encoding), so C.UTF-8; no colour; its temp under `temp`."""
+    return dict(os.environ, LC_ALL="C.UTF-8", ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(temp), **more)
+
+
 def write_config(path, data):
     """`data` written as YAML at `path` (a config file); returns the path."""
-    with open(str(path), "w") as fh:
+    with open(str(path), "w", encoding="utf-8") as fh:
         yaml.safe_dump(data, fh)
     return str(path)
 
@@ -186,7 +192,7 @@ class ListLog(JsonLog):
     """JsonLog that keeps the records (and still formats them as the real one does)."""
 
     def __init__(self):
-        super().__init__(stream=open(os.devnull, "w"))
+        super().__init__(stream=open(os.devnull, "w", encoding="utf-8"))
         self.records = []
         self._lock = threading.Lock()
 

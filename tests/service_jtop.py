@@ -81,7 +81,7 @@ exec env JTOP_SERVICE=True JTOP_TESTING=true "$JTOP" --force
 
 def _write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as fh:
+    with open(path, "w", encoding="utf-8") as fh:
         fh.write(str(text))
 
 
@@ -158,7 +158,7 @@ def unavailable():
     if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "jtop")):
         return "jetson-stats (the jtop console script) not installed in this environment"
     probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs tmpfs /mnt"], capture_output=True, text=True)
+                            "mount -t tmpfs tmpfs /mnt"], capture_output=True, encoding="utf-8", errors="replace")
     if probe.returncode != 0:
         return "cannot create a mount namespace here: " + probe.stderr.strip()
     return None
@@ -205,7 +205,7 @@ class JtopService:
 
     def log(self):
         try:
-            with open(self.log_path, "r", errors="replace") as fh:
+            with open(self.log_path, "r", errors="replace", encoding="utf-8") as fh:
                 return fh.read()[-3000:]
         except OSError:
             return ""

@@ -66,7 +66,8 @@ def info_for(artifact, source, **extra):
 def test_read_l4t(tmp_path):
     release = tmp_path / "etc" / "nv_tegra_release"
     release.parent.mkdir()
-    release.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: ...\n")
+    release.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: ...\n",
+                       encoding="utf-8")
     assert read_l4t(str(tmp_path)) == "R36.4.3"
     assert read_l4t(str(tmp_path / "missing")) is None
 
@@ -151,13 +152,13 @@ def test_engine_model_info_is_checked_against_this_system(tmp_path):
     engine.write_bytes(b"serialized engine")
     manifest = {"sha256": sha256_file(str(engine)), "trained": True, "source": {"path": "../models/m.onnx"},
                 "system": {"tensorrt": "10.3.0", "gpu": "Orin", "compute_capability": "8.7", "l4t": "R36.4.3"}}
-    (tmp_path / "m.int8.json").write_text(json.dumps(manifest))
+    (tmp_path / "m.int8.json").write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(EdgeError, match=r"built for system.compute_capability '8.7', expected None; "
                                         r"rebuild with: edge build --engine --model ../models/m.onnx"):
         af.check_engine(str(engine))
     here = engine_expectations()
     manifest["system"] = {k.split(".")[1]: v for k, v in here.items()}
-    (tmp_path / "m.int8.json").write_text(json.dumps(manifest))
+    (tmp_path / "m.int8.json").write_text(json.dumps(manifest), encoding="utf-8")
     assert af.check_engine(str(engine))["trained"] is True
     assert FORMATS["tensorrt-engine"].tied_to_board and not FORMATS["onnx-qdq"].tied_to_board
 
@@ -166,7 +167,7 @@ def _install(src, dest, tag, verify=verify_onnx, log=quiet, labels=None):
     """`src` installed at `dest` as build installs (staged copies, the model info, `labels` text or src's)."""
     if labels is not None:
         staged_labels = staging_path(dest[:-5] + ".labels.txt")
-        with open(staged_labels, "w") as fh:
+        with open(staged_labels, "w", encoding="utf-8") as fh:
             fh.write(labels)
     else:
         staged_labels = staged_copy(src[:-5] + ".labels.txt", dest[:-5] + ".labels.txt") if os.path.exists(
@@ -191,13 +192,15 @@ def test_install_keeps_previous_and_rollback_swaps(tiny_classifiers, tmp_path):
     assert read_model_info(dest)["labels"] == "m.int8.labels.txt"  # the installed name, never a staging name
     assert sha256_file(dest) == sha256_file(second)
     assert sha256_file(str(engines / "previous" / "m.int8.onnx")) == sha256_file(first)
-    assert json.load(open(str(engines / "previous" / "m.int8.json")))["tag"] == "one"
+    assert json.load(open(str(engines / "previous" / "m.int8.json"), encoding="utf-8"))["tag"] == "one"
     assert debris(engines) == []
     rollback(dest, verify_kept=verify_onnx, log=quiet)
-    assert sha256_file(dest) == sha256_file(first) and json.load(open(info_path(dest)))["tag"] == "one"
+    assert sha256_file(dest) == sha256_file(first) and json.load(open(info_path(dest),
+                                                                      encoding="utf-8"))["tag"] == "one"
     af.verify(dest)  # the restored model info matches the restored file
     rollback(dest, verify_kept=verify_onnx, log=quiet)  # and back again
-    assert sha256_file(dest) == sha256_file(second) and json.load(open(info_path(dest)))["tag"] == "two"
+    assert sha256_file(dest) == sha256_file(second) and json.load(open(info_path(dest),
+                                                                       encoding="utf-8"))["tag"] == "two"
     assert debris(engines) == []
     with pytest.raises(EdgeError, match="nothing to roll back to"):
         rollback(str(engines / "other.int8.onnx"), log=quiet)
@@ -227,7 +230,7 @@ def _planted(engines, dest, plant):
     """One hostile thing in previous/ or in place of the installed files; returns what must not change."""
     prev = engines / "previous"
     outside = engines.parent / "outside.txt"
-    outside.write_text("the user's file\n")
+    outside.write_text("the user's file\n", encoding="utf-8")
     if plant == "artifact is a symlink":
         os.unlink(str(prev / "m.int8.onnx"))
         os.symlink(str(outside), str(prev / "m.int8.onnx"))
@@ -243,13 +246,13 @@ def _planted(engines, dest, plant):
     elif plant == "no model info":
         os.unlink(os.path.realpath(str(prev / "m.int8.json")))
     elif plant == "previous labels edited":
-        with open(str(prev / "m.int8.labels.txt"), "a") as fh:  # the kept set's own labels file
+        with open(str(prev / "m.int8.labels.txt"), "a", encoding="utf-8") as fh:  # the kept set's own labels file
             fh.write("one label too many\n")
     elif plant == "not a model, sha matches":
         (prev / "m.int8.onnx").write_bytes(b"not onnx")
-        info = json.loads((prev / "m.int8.json").read_text())
+        info = json.loads((prev / "m.int8.json").read_text(encoding="utf-8"))
         info["sha256"] = sha256_file(str(prev / "m.int8.onnx"))
-        (prev / "m.int8.json").write_text(json.dumps(info))
+        (prev / "m.int8.json").write_text(json.dumps(info), encoding="utf-8")
     elif plant == "previous is a symlink":
         elsewhere = engines.parent / "elsewhere"
         shutil.move(str(prev), str(elsewhere))
@@ -274,12 +277,12 @@ def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(tiny_
         _install(first, dest, "one")
         _install(second, dest, "two")
         outside = _planted(engines, dest, plant)
-        before, outside_before = snapshot(engines.parent), outside.read_text()
+        before, outside_before = snapshot(engines.parent), outside.read_text(encoding="utf-8")
         with pytest.raises(EdgeError) as err:
             rollback(dest, verify_kept=verify_onnx, log=quiet)
         assert "\n" not in str(err.value) and "engines" in str(err.value), (plant, err.value)
         assert snapshot(engines.parent) == before, plant  # nothing swapped, no .staged or .swap left
-        assert outside.read_text() == outside_before
+        assert outside.read_text(encoding="utf-8") == outside_before
         held += 1
     assert held == len(ROLLBACK_PLANTS)
     # the CLI says it in one line, exit 2
@@ -332,10 +335,10 @@ def test_a_torn_or_stale_set_is_refused_at_load_on_every_path(tiny_classifiers, 
     __import__("cv2").imwrite(str(image), __import__("numpy").zeros((32, 32, 3), "uint8"))
     assert run_edge("classify", image, "--model", dest).returncode == 0
     labels = os.path.realpath(dest[:-5] + ".labels.txt")
-    with open(labels) as fh:
+    with open(labels, encoding="utf-8") as fh:
         names = fh.read().splitlines()
     names[0], names[1] = names[1], names[0]  # two class names swapped: same count, wrong names
-    with open(labels, "w") as fh:
+    with open(labels, "w", encoding="utf-8") as fh:
         fh.write("\n".join(names) + "\n")
     assert_refused(run_edge("classify", image, "--model", dest), dest, "labels are not the ones")
     assert_refused(run_edge("run", "--model", dest, "--source", "synthetic"), dest, "labels are not the ones")
@@ -353,9 +356,9 @@ def test_todays_flat_layout_loads_as_is_and_the_first_writer_migrates_it(tiny_cl
     (engines / "previous").mkdir(parents=True)
     for base, model, tag in ((engines / "previous", tiny_classifiers[0], "a"), (engines, tiny_classifiers[1], "b")):
         shutil.copyfile(model, str(base / "m.int8.onnx"))  # what an install wrote before sets: files, no labels hash
-        (base / "m.int8.labels.txt").write_text("".join("{}{}\n".format(tag, i) for i in range(10)))
+        (base / "m.int8.labels.txt").write_text("".join("{}{}\n".format(tag, i) for i in range(10)), encoding="utf-8")
         (base / "m.int8.json").write_text(json.dumps({"trained": False, "sha256": sha256_file(model),
-                                                      "artifact": "m.int8.onnx", "tag": tag}))
+                                                      "artifact": "m.int8.onnx", "tag": tag}), encoding="utf-8")
     dest = str(engines / "m.int8.onnx")
     model = af.read_set(dest)
     assert model.labels[0] == "b0" and "not covered by a sha256" in model.notes[0]
@@ -383,7 +386,7 @@ def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_pat
             (path / "m.int8.onnx").write_bytes(b"x" * 1000)  # a half-made set, an unfinished download
         else:
             path.write_bytes(b"x" * 1000)
-    (engines / "notes.txt").write_text("the user's own file\n")
+    (engines / "notes.txt").write_text("the user's own file\n", encoding="utf-8")
     with af.writing(str(engines), "test"):
         af.rollback(dest, log=quiet)
         af.rollback(dest, log=quiet)

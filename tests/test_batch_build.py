@@ -19,7 +19,7 @@ def test_a_model_with_a_batch_axis_builds_and_keeps_it(dynamic_model, tmp_path, 
     config = tmp_path / "edge.yaml"
     config.write_text(yaml.safe_dump({"model": {"path": dynamic_model}, "build": {
         "engines_dir": str(engines), "method": "minmax",
-        "regression_dir": os.path.join(REPO, "calibration", "regression")}}))
+        "regression_dir": os.path.join(REPO, "calibration", "regression")}}), encoding="utf-8")
     assert main(["build", "--config", str(config), "--no-progress"]) == 0, capsys.readouterr()
     built = str(engines / "tiny_dynamic.int8.onnx")
     manifest = read_model_info(built)

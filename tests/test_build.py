@@ -84,8 +84,9 @@ def test_build_installs_validated_qdq_model_with_manifest(built, digits):
     assert manifest["gate"]["agreement"] >= 0.98 and manifest["gate"]["samples"] == 297
     assert manifest["system"]["onnxruntime"] and "l4t" in manifest["system"]
     assert manifest["build"]["command"] == "edge build --config " + config
-    assert open(os.path.join(engines, "digits.int8.labels.txt")).read().split() == [str(i) for i in range(10)]
-    report = json.load(open(os.path.join(engines, "digits.int8.gate.json")))
+    assert open(os.path.join(engines, "digits.int8.labels.txt"),
+                encoding="utf-8").read().split() == [str(i) for i in range(10)]
+    report = json.load(open(os.path.join(engines, "digits.int8.gate.json"), encoding="utf-8"))
     assert report["passed"] is True and report["artifact"] == artifact
     assert manifest["gate"]["claims"] == report["claims"] and report["claims"][0].startswith("top-1 drop <= ")
     assert manifest["gate"]["looks"] == len(report["looks"]) == 1
@@ -168,7 +169,7 @@ def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, s
     assert snapshot(engines) == before
     assert [n for n in os.listdir(engines) if n.startswith(".")] == []
     if case == "gate failure":
-        assert json.load(open(os.path.join(engines, "digits.int8.gate.json")))["passed"] is False
+        assert json.load(open(os.path.join(engines, "digits.int8.gate.json"), encoding="utf-8"))["passed"] is False
     if case == "too few images":
         assert "has 10 images, at least 32 needed" in str(err.value)
 
@@ -225,9 +226,9 @@ def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
     model.opset_import[0].version = 18
     newer = str(tmp_path / "digits18.onnx")
     onnx.save(model, newer)
-    info = json.load(open(os.path.splitext(digits.onnx)[0] + ".json"))
+    info = json.load(open(os.path.splitext(digits.onnx)[0] + ".json", encoding="utf-8"))
     info["sha256"] = sha256_file(newer)  # the model info of the edited model (a stale one is refused first)
-    (tmp_path / "digits18.json").write_text(json.dumps(info))
+    (tmp_path / "digits18.json").write_text(json.dumps(info), encoding="utf-8")
     shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "digits18.labels.txt"))
     cfg = load_config(digits_build_config(tmp_path, digits), {"build.target_tensorrt": "8.5"})
     with pytest.raises(EdgeError, match=r"digits18.onnx: opset 18, INT8 Q/DQ for TensorRT 8.5 needs 13-17"):
@@ -263,7 +264,8 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_acce
                                         "on 20 labelled images; deciding a 5 pp limit needs ~") as err:
         cli("build", "--config", config, "--no-progress")
     assert err.value.exit_code == 1 and not os.path.exists(artifact)
-    assert json.load(open(os.path.join(str(tmp_path / "engines"), "digits.int8.gate.json")))["verdict"] == \
+    assert json.load(open(os.path.join(str(tmp_path / "engines"), "digits.int8.gate.json"),
+                          encoding="utf-8"))["verdict"] == \
         "inconclusive"
     assert cli("build", "--config", config, "--no-progress", "--accept-inconclusive") == 0
     gate = read_model_info(artifact)["gate"]
@@ -432,7 +434,7 @@ def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cac
     assert (sessions[0].copies[5] == expected).all()
     cache = tmp_path / "calibration" / "cache" / "{}-trt10.3.0-fake-gpu-8gb.cache".format(sha256_file(digits.onnx)[:12])
     assert cache.read_bytes().startswith(b"TRT-100300-EntropyCalibration2\n")
-    assert json.load(open(str(cache) + ".json"))["calibration_sha256"] == images.sha256
+    assert json.load(open(str(cache) + ".json", encoding="utf-8"))["calibration_sha256"] == images.sha256
     _, lines = _engine(digits, tmp_path, digits.onnx, images=images)
     assert trt.calls[-1][4] == 0 and any("calibration skipped" in line for line in lines)
     grey = load_calibration_set(digits.grey_calibration)  # another set: the cache is not reused
@@ -462,5 +464,6 @@ def test_registering_the_build_commands_imports_nothing_heavy():
 
     code = ("import sys, edge.commands.build, edge.commands.rebuild; "
             "print(sorted(m for m in ('numpy', 'onnx', 'onnxruntime', 'cv2') if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

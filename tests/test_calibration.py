@@ -48,8 +48,8 @@ def odd_folder(tmp_path):
         cv2.imwrite(str(src / "photo{}.jpg".format(i)), img)
     cv2.imwrite(str(src / "sub" / "nested.jpg"), photo_crops(7)[6])
     (src / "zero.jpg").write_bytes(b"")
-    (src / "text.jpg").write_text("this is not a JPEG")
-    (src / "notes.txt").write_text("a text file")
+    (src / "text.jpg").write_text("this is not a JPEG", encoding="utf-8")
+    (src / "notes.txt").write_text("a text file", encoding="utf-8")
     grey = cv2.cvtColor(photo_crops(1)[0], cv2.COLOR_BGR2GRAY)
     cv2.imwrite(str(src / "grey.png"), grey)
     rgba = cv2.cvtColor(photo_crops(2)[1], cv2.COLOR_BGR2BGRA)
@@ -78,7 +78,7 @@ def test_import_skips_odd_files_in_one_line_and_converts_grey_and_rgba(odd_folde
     assert (odd_folder / "photo0.jpg").read_bytes() == open(os.path.join(s.root, "photo0.jpg"), "rb").read()
     loaded = load_calibration_set(str(tmp_path / "set"))
     assert loaded.sha256 == s.sha256 and loaded.files == s.files
-    manifest = json.load(open(os.path.join(s.root, MANIFEST)))
+    manifest = json.load(open(os.path.join(s.root, MANIFEST), encoding="utf-8"))
     assert manifest["skipped"]["zero-byte"] == ["zero.jpg"]
     assert loaded.label_of("sub/nested.jpg") == "sub" and loaded.label_of("photo0.jpg") is None
 
@@ -194,7 +194,7 @@ def test_trt_calibration_cache_round_trip(tmp_path):
     amax = {"input": 2.64, "/features/features.0/features.0.0/Conv_output_0": 11.5, "logits": 0.001}
     path = str(tmp_path / "model.cache")
     write_trt_calibration_cache(path, amax, 8601)
-    text = open(path).read().splitlines()
+    text = open(path, encoding="utf-8").read().splitlines()
     assert text[0] == "TRT-8601-EntropyCalibration2"
     assert "input: " + struct.pack(">f", 2.64 / 127).hex() in text
     version, algorithm, scales = read_trt_calibration_cache(open(path, "rb").read())
@@ -254,7 +254,8 @@ def _set_cli(*args, mount=None):
         return edge_here("calibrate", *args)
     script = "mount -t tmpfs -o {} tmpfs {} && exec {}".format(mount[1], shlex.quote(str(mount[0])),
                                                               " ".join(shlex.quote(c) for c in command))
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -264,7 +265,7 @@ def test_a_set_that_cannot_be_written_is_one_line_and_leaves_nothing(odd_folder,
         pytest.skip("needs root and unshare(1) for a private read-only / full tmpfs")
     video = tmp_path / "clip.avi"
     write_video(video, frames=40, size=(320, 240))
-    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "afile").write_text("not a folder", encoding="utf-8")
     big = tmp_path / "big"
     big.mkdir()
     for i, crop in enumerate(photo_crops(8, size=256)):
@@ -312,7 +313,8 @@ def test_concurrent_writers_of_one_new_set_each_finish_or_say_so_in_one_line(tmp
             args = ["import", src, out, "--min-images", 1] if kind == "import" else \
                 [out if a is None else a for a in capture]
             procs.append(subprocess.Popen([sys.executable, "-m", "edge", "calibrate"] + [str(a) for a in args],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          encoding="utf-8", errors="replace",
                                           cwd=str(tmp_path)))
         for proc in procs:
             _, err = proc.communicate(timeout=300)

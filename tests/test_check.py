@@ -26,7 +26,8 @@ TRACE_PURPLE = (179, 114, 129)  # BGR of the telemetry traces (#8172b3)
 
 
 def latency_check(*args, timeout=120):
-    return subprocess.run([sys.executable, SCRIPT] + [str(a) for a in args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, SCRIPT] + [str(a) for a in args], capture_output=True,
+                          encoding="utf-8", errors="replace",
                           timeout=timeout, cwd=REPO)
 
 
@@ -56,7 +57,7 @@ def passed(small_model, hd_video, quiet_ort, tmp_path_factory):
 def test_pass_writes_a_report_matching_the_schema(passed):
     proc, out = passed
     assert proc.returncode == 0, proc.stderr
-    report = json.loads((out / "check.json").read_text())
+    report = json.loads((out / "check.json").read_text(encoding="utf-8"))
     assert check_schema.schema_errors(report) == []
     assert report["schema_version"] == check_report.SCHEMA_VERSION
     assert report["verdict"] == "pass" and report["budget_ms"] == 1000.0
@@ -107,7 +108,7 @@ def test_report_figures_are_those_of_every_timed_frame(small_model, video_file, 
 
 
 def test_schema_check_catches_missing_keys_and_wrong_types(passed):
-    report = json.loads((passed[1] / "check.json").read_text())
+    report = json.loads((passed[1] / "check.json").read_text(encoding="utf-8"))
     broken = copy.deepcopy(report)
     del broken["miss_rate"]
     broken["frames"] = "40"
@@ -133,7 +134,7 @@ def test_over_budget_fails_with_exit_1(small_model, hd_video, quiet_ort, tmp_pat
     proc = latency_check("--config", quiet_ort, "--model", small_model, "--source", hd_video, "--frames", 20,
                          "--warmup", 2, "--budget-ms", 0.1, "--json", tmp_path / "r.json", "--plot", tmp_path / "r.png")
     assert proc.returncode == 1, proc.stderr
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
     assert report["verdict"] == "fail" and "> budget 0.1 ms" in report["verdict_reason"]
     assert report["misses"] == report["frames"] == 20 and report["miss_rate"] == 1.0
     assert "FAIL" in proc.stdout
@@ -152,15 +153,15 @@ def test_cannot_run_exits_2_with_one_line(case, small_model, tmp_path):
 
 
 def test_compare_flags_a_constructed_regression(passed, small_model, hd_video, quiet_ort, tmp_path):
-    previous = json.loads((passed[1] / "check.json").read_text())
+    previous = json.loads((passed[1] / "check.json").read_text(encoding="utf-8"))
     previous["stages_ms"]["infer"].update(p50=0.001, p99=0.001)  # "it used to be instant": infer regressed
     previous["stages_ms"]["preprocess"].update(p50=1000.0, p99=1000.0)  # "it used to be slow": improved
-    (tmp_path / "previous.json").write_text(json.dumps(previous))
+    (tmp_path / "previous.json").write_text(json.dumps(previous), encoding="utf-8")
     proc = latency_check("--config", quiet_ort, "--model", small_model, "--source", hd_video, "--frames", 20,
                          "--warmup", 2, "--budget-ms", 1000, "--json", tmp_path / "r.json", "--plot", "",
                          "--compare", tmp_path / "previous.json", "--fail-on-regression")
     assert proc.returncode == 1, proc.stderr  # within budget, but --fail-on-regression
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
     assert check_schema.schema_errors(report) == []
     assert report["verdict"] == "pass" and report["figure"] is None
     comparison = report["comparison"]
@@ -187,7 +188,7 @@ def test_compare_needs_both_thresholds():
 
 def test_compare_refuses_a_file_that_is_not_a_report(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"frames": 3}')
+    bad.write_text('{"frames": 3}', encoding="utf-8")
     with pytest.raises(check.EdgeError, match="not an edge check report"):
         check_report.load_previous(str(bad))
 
@@ -195,21 +196,23 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path):
 def _fake_jetson(root, bin_dir, mode_name, mode_id, pinned):
     (root / "etc").mkdir(parents=True)
     (root / "etc" / "nv_tegra_release").write_text(
-        "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8 2025\n")
+        "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8 2025\n",
+        encoding="utf-8")
     (root / "etc" / "nvpmodel.conf").write_text(
-        "< POWER_MODEL ID=0 NAME=MAXN >\nCPU_ONLINE CORE_0 1\n< POWER_MODEL ID=1 NAME=15W >\nCPU_ONLINE CORE_0 1\n")
+        "< POWER_MODEL ID=0 NAME=MAXN >\nCPU_ONLINE CORE_0 1\n< POWER_MODEL ID=1 NAME=15W >\nCPU_ONLINE CORE_0 1\n",
+        encoding="utf-8")
     for cpu in ("cpu0", "cpu1"):
         freq = root / "sys/devices/system/cpu" / cpu / "cpufreq"
         freq.mkdir(parents=True)
-        (freq / "scaling_min_freq").write_text("2201600\n" if pinned else "115200\n")
-        (freq / "scaling_max_freq").write_text("2201600\n")
+        (freq / "scaling_min_freq").write_text("2201600\n" if pinned else "115200\n", encoding="utf-8")
+        (freq / "scaling_max_freq").write_text("2201600\n", encoding="utf-8")
     gpu = root / "sys/class/devfreq/17000000.ga10b"
     gpu.mkdir(parents=True)
-    (gpu / "min_freq").write_text("1300500000\n" if pinned else "306000000\n")
-    (gpu / "max_freq").write_text("1300500000\n")
+    (gpu / "min_freq").write_text("1300500000\n" if pinned else "306000000\n", encoding="utf-8")
+    (gpu / "max_freq").write_text("1300500000\n", encoding="utf-8")
     bin_dir.mkdir()
     nvpmodel = bin_dir / "nvpmodel"
-    nvpmodel.write_text("#!/bin/sh\necho 'NV Power Mode: {}'\necho {}\n".format(mode_name, mode_id))
+    nvpmodel.write_text("#!/bin/sh\necho 'NV Power Mode: {}'\necho {}\n".format(mode_name, mode_id), encoding="utf-8")
     nvpmodel.chmod(nvpmodel.stat().st_mode | stat.S_IEXEC)
 
 

@@ -5,6 +5,7 @@ import json
 import cv2
 import numpy as np
 import pytest
+from service_helpers import write_config
 
 from edge.commands.classify import main
 
@@ -20,7 +21,8 @@ def images(tmp_path):
     cv2.imwrite(str(folder / "sub" / "b.jpg"), rng.integers(0, 255, (300, 200, 3), np.uint8))
     cv2.imwrite(str(folder / "grey.png"), rng.integers(0, 255, (64, 64), np.uint8))  # read as 3-channel BGR
     (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
-    (folder / "notes.txt").write_text("not an image, and not listed: only image files are taken from a folder")
+    (folder / "notes.txt").write_text("not an image, and not listed: only image files are taken from a folder",
+                                      encoding="utf-8")
     return folder
 
 
@@ -67,3 +69,15 @@ def test_image_types_it_does_not_read_are_named_not_silently_left_out(small_mode
     for name in ("anim.gif", "favicon.ico", "scan.jp2"):
         assert "skipped {}: .{} images are not read".format(images / name, name.rsplit(".", 1)[1]) in err
     assert "notes.txt" not in err  # not an image at all: still not listed
+
+
+def test_labels_outside_an_ascii_locale_print_escaped_not_as_a_traceback(tiny_classifiers, images, tmp_path):
+    """LC_ALL=C with UTF-8 mode off: stdout's encoding is ASCII; a label such as 'café' prints as caf\\xe9."""
+    names = ["café", "東京"] + ["class{}".format(i) for i in range(8)]
+    (tmp_path / "labels.txt").write_text("".join(n + "\n" for n in names), encoding="utf-8")
+    config = write_config(tmp_path / "edge.yaml", {"model": {"path": tiny_classifiers[0],
+                                                             "labels": str(tmp_path / "labels.txt")}})
+    proc = run_edge("classify", images / "a.png", "--config", config, "--top-k", "10",
+                    env={"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert "caf\\xe9" in proc.stdout and "\\u6771\\u4eac" in proc.stdout

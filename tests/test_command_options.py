@@ -125,7 +125,7 @@ def test_calibrate_import_obeys_build_min_images(tmp_path):
     for i in range(3):
         cv2.imwrite(str(src / "{}.png".format(i)), rng.integers(0, 255, (48, 48, 3), dtype=np.uint8))
     config = tmp_path / "edge.yaml"
-    config.write_text(yaml.safe_dump({"build": {"min_images": 4}}))
+    config.write_text(yaml.safe_dump({"build": {"min_images": 4}}), encoding="utf-8")
     assert_refused(edge_here("calibrate", "import", src, out, "--config", config), "at least 4 needed",
                    "build.min_images")
     assert not out.exists()

@@ -56,7 +56,7 @@ GOOD_NUMBERS = [("service:\n  telemetry:\n    interval_s: 1e-1\n", "service.tele
 @pytest.mark.parametrize("text,expected", BAD_CONFIGS)
 def test_bad_config_is_one_line_naming_the_key(tmp_path, text, expected):
     path = tmp_path / "bad.yaml"
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     with pytest.raises(EdgeError) as err:
         load_config(str(path))
     assert expected in str(err.value)
@@ -67,7 +67,7 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path, text, expected):
 @pytest.mark.parametrize("text, key, expected", GOOD_NUMBERS)
 def test_numbers_read_as_yaml_1_2_writes_them(tmp_path, text, key, expected):
     path = tmp_path / "c.yaml"
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     if key is None:
         with pytest.raises(EdgeError, match=expected):
             load_config(str(path))
@@ -85,7 +85,7 @@ def test_defaults_and_overrides():
 
 def test_cli_bad_config_exits_2_without_traceback(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("runtime:\n  budget: 30\n")
+    path.write_text("runtime:\n  budget: 30\n", encoding="utf-8")
     assert_refused(edge_here("run", "--config", path), "unknown key 'runtime.budget'")
 
 
@@ -122,7 +122,8 @@ def test_missing_optional_dependency_names_the_extra(small_model):
     code = ("import sys; sys.modules['onnxruntime'] = None; from edge.commands.cli import main; "
             "sys.exit(main(['run', '--model', {!r}, '--backend', 'onnxruntime', '--preprocess', 'cpu']))".format(
                 small_model))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=60)
     assert_refused(proc, "missing dependency 'onnxruntime'", "jetson-edge[cpu]")
 
 

@@ -24,7 +24,7 @@ JETPACKS = {"jetpack5": ("3.8", 31), "jetpack6": ("3.10", 35), "jetpack7": ("3.1
 
 def device_requirements() -> List[str]:
     """install_requires + the jetson, service and check extras from setup.py, without the source-only ones."""
-    call = next(node for node in ast.walk(ast.parse((ROOT / "setup.py").read_text()))
+    call = next(node for node in ast.walk(ast.parse((ROOT / "setup.py").read_text(encoding="utf-8")))
                 if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup")
     kwargs = {k.arg: k.value for k in call.keywords}
     extras = ast.literal_eval(kwargs["extras_require"])
@@ -44,7 +44,8 @@ def resolve(jetpack: str, requirements: List[str], tmp_path: Path) -> subprocess
     env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
     for key in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT", "PIP_NO_INDEX"):
         env.pop(key, None)
-    return subprocess.run(cmd + requirements, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(cmd + requirements, capture_output=True,
+                          encoding="utf-8", errors="replace", env=env, timeout=600)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,7 +60,7 @@ def pypi() -> None:
 def test_the_resolver_keeps_numpy_1_for_the_device_extras(jetpack: str, tmp_path: Path) -> None:
     proc = resolve(jetpack, device_requirements(), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
     chosen: Dict[str, str] = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
     print(jetpack, sorted(chosen.items()))  # the resolver's choice, for the record (-s)
     assert int(chosen["numpy"].split(".")[0]) == 1, chosen

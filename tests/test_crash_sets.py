@@ -37,7 +37,7 @@ def labels_of(tag):
 def killed(k, kind, *argv, env=None):
     """The CLI run by crash_driver, killed after step `k` (0: not killed): (returncode, steps it took)."""
     command = [sys.executable, os.path.join(HERE, "crash_driver.py"), str(k), kind] + [str(a) for a in argv]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300,
+    proc = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", cwd=REPO, timeout=300,
                           env=dict(os.environ, **(env or {})))
     steps = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("crash_driver:")]
     assert proc.returncode == -9 or (k == 0 and proc.returncode in (0, 1)), proc.stderr[-2000:]
@@ -74,14 +74,14 @@ def stage_set(folder, name, model, tag):
     so the builds below declare these random-weight models --untrained)."""
     os.makedirs(folder, exist_ok=True)
     shutil.copyfile(model, os.path.join(folder, name + ".onnx"))
-    with open(os.path.join(folder, name + ".labels.txt"), "w") as fh:
+    with open(os.path.join(folder, name + ".labels.txt"), "w", encoding="utf-8") as fh:
         fh.write("\n".join(labels_of(tag)) + "\n")
     return os.path.join(folder, name + ".onnx")
 
 
 def install_set(dest, model, tag):
     labels = af.staging_path(dest[:-5] + ".labels.txt")
-    with open(labels, "w") as fh:
+    with open(labels, "w", encoding="utf-8") as fh:
         fh.write("\n".join(labels_of(tag)) + "\n")
     staged = af.staging_path(dest)
     shutil.copyfile(model, staged)
@@ -141,7 +141,7 @@ def build_config(tmp_path, name, source, sets):
     config.write_text(yaml.safe_dump({
         "model": {"path": source}, "backend": {"kind": "onnxruntime"},
         "build": {"engines_dir": str(tmp_path / name), "calibration_dir": sets[0], "regression_dir": sets[1],
-                  "min_images": 1, "precision": "int8", "method": "minmax"}}))
+                  "min_images": 1, "precision": "int8", "method": "minmax"}}), encoding="utf-8")
     return str(config)
 
 

@@ -22,7 +22,7 @@ def nvcc() -> str:
 
 def compile_kernel(nvcc: str, out: str, *flags: str) -> None:
     cmd = [nvcc, *STRICT, *flags, "-o", out, os.path.join(CUDA_DIR, "preprocess.cu")]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace")
     assert proc.returncode == 0, " ".join(cmd) + "\n" + proc.stdout
 
 
@@ -44,7 +44,7 @@ def test_object_with_host_pass(nvcc: str, tmp_path: Path) -> None:
 def test_ptx_exports_both_kernels(nvcc: str, tmp_path: Path) -> None:
     out = os.path.join(str(tmp_path), "preprocess.ptx")
     compile_kernel(nvcc, out, "--ptx", "-arch=compute_87")
-    with open(out) as fh:
+    with open(out, encoding="utf-8") as fh:
         ptx = fh.read()
     for kernel in ("edge_preprocess_f32", "edge_preprocess_f16"):  # extern "C": names pycuda looks up
         assert ".entry {}(".format(kernel) in ptx

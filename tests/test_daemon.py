@@ -149,7 +149,7 @@ def _bad_shape_model(path):
              helper.make_node("MatMul", ["mean", "w"], ["logits"])]
     graph = helper.make_graph(nodes, "bad", [inp], [out], initializer=[weight])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    (path.parent / (path.stem + ".labels.txt")).write_text("a\nb\n")
+    (path.parent / (path.stem + ".labels.txt")).write_text("a\nb\n", encoding="utf-8")
     return str(path)
 
 
@@ -250,7 +250,7 @@ class Reader:
 
 def start_edge(args):
     return subprocess.Popen([sys.executable, "-m", "edge", "run"] + [str(a) for a in args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
 
 
 def timed_frame_config(tmp_path, model):
@@ -297,14 +297,14 @@ def test_a_sighup_while_starting_is_noted_not_fatal(small_model, tmp_path):
     # nothing slow comes before the handler: the CLI reaches `edge run` without NumPy (or anything heavier)
     probe = subprocess.run([sys.executable, "-c", "import sys, edge.commands.cli as cli; cli.build_parser(); "
                             "print(sorted({'numpy', 'cv2', 'onnxruntime'} & set(sys.modules)))"],
-                           capture_output=True, text=True, cwd=REPO, timeout=120)
+                           capture_output=True, encoding="utf-8", errors="replace", cwd=REPO, timeout=120)
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
 
 
 def maps_library(pid, name):
     """True once process `pid` has a shared library named like `name` mapped."""
     try:
-        with open("/proc/{}/maps".format(pid)) as fh:
+        with open("/proc/{}/maps".format(pid), encoding="utf-8") as fh:
             return any(name in line for line in fh)
     except OSError:
         return False
@@ -327,9 +327,9 @@ def _distinct_copy(model, dest_dir, stem):
     m = onnx.load(path)
     m.doc_string = "re-exported " + stem
     onnx.save(m, path)
-    info = json.load(open(path[:-5] + ".json"))
+    info = json.load(open(path[:-5] + ".json", encoding="utf-8"))
     info["sha256"] = sha256_file(path)  # its own model info (a stale one is refused at load)
-    with open(path[:-5] + ".json", "w") as fh:
+    with open(path[:-5] + ".json", "w", encoding="utf-8") as fh:
         json.dump(info, fh)
     return path
 
@@ -340,7 +340,7 @@ def test_sighup_swaps_to_a_new_model_and_keeps_the_old_one_when_the_new_one_fail
     b = _distinct_copy(small_model, engines, "b")
     broken = engines / "broken.onnx"
     broken.write_bytes(b"this is not an onnx model")
-    (engines / "broken.labels.txt").write_text("x\n")
+    (engines / "broken.labels.txt").write_text("x\n", encoding="utf-8")
     base = {"source": {"uri": "synthetic", "width": 96, "height": 72, "fps": 50},
             "backend": dict(sh.QUIET_ORT, kind="onnxruntime"), "preprocess": {"device": "cpu"},
             "runtime": {"report_every": 20, "warmup": 2}, "service": {"telemetry": {"enabled": False}}}

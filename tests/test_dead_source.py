@@ -17,7 +17,7 @@ def test_run_check_and_demo_refuse_a_dead_stream_in_one_line(small_model, tmp_pa
     procs = [subprocess.Popen([sys.executable, "-m", "edge"] + argv + ["--config", config, "--source", DEAD,
                                                                        "--model", small_model],
                               cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True) for argv in commands]  # side by side
+                              encoding="utf-8", errors="replace") for argv in commands]  # side by side
     for argv, proc in zip(commands, procs):
         out, err = proc.communicate(timeout=120)
         line = assert_refused(subprocess.CompletedProcess(argv, proc.returncode, out, err), "cannot open source")

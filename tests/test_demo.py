@@ -92,7 +92,7 @@ def test_window_mode_without_gui_says_use_headless(small_model, video_file):
     if gui_problem(cv2) is None:
         pytest.skip("this OpenCV can open windows here")
     proc = subprocess.run([sys.executable, SCRIPT, "--model", small_model, "--source", video_file],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=60, cwd=REPO)
     line = assert_refused(proc, "--headless")
     assert "no GUI" in line or "no display" in line
 
@@ -103,7 +103,8 @@ def test_port_in_use_is_one_line(small_model, video_file):
         taken.listen(1)
         port = taken.getsockname()[1]
         proc = subprocess.run([sys.executable, SCRIPT, "--model", small_model, "--source", video_file, "--headless",
-                               "--port", str(port)], capture_output=True, text=True, timeout=60, cwd=REPO)
+                               "--port", str(port)], capture_output=True,
+                               encoding="utf-8", errors="replace", timeout=60, cwd=REPO)
     assert_refused(proc, "cannot listen")
 
 
@@ -114,7 +115,7 @@ def running_demo(model, tmp_path):
     raw = write_video(video, frames=30, size=SIZE)
     proc = subprocess.Popen([sys.executable, SCRIPT, "--model", model, "--source", str(video), "--headless",
                              "--port", "0", "--budget-ms", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO)
+                            encoding="utf-8", errors="replace", cwd=REPO)
     try:
         url = sh.JsonLines(proc).wait_for("serving", timeout=60)["url"]
         assert url.startswith("http://127.0.0.1:")
@@ -227,7 +228,7 @@ def test_status_page_in_headless_chromium(demo, tmp_path):
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
                            "--user-data-dir={}".format(tmp_path / "profile"), "--hide-scrollbars",
                            "--window-size={},{}".format(*SHOT), "--screenshot={}".format(shot), url],
-                          capture_output=True, text=True, timeout=90)
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=90)
     assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
     image = cv2.imread(str(shot))
     assert image is not None and (image.shape[1], image.shape[0]) == SHOT
@@ -258,7 +259,7 @@ def test_labels_reach_the_page_as_text_never_as_html(small_model, tmp_path):
     model = tmp_path / "m.onnx"
     shutil.copyfile(small_model, str(model))  # the user's own model and labels: no model info
     (tmp_path / "m.labels.txt").write_text("".join(
-        "<img src=x onerror=\"document.title='pwned{}'\">\n".format(i) for i in range(1000)))
+        "<img src=x onerror=\"document.title='pwned{}'\">\n".format(i) for i in range(1000)), encoding="utf-8")
     with running_demo(str(model), tmp_path) as (url, _, _):
         wait_for_frames(url)
         with urllib.request.urlopen(url, timeout=10) as resp:
@@ -266,7 +267,7 @@ def test_labels_reach_the_page_as_text_never_as_html(small_model, tmp_path):
         proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                "--disable-background-networking", "--disable-component-update", "--disable-sync",
                                "--user-data-dir={}".format(tmp_path / "profile"), "--virtual-time-budget=4000",
-                               "--dump-dom", url], capture_output=True, text=True, timeout=90)
+                               "--dump-dom", url], capture_output=True, encoding="utf-8", errors="replace", timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout
     assert "&lt;img src=x onerror=" in dom  # the labels, shown as text in the stats table

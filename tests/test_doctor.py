@@ -101,7 +101,7 @@ def test_a_check_that_raises_anything_is_one_fail_line() -> None:
 def test_opencv_built_for_numpy_1_is_named_as_an_abi_mismatch(tmp_path, monkeypatch) -> None:
     from edge.commands.doctor import check_opencv
 
-    (tmp_path / "cv2.py").write_text("raise ImportError('numpy.core.multiarray failed to import')\n")
+    (tmp_path / "cv2.py").write_text("raise ImportError('numpy.core.multiarray failed to import')\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "cv2", raising=False)
     status_, what, detail = check_opencv(True, True)
@@ -113,7 +113,7 @@ def test_a_slow_gst_inspect_is_a_line_not_a_traceback(tmp_path, monkeypatch) -> 
     from edge.commands import doctor
 
     fake = tmp_path / "gst-inspect-1.0"
-    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.write_text("#!/bin/sh\nexec sleep 30\n", encoding="utf-8")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
     monkeypatch.setattr(doctor, "GST_INSPECT_TIMEOUT_S", 1)

@@ -28,7 +28,7 @@ def test_export_writes_model_labels_and_info(small_model):
     info = read_model_info(small_model)
     assert info["trained"] is False and info["weights"] == "random(seed=0)"
     assert info["max_relative_error_vs_torch"] < 1e-4
-    labels = open(os.path.splitext(small_model)[0] + ".labels.txt").read().splitlines()
+    labels = open(os.path.splitext(small_model)[0] + ".labels.txt", encoding="utf-8").read().splitlines()
     assert len(labels) == 1000 and labels[0] == "tench"
 
 
@@ -67,7 +67,7 @@ def test_cli_export_without_network_falls_back_to_untrained(tmp_path):
                     env={"HTTPS_PROXY": "http://127.0.0.1:9", "TORCH_HOME": str(tmp_path / "torch")})
     assert proc.returncode == 0, proc.stderr
     assert "UNTRAINED" in proc.stdout
-    assert json.load(open(tmp_path / "m.json"))["trained"] is False
+    assert json.load(open(tmp_path / "m.json", encoding="utf-8"))["trained"] is False
 
 
 def test_model_info_records_the_preprocessing_it_was_trained_with(small_model):
@@ -122,9 +122,9 @@ def test_export_refuses_a_model_that_is_not_the_one_its_info_describes(previous_
 
 
 def test_export_refuses_the_model_info_of_a_built_artifact(previous_export):
-    info = json.load(open(previous_export / "report.json"))
+    info = json.load(open(previous_export / "report.json", encoding="utf-8"))
     info["built_at"] = "2026-12-01T00:00:00Z"
-    (previous_export / "report.json").write_text(json.dumps(info))
+    (previous_export / "report.json").write_text(json.dumps(info), encoding="utf-8")
     with pytest.raises(EdgeError, match="report.json: exists and is not a previous export .not the model info of an"):
         export_model("mobilenet_v3_small", "random", str(previous_export / "report.onnx"), log=quiet)
 
@@ -132,7 +132,7 @@ def test_export_refuses_the_model_info_of_a_built_artifact(previous_export):
 def test_export_replaces_a_previous_export_and_force_replaces_anything(previous_export):
     info = export_model("mobilenet_v3_small", "random", str(previous_export / "report.onnx"), seed=1, log=quiet)
     assert info["weights"] == "random(seed=1)" and read_model_info(str(previous_export / "report.onnx")) == info
-    (previous_export / "report.json").write_text("not json")
+    (previous_export / "report.json").write_text("not json", encoding="utf-8")
     export_model("mobilenet_v3_small", "random", str(previous_export / "report.onnx"), force=True, log=quiet)
     assert read_model_info(str(previous_export / "report.onnx"))["weights"] == "random(seed=0)"
     assert sorted(files_of(previous_export)) == ["report.json", "report.labels.txt", "report.onnx"]

@@ -94,7 +94,7 @@ def _config(tmp_path, digits, **build):
            "build": dict({"calibration_dir": digits.calibration, "regression_dir": digits.regression,
                           "method": "minmax", "engines_dir": str(tmp_path / "engines"), "gate": DIGITS_GATE}, **build)}
     path = tmp_path / "edge.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     return str(path)
 
 

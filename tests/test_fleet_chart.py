@@ -116,8 +116,9 @@ def test_every_value_set_validates_against_kubernetes_1_33(helm, tmp_path):
         pytest.skip("kubernetes-validate not installed (pip install -e '.[fleet]')")
     for name, values in VALUE_SETS.items():
         out = tmp_path / (name + ".yaml")
-        out.write_text("\n---\n".join(render(helm, values).values()))
-        proc = subprocess.run([validate, "-k", "1.33.0", "--strict", str(out)], capture_output=True, text=True)
+        out.write_text("\n---\n".join(render(helm, values).values()), encoding="utf-8")
+        proc = subprocess.run([validate, "-k", "1.33.0", "--strict", str(out)], capture_output=True,
+                              encoding="utf-8", errors="replace")
         assert proc.returncode == 0, name + ": " + proc.stdout + proc.stderr
         assert "passed for resource daemonset/edge" in proc.stdout, name
         if "gate" in values:
@@ -136,7 +137,7 @@ def test_string_values_stay_values(helm):
 def test_rendered_config_is_accepted_by_edge(helm, tmp_path):
     data = configmap(render(helm, dict(BASE, config={"source": "rtsp://cam.local/s", "budgetMs": 25,
                                                       "precision": "fp16"})), "config")
-    (tmp_path / "config.yaml").write_text(data["config.yaml"])
+    (tmp_path / "config.yaml").write_text(data["config.yaml"], encoding="utf-8")
     cfg = load_config(str(tmp_path / "config.yaml"))
     assert cfg.source.uri == "rtsp://cam.local/s" and cfg.runtime.budget_ms == 25
     assert cfg.model.path == "/var/lib/jetson-edge/engines/mobilenet_v3_large.fp16.engine"
@@ -188,9 +189,9 @@ def test_secrets_come_from_secrets_and_the_agent_config_is_out_of_the_checksum(h
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian: apt-get install prometheus)")
-    (tmp_path / "agent.yml").write_text(configmap(rendered, "agent")["agent.yml"])
+    (tmp_path / "agent.yml").write_text(configmap(rendered, "agent")["agent.yml"], encoding="utf-8")
     proc = subprocess.run([promtool, "check", "config", "--agent", str(tmp_path / "agent.yml")], capture_output=True,
-                          text=True, env=dict(os.environ, NODE_NAME="jetson-01"))
+                          encoding="utf-8", errors="replace", env=dict(os.environ, NODE_NAME="jetson-01"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -210,13 +211,14 @@ def test_liveness_survives_a_camera_outage_and_readiness_does_not(helm, tmp_path
     def run(probe):
         return subprocess.run(edge[probe]["exec"]["command"], capture_output=True, timeout=10)
 
-    with open(str(tmp_path / "daemon.log"), "w") as log:
+    with open(str(tmp_path / "daemon.log"), "w", encoding="utf-8") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", str(config)], cwd=REPO,
                                   stdout=log, stderr=subprocess.STDOUT)
     try:
         assert sh.wait_until(lambda: run("livenessProbe").returncode == 0, timeout=60, interval=0.5), \
-            (tmp_path / "daemon.log").read_text()[-2000:]
-        assert "source_" in (tmp_path / "daemon.log").read_text()  # the camera is down: faults, reconnects
+            (tmp_path / "daemon.log").read_text(encoding="utf-8")[-2000:]
+        # the camera is down: faults, reconnects
+        assert "source_" in (tmp_path / "daemon.log").read_text(encoding="utf-8")
         assert run("startupProbe").returncode == 0
         assert run("readinessProbe").returncode != 0  # no frame: not ready, still alive
     finally:
@@ -241,21 +243,21 @@ def test_the_ansible_agent_ships_the_charts_agent_config(helm, tmp_path):
                  "jetson_edge_agent_scrape_interval": "15s", "jetson_edge_metrics_port": 9108,
                  "jetson_edge_agent_binary": "/opt/prometheus-agent/2.53.4/prometheus",
                  "jetson_edge_agent_version": "2.53.4"}}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
     proc = subprocess.run([playbook, "-c", "local", "-i", "localhost,", "-e",
                            "ansible_python_interpreter=" + sys.executable, str(tmp_path / "play.yml")],
-                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
-                          env=dict(os.environ, ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=300, cwd=str(tmp_path),
+                          env=sh.ansible_env(tmp_path / "tmp"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     chart = configmap(render(helm, VALUE_SETS["shared-cache-basic-auth"]), "agent")["agent.yml"]
-    ours = yaml.safe_load((tmp_path / "agent.yml").read_text())
+    ours = yaml.safe_load((tmp_path / "agent.yml").read_text(encoding="utf-8"))
     # the systemd agent reads its password from its credentials (DynamicUser= cannot read a root-only file)
     assert ours["remote_write"][0]["basic_auth"].pop("password_file") == \
         "/run/credentials/jetson-edge-agent.service/password"
     theirs = yaml.safe_load(chart)
     theirs["remote_write"][0]["basic_auth"].pop("password_file")
     assert ours == theirs
-    unit = (tmp_path / "jetson-edge-agent.service").read_text()
+    unit = (tmp_path / "jetson-edge-agent.service").read_text(encoding="utf-8")
     assert "Environment=NODE_NAME=localhost\n" in unit and "--enable-feature=agent,expand-external-labels" in unit
     assert "LoadCredential=password:/etc/prometheus-agent-secrets/password\n" in unit
     assert "ExecStart=/opt/prometheus-agent/2.53.4/prometheus " in unit  # a version's own binary
@@ -272,11 +274,12 @@ def test_the_init_container_hands_over_only_a_folder_the_chart_created(helm, tmp
     fresh, etc, ours = tmp_path / "fresh", tmp_path / "etc", tmp_path / "ours"
     for folder in (fresh, etc, ours):
         folder.mkdir()
-    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\n", encoding="utf-8")
     os.chown(str(ours), 10001, 10001)
 
     def run(*specs):
-        return subprocess.run(["sh", "-c", script, "own"] + list(specs), capture_output=True, text=True, timeout=30)
+        return subprocess.run(["sh", "-c", script, "own"] + list(specs), capture_output=True,
+                              encoding="utf-8", errors="replace", timeout=30)
 
     assert run("{}:10001:10001".format(fresh), "{}:10001:10001".format(ours)).returncode == 0
     assert (os.stat(str(fresh)).st_uid, os.stat(str(fresh)).st_gid) == (10001, 10001)

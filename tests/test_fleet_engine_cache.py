@@ -31,7 +31,8 @@ def device(tmp_path, name, model, sets, precision="int8"):
     config.write_text(yaml.safe_dump({
         "model": {"path": model}, "backend": {"kind": "onnxruntime"},
         "build": {"engines_dir": str(tmp_path / name / "engines"), "calibration_dir": sets[0],
-                  "regression_dir": sets[1], "min_images": 1, "precision": precision, "method": "minmax"}}))
+                  "regression_dir": sets[1], "min_images": 1, "precision": precision, "method": "minmax"}}),
+                  encoding="utf-8")
     return str(config)
 
 
@@ -126,9 +127,9 @@ def test_changed_labels_in_an_entry_are_refused_and_nothing_installed(canary, tm
     broken = str(tmp_path / "broken")
     shutil.copytree(cache, broken)
     labels = os.path.join(broken, os.path.basename(folder), os.path.basename(companions(plan_of(config).artifact)[0]))
-    names = open(labels).read().splitlines()
+    names = open(labels, encoding="utf-8").read().splitlines()
     names[0], names[1] = names[1], names[0]
-    open(labels, "w").write("\n".join(names) + "\n")
+    open(labels, "w", encoding="utf-8").write("\n".join(names) + "\n")
     logged = []
     plan = plan_of(device(tmp_path, "jetson-10", model, sets))
     assert engine_cache.fetch(plan, broken, log=logged.append) is False

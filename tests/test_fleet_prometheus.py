@@ -44,12 +44,12 @@ def http_get(url, timeout=5):
 
 
 def rules():
-    with open(os.path.join(PROM_DIR, "rules.yml")) as fh:
+    with open(os.path.join(PROM_DIR, "rules.yml"), encoding="utf-8") as fh:
         return [r for g in yaml.safe_load(fh)["groups"] for r in g["rules"]]
 
 
 def dashboard_exprs():
-    with open(DASHBOARD) as fh:
+    with open(DASHBOARD, encoding="utf-8") as fh:
         dash = json.load(fh)
     return [t["expr"] for p in dash["panels"] for t in p["targets"]]
 
@@ -70,7 +70,7 @@ class Daemon:
             "runtime": {"budget_ms": budget_ms, "warmup": 2},
             "service": {"metrics": {"enabled": True, "host": "127.0.0.1", "port": port},
                         "telemetry": {"enabled": True, "interval_s": 0.5}}})
-        self.log = open(str(tmp_path / "edge-{}.log".format(port)), "w")
+        self.log = open(str(tmp_path / "edge-{}.log".format(port)), "w", encoding="utf-8")
         env = dict(os.environ, EDGE_RELEASE=release) if release else None
         self.proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=REPO,
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -94,7 +94,7 @@ class Daemon:
 
     def output(self):
         self.log.flush()
-        with open(self.log.name) as fh:
+        with open(self.log.name, encoding="utf-8") as fh:
             return fh.read()[-3000:]
 
     def stop(self):
@@ -115,10 +115,10 @@ class Prometheus:
         self.port = sh.free_port()
         self.url = "http://127.0.0.1:{}".format(self.port)
         path = tmp_path / (name + ".yml")
-        path.write_text(yaml.safe_dump(config))
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.log_path = str(tmp_path / (name + ".log"))
         storage = "--storage.agent.path=" if "agent" in " ".join(flags) else "--storage.tsdb.path="
-        with open(self.log_path, "w") as log:
+        with open(self.log_path, "w", encoding="utf-8") as log:
             self.proc = subprocess.Popen(
                 [tool("prometheus"), "--config.file=" + str(path), storage + str(tmp_path / (name + "-data")),
                  "--web.listen-address=127.0.0.1:{}".format(self.port)] + flags,
@@ -143,7 +143,7 @@ class Prometheus:
         return data["data"]
 
     def output(self):
-        with open(self.log_path) as fh:
+        with open(self.log_path, encoding="utf-8") as fh:
             return fh.read()[-3000:]
 
     def stop(self):
@@ -168,13 +168,13 @@ def poll(fn, timeout, what):
 
 def test_promtool_checks_the_rules():
     proc = subprocess.run([tool("promtool"), "check", "rules", "rules.yml"], cwd=PROM_DIR, capture_output=True,
-                          text=True)
+                          encoding="utf-8", errors="replace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 26 rules found" in proc.stdout
     alerts = [r for r in rules() if "alert" in r]
     assert {"EdgeDeviceSilent", "EdgeDeviceFlapping", "EdgeRemoteWriteLag", "EdgeReleaseRegression",
             "EdgeFleetRegression", "EdgeReleaseStale"} <= {r["alert"] for r in alerts}
-    with open(os.path.join(REPO, "docs", "fleet.md")) as fh:
+    with open(os.path.join(REPO, "docs", "fleet.md"), encoding="utf-8") as fh:
         anchors = {h.lower() for h in re.findall(r"^#+ (Edge\w+)$", fh.read(), re.M)}  # GitHub's anchors
     for rule in alerts:  # every alert links its runbook, and the runbook section exists
         assert rule["annotations"]["runbook_url"] == "docs/fleet.md#" + rule["alert"].lower(), rule["alert"]
@@ -182,21 +182,22 @@ def test_promtool_checks_the_rules():
 
 
 def test_promtool_unit_tests_cover_every_alert_firing_and_not_firing():
-    with open(os.path.join(PROM_DIR, "rules_test.yml")) as fh:
+    with open(os.path.join(PROM_DIR, "rules_test.yml"), encoding="utf-8") as fh:
         cases = [c for t in yaml.safe_load(fh)["tests"] for c in t.get("alert_rule_test", [])]
     for alert in [r["alert"] for r in rules() if "alert" in r]:
         mine = [c for c in cases if c["alertname"] == alert]
         assert any(c["exp_alerts"] for c in mine), alert + " has no firing case"
         assert any(not c["exp_alerts"] for c in mine), alert + " has no not-firing case"
     proc = subprocess.run([tool("promtool"), "test", "rules", "rules_test.yml"], cwd=PROM_DIR, capture_output=True,
-                          text=True)
+                          encoding="utf-8", errors="replace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
 
 def test_the_agent_example_is_a_valid_agent_config():
     proc = subprocess.run([tool("promtool"), "check", "config", "--agent", "agent.yml"], cwd=PROM_DIR,
-                          capture_output=True, text=True, env=dict(os.environ, NODE_NAME="jetson-01"))
+                          capture_output=True,
+                          encoding="utf-8", errors="replace", env=dict(os.environ, NODE_NAME="jetson-01"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -211,7 +212,7 @@ def test_daemon_to_agent_to_receiver_carries_the_device_label(tmp_path, small_mo
         receiver = Prometheus(tmp_path, "receiver", {
             "global": {"evaluation_interval": "1s"},
             "rule_files": [os.path.join(PROM_DIR, "rules.yml")]}, ["--web.enable-remote-write-receiver"])
-        with open(os.path.join(PROM_DIR, "agent.yml")) as fh:
+        with open(os.path.join(PROM_DIR, "agent.yml"), encoding="utf-8") as fh:
             config = yaml.safe_load(fh)
         config["global"]["scrape_interval"] = "1s"
         config["scrape_configs"][0]["static_configs"] = [{"targets": ["127.0.0.1:{}".format(daemon.port)]}]
@@ -282,12 +283,12 @@ def fleet_gate(tmp_path, url, release):
         pytest.skip("ansible-core not installed (pip install -e '.[fleet]')")
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": {
         "name": os.path.join(REPO, "deploy", "ansible", "roles", "jetson_edge"), "tasks_from": "fleet_gate.yml"}}]}]
-    (tmp_path / "gate.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "gate.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
     return subprocess.run([playbook, "-c", "local", "-i", "localhost,", str(tmp_path / "gate.yml"), "-e",
                            "jetson_edge_prometheus_url={} jetson_edge_release={} ansible_python_interpreter={}".format(
                                url, release, sys.executable)],
-                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
-                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp")))
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=300, cwd=str(tmp_path),
+                          env=sh.ansible_env(tmp_path / "tmp"))
 
 
 def test_the_rollouts_fleet_gate_asks_prometheus_whether_a_release_does_worse_than_the_fleet(tmp_path, small_model):

@@ -28,12 +28,12 @@ class Device:
         os.makedirs(os.path.join(self.state, "releases"))
         os.makedirs(os.path.join(self.root, "bin"))
         shutil.copy(os.path.join(HERE, "fleet", "systemctl"), os.path.join(self.root, "bin", "systemctl"))
-        open(os.path.join(self.root, "live"), "w").close()
+        open(os.path.join(self.root, "live"), "w", encoding="utf-8").close()
         self.port = sh.free_port()
         self.settings(store=self.store, device="dev-1", **BAKE)
 
     def settings(self, **values):
-        with open(os.path.join(self.state, "rollout.json"), "w") as fh:
+        with open(os.path.join(self.state, "rollout.json"), "w", encoding="utf-8") as fh:
             json.dump(values, fh)
 
     def release(self, name, budget_ms=10000.0):
@@ -49,14 +49,15 @@ class Device:
             "runtime": {"budget_ms": budget_ms, "warmup": 1},
             "service": {"metrics": {"enabled": True, "host": "127.0.0.1", "port": self.port},
                         "telemetry": {"enabled": False}}})
-        with open(os.path.join(folder, "release.env"), "w") as fh:
+        with open(os.path.join(folder, "release.env"), "w", encoding="utf-8") as fh:
             fh.write("EDGE_RELEASE={}\n".format(name))
 
     def edge(self, *args, timeout=300):
         env = dict(os.environ, PATH=os.path.join(self.root, "bin") + os.pathsep + os.environ["PATH"])
         wait = ["--timeout", "150"] if args[0] == "try" else []
         return subprocess.run([sys.executable, "-m", "edge", "release"] + list(args) + wait +
-                              ["--state", self.state, "--by", "alice@ctl"], capture_output=True, text=True,
+                              ["--state", self.state, "--by", "alice@ctl"], capture_output=True,
+                              encoding="utf-8", errors="replace",
                               timeout=timeout, env=env)
 
     def link(self, name):
@@ -75,7 +76,7 @@ class Device:
         return sh.wait_until(lambda: self.serving() == release, timeout, 0.2)
 
     def audit(self):
-        with open(os.path.join(self.state, "audit.log")) as fh:
+        with open(os.path.join(self.state, "audit.log"), encoding="utf-8") as fh:
             return fh.read().splitlines()
 
     def settled(self, timeout=120):
@@ -95,7 +96,7 @@ def device(tmp_path, small_model):
 
 
 def record(dev, release):
-    with open(os.path.join(dev.store, "rollout", release + ".json")) as fh:
+    with open(os.path.join(dev.store, "rollout", release + ".json"), encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -135,7 +136,8 @@ def test_a_device_offline_during_a_withdrawal_leaves_it_when_its_timer_fires(dev
         assert device.edge("try", name).returncode == 0
     assert device.serves("r2")
     os.makedirs(os.path.join(device.store, "rollout"))
-    with open(os.path.join(device.store, "rollout", "r2.json"), "w") as fh:  # what the controller's kill switch wrote
+    with open(os.path.join(device.store, "rollout", "r2.json"), "w",
+              encoding="utf-8") as fh:  # what the controller's kill switch wrote
         json.dump({"release": "r2", "state": "withdrawn", "why": "kill switch", "by": "bob@ctl"}, fh)
     settle = device.edge("settle")
     assert settle.returncode == 0 and "withdrawn r2, back on r1" in settle.stdout, settle.stdout + settle.stderr
@@ -149,7 +151,7 @@ def test_every_crash_point_settles_to_the_old_or_the_new_release(device, cut):
     assert device.edge("try", "r1").returncode == 0
     device.release("r2")
     trial = {"release": "r2", "fallback": "r1", "sha256": "", "armed_at": "", "by": "alice@ctl", "retry": False}
-    with open(os.path.join(device.state, "trial.json"), "w") as fh:
+    with open(os.path.join(device.state, "trial.json"), "w", encoding="utf-8") as fh:
         json.dump(trial, fh)
     if cut != "after arming":
         os.unlink(os.path.join(device.state, "current"))
@@ -157,7 +159,7 @@ def test_every_crash_point_settles_to_the_old_or_the_new_release(device, cut):
         device.stop()
         subprocess.run([os.path.join(device.root, "bin", "systemctl"), "start", "jetson-edge.service"], check=True)
     if cut == "inside the commit":
-        open(os.path.join(device.state, "releases", "r2", "GATED"), "w").close()
+        open(os.path.join(device.state, "releases", "r2", "GATED"), "w", encoding="utf-8").close()
     settle = device.edge("settle")
     assert settle.returncode == 0 and device.settled(), settle.stdout + settle.stderr
     expected = {"after arming": "r1"}.get(cut, "r2")
@@ -195,9 +197,9 @@ def test_the_settle_unit_and_its_timer_verify():
         pytest.skip("systemd-analyze not installed (Debian: apt-get install systemd)")
     units = [os.path.join(os.path.dirname(HERE), "systemd", name)
              for name in ("jetson-edge-release.service", "jetson-edge-release.timer")]
-    proc = subprocess.run([tool, "verify"] + units, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([tool, "verify"] + units, capture_output=True, encoding="utf-8", errors="replace", timeout=60)
     assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
-    with open(units[0]) as fh:
+    with open(units[0], encoding="utf-8") as fh:
         unit = fh.read()
     assert "$$r/venv/bin/edge" in unit and "release settle" in unit  # $$: systemd passes $ to the shell
 

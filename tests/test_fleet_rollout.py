@@ -64,7 +64,7 @@ def record(fleet, release):
     path = os.path.join(fleet.cache, "rollout", release + ".json")
     if not os.path.exists(path):
         return None
-    with open(path) as fh:
+    with open(path, encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -141,7 +141,7 @@ def test_rollout_story(fleet, tmp_path):
 
     # 6. The kill switch for r3 while the follower is offline: the stop is recorded first, every reachable device
     #    goes back to r2; the offline one leaves r3 when its timer fires; no checkout installs r3 again.
-    open(os.path.join(fleet.root(FOLLOWER), "OFFLINE"), "w").close()
+    open(os.path.join(fleet.root(FOLLOWER), "OFFLINE"), "w", encoding="utf-8").close()
     kill = fleet.play("r3", action="rollback")
     assert kill.returncode == 0, out(kill)
     assert "SKIPPED (unreachable): {}".format(FOLLOWER) in kill.stdout

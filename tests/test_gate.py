@@ -70,7 +70,7 @@ def test_grey_calibration_fails_with_reasons_and_report(digits, reference, tmp_p
     assert flip["label"] == flip["file"].split("/")[0]
     report = str(tmp_path / "gate.json")
     write_report(report, result, {"artifact": "x"})
-    saved = json.load(open(report))
+    saved = json.load(open(report, encoding="utf-8"))
     assert saved["passed"] is False and saved["artifact"] == "x" and len(saved["flips"]) == len(r["flips"])
     with pytest.raises(EdgeError, match="accuracy gate failed: mean logit cosine") as err:
         enforce(result, report)
@@ -277,7 +277,7 @@ def test_a_non_finite_output_fails_in_one_line_naming_the_image(forty, tmp_path,
     assert "\n" not in str(err.value)
     path = str(tmp_path / "gate.json")
     write_report(path, result)
-    json.loads(open(path).read(), parse_constant=lambda c: pytest.fail("not strict JSON: " + c))
+    json.loads(open(path, encoding="utf-8").read(), parse_constant=lambda c: pytest.fail("not strict JSON: " + c))
 
 
 def test_nan_never_passes_a_threshold(forty):
@@ -304,6 +304,6 @@ def test_every_look_at_the_same_regression_set_is_recorded(tmp_path):
         result = GateResult({"regression_sha256": "a" * 64, "verdict": verdict, "claims": ["claim " + verdict]})
         record_look(result, path, "m.int8.onnx")
         write_report(path, result)
-    looks = json.load(open(path))["looks"]
+    looks = json.load(open(path, encoding="utf-8"))["looks"]
     assert [look["verdict"] for look in looks] == ["fail", "pass"] and looks[1]["claims"] == ["claim pass"]
     assert earlier_looks(path, "b" * 64) == []  # another set: its confidence is fresh

@@ -49,7 +49,7 @@ def gst_worker():
     except AssertionError:
         worker.proc.kill()
         worker.proc.wait()
-        done = subprocess.run([SYSTEM_PYTHON, "-c", PROBE], capture_output=True, text=True)
+        done = subprocess.run([SYSTEM_PYTHON, "-c", PROBE], capture_output=True, encoding="utf-8", errors="replace")
         if done.returncode:
             pytest.skip(needs + done.stderr.strip().splitlines()[-1])
         raise
@@ -68,7 +68,7 @@ class RtspServer:
 
     def start(self) -> "RtspServer":
         self.proc = subprocess.Popen([SYSTEM_PYTHON, os.path.join(HERE, "rtsp_server.py"), "--port", str(self.port)]
-                                     + self.args, stdout=subprocess.PIPE, text=True)
+                                     + self.args, stdout=subprocess.PIPE, encoding="utf-8", errors="replace")
         assert self.proc.stdout.readline().startswith("ready "), "the RTSP server did not start"
         return self
 
@@ -99,7 +99,8 @@ class Lines(sh.JsonLines):
 
     def __init__(self, *args: str):
         super().__init__(subprocess.Popen([SYSTEM_PYTHON, os.path.join(HERE, "gst_client.py")] + list(args),
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV))
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          encoding="utf-8", errors="replace", env=ENV))
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -141,7 +142,7 @@ class Client(Lines):
         return [x for x in self.records if x.get("event") == name]
 
     def rss_kb(self) -> int:
-        with open("/proc/{}/status".format(self.proc.pid)) as fh:
+        with open("/proc/{}/status".format(self.proc.pid), encoding="utf-8") as fh:
             return int(next(line.split()[1] for line in fh if line.startswith("VmRSS:")))
 
 
@@ -279,21 +280,22 @@ def test_a_password_uri_leaks_from_no_command_while_the_stream_is_up(server, sma
     uri = srv.uri.replace("rtsp://", "rtsp://admin:{}@".format(PASSWORD))
     config = tmp_path / "edge.yaml"
     config.write_text("source:\n  uri: '{}'\nmodel:\n  path: {}\nbackend:\n  kind: onnxruntime\n".format(
-        uri, small_model))
+        uri, small_model), encoding="utf-8")
     edge = [sys.executable, "-m", "edge"]
     commands = (["run", "--frames", "5"], ["check", "--frames", "5", "--warmup", "1", "--json", "r.json"],
                 ["calibrate", "capture", "set", "--capture-frames", "10", "--every", "2", "--min-images", "1"])
 
     def output_of(argv):
         done = subprocess.run(edge + argv + ["--config", str(config)], cwd=str(tmp_path), capture_output=True,
-                              text=True, timeout=180)
+                              encoding="utf-8", errors="replace", timeout=180)
         return argv, done.stdout + done.stderr
 
     seen = []
     with ThreadPoolExecutor(len(commands)) as pool:  # all four at once: the server's media is shared by its clients
         outputs = pool.map(output_of, commands)
         demo = subprocess.Popen(edge + ["demo", "--headless", "--port", "0", "--config", str(config)],
-                                cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                encoding="utf-8", errors="replace")
         try:
             serving = json.loads(next(line for line in demo.stdout if '"serving"' in line))
             base = serving["url"].rstrip("/")
@@ -310,7 +312,7 @@ def test_a_password_uri_leaks_from_no_command_while_the_stream_is_up(server, sma
         seen += outputs
     for argv, text in seen:
         assert PASSWORD not in text and "Traceback" not in text, (argv, text[-3000:])
-    assert '"frames": 5' in open(str(tmp_path / "r.json")).read()  # the check ran on the stream
+    assert '"frames": 5' in open(str(tmp_path / "r.json"), encoding="utf-8").read()  # the check ran on the stream
     for root, _, names in os.walk(str(tmp_path)):
         for name in names:
             if name != "edge.yaml":

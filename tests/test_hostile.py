@@ -71,7 +71,7 @@ def test_hostile_config_is_one_line_exit_2(tmp_path, text, flags, expected):
     if isinstance(text, bytes):
         path.write_bytes(text)
     else:
-        path.write_text(text)
+        path.write_text(text, encoding="utf-8")
     assert_refused(edge_here("run", "--config", path, "--model", tmp_path / "missing.onnx", *flags), path, expected)
 
 
@@ -85,7 +85,7 @@ def test_a_hostile_config_flag_is_one_line_naming_the_flag(tmp_path, value):
 
 def test_empty_section_with_a_flag_is_not_a_crash(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("runtime:\nsource:\n")
+    path.write_text("runtime:\nsource:\n", encoding="utf-8")
     proc = edge_here("run", "--config", path, "--budget-ms", "20", "--model", tmp_path / "missing.onnx")
     assert_refused(proc, tmp_path / "missing.onnx")  # the config was accepted; the model is what is missing
 
@@ -107,7 +107,8 @@ def tiny_onnx(path, side=224, classes=1000, labels=None):
     model.ir_version = 8
     onnx.save(model, str(path))
     count = classes if labels is None else labels
-    (path.parent / (path.stem + ".labels.txt")).write_text("".join("c{}\n".format(i) for i in range(count)))
+    (path.parent / (path.stem + ".labels.txt")).write_text("".join("c{}\n".format(i) for i in range(count)),
+                                                           encoding="utf-8")
     return path
 
 
@@ -166,7 +167,8 @@ def graph_model(path, nodes, outputs, initializers=(), labels=10, side=224):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, str(path))
-    (path.parent / (path.stem + ".labels.txt")).write_text("".join("c{}\n".format(i) for i in range(labels)))
+    (path.parent / (path.stem + ".labels.txt")).write_text("".join("c{}\n".format(i) for i in range(labels)),
+                                                           encoding="utf-8")
     return path
 
 
@@ -274,9 +276,10 @@ def test_a_full_disk_under_stdout_drops_log_lines_and_inference_goes_on(small_mo
     cfg = tmp_path / "c.yaml"
     sh.write_config(cfg, {"runtime": {"frames": 5, "warmup": 0}, "backend": sh.QUIET_ORT,
                           "source": {"width": 96, "height": 72}})
-    with open("/dev/full", "w") as full:
+    with open("/dev/full", "w", encoding="utf-8") as full:
         proc = subprocess.run([sys.executable, "-m", "edge", "run", "--config", str(cfg), "--model", small_model,
-                               "--source", "synthetic"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                               "--source", "synthetic"], stdout=full, stderr=subprocess.PIPE,
+                               encoding="utf-8", errors="replace", cwd=REPO,
                               timeout=120)
     # before: OSError "No space left on device" from the first log line, exit 1, and systemd restarts it forever
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -295,7 +298,7 @@ def test_a_label_longer_than_a_class_name_is_refused_with_its_line(small_model, 
     os.unlink(str(tmp_path / "m.json"))  # the labels are the user's own
     labels = ["c{}".format(i) for i in range(1000)]
     labels[7] = "x" * (5 << 20)
-    (tmp_path / "m.labels.txt").write_text("\n".join(labels) + "\n")
+    (tmp_path / "m.labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
     assert_refused(refused_run(model, "--budget-ms", "1000"), "m.labels.txt", "line 8", "at most 256")
 
 
@@ -318,7 +321,7 @@ def check(model, config, *args, run=run_edge):
 
 def test_check_output_paths_are_checked_before_running(small_model, quiet, tmp_path):
     victim = tmp_path / "victim.txt"
-    victim.write_text("precious\n")
+    victim.write_text("precious\n", encoding="utf-8")
     os.symlink(str(victim), str(tmp_path / "link.json"))
     (tmp_path / "adir").mkdir()
     cases = [("--json", "/dev/full", "a device"), ("--json", tmp_path / "link.json", "a symlink"),
@@ -330,7 +333,7 @@ def test_check_output_paths_are_checked_before_running(small_model, quiet, tmp_p
         line = assert_refused(proc, path, says)
         assert "timed" not in proc.stdout, line  # refused before any frame ran
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
-    assert victim.read_text() == "precious\n" and os.listdir(str(tmp_path / "adir")) == []
+    assert victim.read_text(encoding="utf-8") == "precious\n" and os.listdir(str(tmp_path / "adir")) == []
     assert_refused(check(small_model, quiet, "--frames", "100000000000", "--json", "", "--plot", "", run=edge_here),
                    "--frames")
     assert_refused(check(small_model, quiet, "--regression-pct", "nan", "--json", "", "--plot", "", run=edge_here),
@@ -339,23 +342,23 @@ def test_check_output_paths_are_checked_before_running(small_model, quiet, tmp_p
 
 def test_check_writes_through_no_planted_temp_file_and_reads_hostile_reports(small_model, quiet, tmp_path):
     victim = tmp_path / "victim"
-    victim.write_text("root-only\n")
+    victim.write_text("root-only\n", encoding="utf-8")
     os.chmod(str(victim), 0o600)
     report, figure = tmp_path / "report.json", tmp_path / "report.png"
     for planted in (str(report) + ".tmp", str(figure) + ".tmp"):  # the old fixed temp names
         os.symlink(str(victim), planted)
     deep, huge = tmp_path / "deep.json", tmp_path / "huge.json"
-    deep.write_text(nested(100000))
+    deep.write_text(nested(100000), encoding="utf-8")
     assert_refused(check(small_model, quiet, "--compare", deep, "--json", report, "--plot", ""), deep,
                    "nested too deeply")
     assert not report.exists()
     big = "1" + "0" * 400
     huge.write_text('{"schema_version": 1, "stages_ms": {"end_to_end": {"p50": %s, "p99": %s}, '
-                    '"infer": {"p50": NaN, "p99": Infinity}}}' % (big, big))
+                    '"infer": {"p50": NaN, "p99": Infinity}}}' % (big, big), encoding="utf-8")
     proc = check(small_model, quiet, "--frames", "5", "--json", report, "--plot", figure, "--compare", huge)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert json.loads(report.read_text())["frames"] == 5 and figure.read_bytes()[:4] == b"\x89PNG"
-    assert victim.read_text() == "root-only\n" and stat.S_IMODE(os.stat(str(victim)).st_mode) == 0o600
+    assert json.loads(report.read_text(encoding="utf-8"))["frames"] == 5 and figure.read_bytes()[:4] == b"\x89PNG"
+    assert victim.read_text(encoding="utf-8") == "root-only\n" and stat.S_IMODE(os.stat(str(victim)).st_mode) == 0o600
     leftovers = [n for n in os.listdir(str(tmp_path)) if n.endswith(".tmp") and not os.path.islink(
         str(tmp_path / n))]
     assert leftovers == []
@@ -381,22 +384,22 @@ def test_calibrate_import_replaces_only_a_set_it_wrote(tmp_path):
     src = photos(tmp_path / "photos")
     mydocs = tmp_path / "mydocs"
     mydocs.mkdir()
-    (mydocs / "thesis.txt").write_text("years of work\n")
+    (mydocs / "thesis.txt").write_text("years of work\n", encoding="utf-8")
     afile = tmp_path / "afile"
-    afile.write_text("x")
+    afile.write_text("x", encoding="utf-8")
     for out, says in ((mydocs, "no manifest.json in it"), (tmp_path, "must not contain"),
                       (src, "must not contain"), (src / "sub", "must not contain"), (afile, "not a folder")):
         before = tree(tmp_path)
         assert_refused(edge_here("calibrate", "import", src, out, "--min-images", "1"), out, says)
-        assert tree(tmp_path) == before and (mydocs / "thesis.txt").read_text() == "years of work\n"
+        assert tree(tmp_path) == before and (mydocs / "thesis.txt").read_text(encoding="utf-8") == "years of work\n"
     out = tmp_path / "set"
     assert edge_here("calibrate", "import", src, out, "--min-images", "1").returncode == 0
     assert edge_here("calibrate", "import", src, out, "--min-images", "1").returncode == 0  # its own set: replaced
-    (out / "notes.txt").write_text("mine\n")  # a user file dropped into the set is not lost either
+    (out / "notes.txt").write_text("mine\n", encoding="utf-8")  # a user file dropped into the set is not lost either
     assert_refused(edge_here("calibrate", "import", src, out, "--min-images", "1"), out, "notes.txt")
-    (out / "manifest.json").write_text(nested(100000))
+    (out / "manifest.json").write_text(nested(100000), encoding="utf-8")
     assert_refused(edge_here("calibrate", "import", src, out, "--min-images", "1"), out, "not one this tool wrote")
-    assert (out / "notes.txt").read_text() == "mine\n"
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine\n"
 
 
 def png_header(width, height):
@@ -424,11 +427,11 @@ def test_calibrate_import_skips_and_names_odd_files(tmp_path):
     with open(str(src / "huge.jpg"), "wb") as fh:
         fh.truncate(300 << 20)  # sparse
     (src / "empty.jpg").write_bytes(b"")
-    (src / "notes.txt").write_text("hello\n")
+    (src / "notes.txt").write_text("hello\n", encoding="utf-8")
     out = tmp_path / "set"
     proc = run_edge("calibrate", "import", src, out, "--min-images", "1", timeout=60)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    skipped = json.loads((out / "manifest.json").read_text())["skipped"]
+    skipped = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["skipped"]
     for name, reason in HOSTILE_FILES:
         assert any(reason in why and name in names for why, names in skipped.items()), (name, skipped)
     assert sorted(os.listdir(str(out))) == ["manifest.json", "p0.png", "p1.png"]
@@ -438,7 +441,8 @@ def test_calibrate_import_skips_and_names_odd_files(tmp_path):
 # --- the running service: model file overwritten or removed, metrics host ------------------------------------
 
 def start_run(config):
-    return subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", str(config)], cwd=REPO, text=True,
+    return subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", str(config)], cwd=REPO,
+                            encoding="utf-8", errors="replace",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -495,7 +499,7 @@ def test_metrics_on_all_interfaces_warns_and_logs_a_well_formed_url(small_model,
     cfg = service_yaml(tmp_path / "c.yaml", small_model,
                        service={"telemetry": {"enabled": False}, "metrics": {"enabled": True, "host": host,
                                                                            "port": sh.free_port()}})
-    data = yaml.safe_load(open(cfg))
+    data = yaml.safe_load(open(cfg, encoding="utf-8"))
     data["runtime"]["frames"] = 3
     sh.write_config(cfg, data)
     proc = run_edge("run", "--config", cfg, timeout=60)
@@ -549,7 +553,8 @@ def test_demo_http_server_survives_rude_clients(small_model, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "edge", "demo", "--headless", "--port", str(port), "--config",
                              config, "--model", small_model, "--source", "synthetic", "--backend", "onnxruntime",
                              "--preprocess", "cpu"],
-                            cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            cwd=REPO,
+                            encoding="utf-8", errors="replace", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     idle = []
     try:
         out = sh.JsonLines(proc)
@@ -600,7 +605,7 @@ def test_every_writer_goes_through_atomic_write():
                for name in names if name.endswith(".py") and name != "fileio.py"]
     assert len(modules) > 40
     for rel in modules:
-        text = open(os.path.join(REPO, rel)).read()
+        text = open(os.path.join(REPO, rel), encoding="utf-8").read()
         assert '+ ".tmp"' not in text and ".savefig(path" not in text, rel
 
 

@@ -54,8 +54,9 @@ def test_a_wrong_package_version_is_one_line_and_writes_nothing(tmp_path, monkey
 
 
 def test_bootstrap_makes_the_set_where_the_docs_say():
-    text = open(os.path.join(REPO, "scripts", "bootstrap.sh")).read()
+    text = open(os.path.join(REPO, "scripts", "bootstrap.sh"), encoding="utf-8").read()
     assert ".venv/bin/edge calibrate imagenet\n" in text
     for distribution, version in PACKAGES.items():
-        assert "{}=={}".format(distribution, version) in text + open(os.path.join(REPO, "setup.py")).read()
-    assert SET_SHA256 in open(os.path.join(REPO, "calibration", "README.md")).read()
+        assert "{}=={}".format(distribution, version) in text + open(os.path.join(REPO, "setup.py"),
+                                                                     encoding="utf-8").read()
+    assert SET_SHA256 in open(os.path.join(REPO, "calibration", "README.md"), encoding="utf-8").read()

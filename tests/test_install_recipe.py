@@ -28,7 +28,7 @@ def normalise(command: str, jetpack: str = "6") -> str:
 
 
 def installer_recipe(jetpack: str = "6") -> List[str]:
-    text = INSTALL.read_text()
+    text = INSTALL.read_text(encoding="utf-8")
     body = re.search(r"^jetson_recipe\(\) \{\n(.*?)^\}", text, re.S | re.M)
     assert body is not None, "no jetson_recipe() in scripts/install_service.sh"
     return [normalise(line, jetpack) for line in body.group(1).splitlines() if re.search(r"(^|\| )step ", line.strip())]
@@ -53,7 +53,7 @@ def test_recipe_is_the_jetpack_one() -> None:
 
 @pytest.mark.parametrize("jetpack", sorted(JETPACKS))
 def test_docs_show_the_installer_lines_in_order_for_each_jetpack(jetpack: str) -> None:
-    text = (ROOT / "docs" / "service.md").read_text()
+    text = (ROOT / "docs" / "service.md").read_text(encoding="utf-8")
     section = text[text.index("### What `install_service.sh` runs, per JetPack"):]
     section = section[section.index("#### JetPack " + jetpack):]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
@@ -65,7 +65,7 @@ def test_docs_show_the_installer_lines_in_order_for_each_jetpack(jetpack: str) -
 def test_the_day_one_install_runs_the_installer_once() -> None:
     """The docs' install block runs install_service.sh, which runs the recipe: not the recipe lines by hand first
     (they ran twice: pycuda and the kernel built twice)."""
-    text = (ROOT / "docs" / "service.md").read_text()
+    text = (ROOT / "docs" / "service.md").read_text(encoding="utf-8")
     block = re.search(r"<!-- day-one: install -->\n```sh\n(.*?)```", text, re.S)
     assert block is not None
     lines = block.group(1).splitlines()
@@ -74,7 +74,8 @@ def test_the_day_one_install_runs_the_installer_once() -> None:
 
 
 def test_readme_jetson_row_names_the_same_lines() -> None:
-    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| Jetson"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| Jetson"))
     named = [normalise(c) for c in re.findall(r"`([^`]+)`", row)]
     positions = [named.index(command) for command in installer_recipe("6")]
     assert positions == sorted(positions)
@@ -91,7 +92,7 @@ def stand_ins(tmp_path: Path) -> Dict[str, str]:
         folder.mkdir(parents=True)
         for name in names:
             path = folder / name
-            path.write_text(script.format(log=log))
+            path.write_text(script.format(log=log), encoding="utf-8")
             path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return {"bin": str(tmp_path / "bin"), "checkout": str(checkout), "log": str(log)}
 
@@ -105,7 +106,7 @@ def run_recipe(tmp_path: Path, fail_at: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=paths["bin"] + os.pathsep + os.environ["PATH"], FAIL_AT=fail_at)
     return subprocess.run(["bash", "-c", body, "recipe",
                            str(INSTALL), str(tmp_path / "state"), paths["checkout"]],
-                          capture_output=True, text=True, env=env, timeout=60)
+                          capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=60)
 
 
 @pytest.mark.parametrize("fail_at,ran", [
@@ -120,7 +121,7 @@ def test_a_failed_step_stops_the_install_with_its_message(tmp_path: Path, fail_a
     assert "recipe done" not in proc.stdout
     assert "E: {} broke".format(fail_at) in proc.stderr
     assert re.search(r"step failed \(exit 100\): .*{}".format(re.escape(ran[-1].split()[0])), proc.stderr)
-    logged = (tmp_path / "ran.log").read_text().splitlines()
+    logged = (tmp_path / "ran.log").read_text(encoding="utf-8").splitlines()
     assert [line.split()[0] for line in logged] == [r.split()[0] for r in ran]  # nothing after the failure ran
     assert logged[-1] == ran[-1]
 
@@ -128,7 +129,7 @@ def test_a_failed_step_stops_the_install_with_its_message(tmp_path: Path, fail_a
 def test_the_whole_recipe_runs_in_order_and_installs_nvcc_where_missing(tmp_path: Path) -> None:
     proc = run_recipe(tmp_path, fail_at="")
     assert proc.returncode == 0 and "recipe done" in proc.stdout, proc.stdout + proc.stderr
-    assert (tmp_path / "ran.log").read_text().splitlines() == [
+    assert (tmp_path / "ran.log").read_text(encoding="utf-8").splitlines() == [
         "apt-get update",
         "apt-get install -y g++ python3-libnvinfer python3-opencv python3-venv python3-dev gstreamer1.0-tools",
         "apt-get install -y cuda-nvcc-12-6 cuda-cudart-dev-12-6 cuda-profiler-api-12-6 libcurand-dev-12-6",
@@ -145,7 +146,7 @@ def test_a_foreign_jtop_is_named_and_refused(tmp_path: Path) -> None:
     major.minor is not."""
     def jtop(path: Path, version: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text('#!/bin/sh\necho "jtop {}"\n'.format(version))
+        path.write_text('#!/bin/sh\necho "jtop {}"\n'.format(version), encoding="utf-8")
         path.chmod(0o755)
         return path
 
@@ -153,7 +154,7 @@ def test_a_foreign_jtop_is_named_and_refused(tmp_path: Path) -> None:
     old, same = jtop(tmp_path / "local" / "jtop", "4.2.12"), jtop(tmp_path / "usr" / "jtop", "7.2.0")
     body = 'source "$1"; prefix="$2"; jtop_elsewhere=("$3" "$4" "$2/missing"); foreign_jtop'
     proc = subprocess.run(["bash", "-c", body, "foreign", str(INSTALL), str(tmp_path / "prefix"), str(old), str(same)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "install_service: warning: refusing {} (jetson-stats 4.2.12) for jtop.service: it runs the venv's jetson-stats "

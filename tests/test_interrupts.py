@@ -33,7 +33,7 @@ def hidden(folder):
 def signalled_midway(args, cwd, appears, sig):
     """Start `edge ARGS`, wait until `appears()` (its temporary work exists), send `sig`; (returncode, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "edge"] + [str(a) for a in args], cwd=str(cwd),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
     try:
         assert sh.wait_until(lambda: appears() or proc.poll() is not None, timeout=300)
         assert proc.poll() is None, "finished before its temporary work was seen: " + proc.stderr.read()[-2000:]
@@ -120,7 +120,7 @@ CREATED_THEN_SIGNALLED = textwrap.dedent("""
 def test_a_signal_right_after_a_temporary_is_created_leaves_nothing(tmp_path, which):
     """The gap between creating a temporary and recording its name (tempfile's mkdtemp/mkstemp have one)."""
     proc = subprocess.run([sys.executable, "-c", CREATED_THEN_SIGNALLED, str(tmp_path), which],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+                          cwd=REPO, capture_output=True, encoding="utf-8", errors="replace", timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and proc.stderr == "write: terminated by SIGTERM\n", proc.stderr
     assert os.listdir(str(tmp_path)) == []
 

@@ -51,7 +51,8 @@ def test_prebuilt_kernels_are_current_and_cover_each_driver_family() -> None:
         assert entry["sha256"] == cuda_kernel.file_sha256(path)
         served.setdefault(entry["driver"], set()).update(entry["targets"])
     assert served == FAMILIES
-    assert '"cuda/*.cubin"' in (ROOT / "setup.py").read_text() and '"cuda/*.fatbin"' in (ROOT / "setup.py").read_text()
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    assert '"cuda/*.cubin"' in setup and '"cuda/*.fatbin"' in setup
 
 
 @pytest.mark.parametrize("entry", [k for k in cuda_kernel.prebuilt() if k["file"].endswith(".cubin")],
@@ -147,7 +148,7 @@ def as_nobody_without_tmp(command: List[str]) -> "subprocess.CompletedProcess[st
         empty = tempfile.mkdtemp(dir="/var/tmp")
         os.chmod(empty, 0o555)
         full = drop + ["TMPDIR=" + empty] + command
-    return subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+    return subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace",
                           cwd=str(ROOT))
 
 
@@ -174,7 +175,8 @@ def test_build_as_nobody_with_unwritable_tmp(nvcc: str, state_dir: Path) -> None
 
 def test_nvcc_message_is_kept(nvcc: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "scripts/build_kernel.py", "--arch", "sm_10", "--into", str(tmp_path)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, cwd=str(ROOT))
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          encoding="utf-8", errors="replace", cwd=str(ROOT))
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "build_kernel.py: error: nvcc failed on edge/cuda/preprocess.cu (--cubin -arch sm_10): " in proc.stderr
     assert "sm_10" in proc.stderr.split("): ", 1)[1]  # nvcc's own words
@@ -195,7 +197,7 @@ def test_without_a_cuda_device_the_kernel_is_built_for_the_soc_the_device_tree_n
     if compatible is not None:
         folder = tmp_path / "sys/firmware/devicetree/base"
         folder.mkdir(parents=True)
-        (folder / "compatible").write_text(compatible)
+        (folder / "compatible").write_text(compatible, encoding="utf-8")
     assert board.tegra_arch(str(tmp_path)) == arch
     real = board.tegra_arch
     monkeypatch.setattr(board, "tegra_arch", lambda root="/": real(str(tmp_path)))

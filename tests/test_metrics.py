@@ -138,7 +138,8 @@ def test_promtool_accepts_the_exposition(sink, tmp_path):
     for i in range(5):
         s.on_result(result(i + 1, "ok"))
     text = scrape(port)
-    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          encoding="utf-8", errors="replace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "" and proc.stderr.strip() == "", proc.stdout + proc.stderr  # no lint warnings
 

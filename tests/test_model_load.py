@@ -27,7 +27,7 @@ def tiny_model(path, elem=TensorProto.FLOAT, shape=(1, 3, 8, 8), external=False)
         onnx.save_model(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
     else:
         onnx.save(model, str(path))
-    path.with_suffix(".labels.txt").write_text("a\nb\nc\n")
+    path.with_suffix(".labels.txt").write_text("a\nb\nc\n", encoding="utf-8")
     return str(path)
 
 

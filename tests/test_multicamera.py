@@ -185,7 +185,7 @@ def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
     assert "worst camera" in report["verdict_reason"]
     assert sum(c["frames"] for c in report["cameras"].values()) == 60
     assert all(any(line.split()[:1] == [name] for line in printed[0].splitlines()) for name in NAMES)
-    saved = json.loads((tmp_path / "check.json").read_text())
+    saved = json.loads((tmp_path / "check.json").read_text(encoding="utf-8"))
     assert set(saved["cameras"]) == set(NAMES)
     tight = load_config(config, {"runtime.budget_ms": 0.001})  # no camera meets this budget: the check fails
     quick = CheckOptions(frames=30, warmup=3, json="", plot="")
@@ -239,7 +239,8 @@ class ServedBy(Collect):
 
 def test_batching_off_is_written_as_yaml_people_write_it(tmp_path):
     path = tmp_path / "off.yaml"
-    path.write_text("runtime:\n  batching:\n    policy: off\n")  # YAML 1.1 reads an unquoted off as false
+    path.write_text("runtime:\n  batching:\n    policy: off\n",
+                    encoding="utf-8")  # YAML 1.1 reads an unquoted off as false
     assert load_config(str(path)).runtime.batching.policy == "off"
-    path.write_text("runtime:\n  batching:\n    policy: yes\n")
+    path.write_text("runtime:\n  batching:\n    policy: yes\n", encoding="utf-8")
     assert_refused(edge_here("run", "--config", path), "runtime.batching.policy")

@@ -91,7 +91,7 @@ def test_edge_run_notifies_ready_status_watchdog_and_stopping(small_model, tmp_p
             "runtime": {"warmup": 2, "budget_ms": 1000}, "service": {"telemetry": {"enabled": False}}})
         proc = subprocess.run([sys.executable, "-m", "edge", "run", "--config", cfg, "--model", small_model,
                                "--backend", "onnxruntime", "--preprocess", "cpu", "--frames", "90"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                              cwd=REPO, env=env, capture_output=True, encoding="utf-8", errors="replace", timeout=300)
         assert sh.wait_until(lambda: lst.lines("STOPPING"), 30)  # the last datagram has arrived
     finally:
         lst.close()

@@ -132,7 +132,7 @@ def test_sigint_finishes_with_a_report(small_model, tmp_path):
         "model": {"path": small_model}, "source": {"uri": "synthetic"}, "backend": {"kind": "onnxruntime"},
         "preprocess": {"device": "cpu"}, "runtime": {"report_every": 1, "warmup": 1}})
     proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
     try:
         out = JsonLines(proc)
         out.wait_for("summary", timeout=60)  # a timed frame is through (a summary line per frame)

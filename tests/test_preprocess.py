@@ -138,9 +138,9 @@ def test_build_stages_feeds_the_model_its_own_constants(small_model, tmp_path):
     model = str(tmp_path / "m.onnx")
     shutil.copy(small_model, model)
     shutil.copy(small_model[:-5] + ".labels.txt", str(tmp_path / "m.labels.txt"))
-    info = json.load(open(small_model[:-5] + ".json"))
+    info = json.load(open(small_model[:-5] + ".json", encoding="utf-8"))
     info["preprocess"] = EFFNET
-    (tmp_path / "m.json").write_text(json.dumps(info))
+    (tmp_path / "m.json").write_text(json.dumps(info), encoding="utf-8")
     seen = []
 
     def factory(cfg):

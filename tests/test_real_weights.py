@@ -77,7 +77,7 @@ def build_config(model, engines, regression, calibration="calibration/default", 
         data["preprocess"] = preprocess
     path = os.path.join(engines, "config.yaml")
     os.makedirs(engines, exist_ok=True)
-    with open(path, "w") as fh:
+    with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(data, fh)
     return load_config(path)
 
@@ -153,7 +153,8 @@ def test_int8_build_passes_the_enforced_gate_and_records_it(int8, labelled):
     assert gate["enforced"] is True and gate["verdict"] in ("pass", "inconclusive")
     assert gate["accepted_inconclusive"] is (gate["verdict"] == "inconclusive")
     assert gate["labelled"] == len(labelled) == 83 and gate["regression_sha256"] == labelled.sha256
-    r = json.load(open(os.path.splitext(artifact)[0] + ".gate.json"))  # the verdict's statistics, on real images
+    r = json.load(open(os.path.splitext(artifact)[0] + ".gate.json",
+                       encoding="utf-8"))  # the verdict's statistics, on real images
     assert r["verdict"] == gate["verdict"] and r["reference_top1"] >= 0.4 and r["reference_top5"] >= r["reference_top1"]
     assert r["right_to_wrong"] - r["wrong_to_right"] == round(r["top1_drop_pp"] * 83 / 100)
     assert round(83 * (r["reference_top1"] - r["candidate_top1"])) == r["right_to_wrong"] - r["wrong_to_right"]

@@ -155,14 +155,14 @@ def test_reload_target_is_checked_before_any_work(ws, capsys, monkeypatch):
 def daemon(ws, **model):
     """A real `edge run` on the workspace's config (`model` keys changed); yields (process, its stdout lines) once it
     serves."""
-    cfg = yaml.safe_load((ws / "cfg.yaml").read_text())
+    cfg = yaml.safe_load((ws / "cfg.yaml").read_text(encoding="utf-8"))
     cfg["model"].update(model)
     # two frames a second (well within source.timeout_s) instead of 30: each costs CPU for as long as the rebuild
     # runs, and nothing asserted depends on the frame rate
     cfg["source"]["fps"] = 2
     sh.write_config(ws / "daemon.yaml", cfg)
     service = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", "daemon.yaml"], cwd=str(ws),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
     try:
         out = sh.JsonLines(service)
         out.wait_for("start", timeout=60)
@@ -177,10 +177,10 @@ def test_rebuild_installs_and_reloads_the_running_service(ws):
     old = {name: sha(str(ws / name)) for name in ARTIFACT_FILES}
     old_set = tree(ws, "cal/current")
     with daemon(ws) as (service, out):
-        (ws / "edge.pid").write_text("{}\n".format(service.pid))
+        (ws / "edge.pid").write_text("{}\n".format(service.pid), encoding="utf-8")
         proc = subprocess.run([sys.executable, "-m", "edge", "rebuild", "--config", "cfg.yaml",
                                "--pidfile", "edge.pid"] + [str(a) for a in CHEAP], cwd=str(ws),
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, encoding="utf-8", errors="replace", timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
         for number, name in enumerate(STEPS, 1):
             assert "rebuild: step {}/8 '{}' done".format(number, name) in proc.stdout
@@ -190,7 +190,7 @@ def test_rebuild_installs_and_reloads_the_running_service(ws):
             .format(service.pid, new_sha[:12]) in proc.stdout
         assert new_sha != old["engines/m.int8.onnx"]
         assert sha(str(ws / "engines/previous/m.int8.onnx")) == old["engines/m.int8.onnx"]  # kept for rollback
-        manifest = json.loads((ws / "engines/m.int8.json").read_text())
+        manifest = json.loads((ws / "engines/m.int8.json").read_text(encoding="utf-8"))
         assert manifest["sha256"] == new_sha and manifest["precision"] == "int8" and manifest["format"] == "onnx-qdq"
         assert manifest["latency"]["verdict"] == "pass" and manifest["latency"]["p99_ms"] <= 1000
         # no absolute path in the model info: names relative to the engines folder
@@ -199,7 +199,7 @@ def test_rebuild_installs_and_reloads_the_running_service(ws):
         assert manifest["source"]["path"] == "m.onnx" and manifest["calibration"]["set"] == "../cal/current"
         assert str(ws) not in json.dumps(manifest)
         # the captured set now is build.calibration_dir, the old one kept beside it
-        captured = json.loads((ws / "cal/current/manifest.json").read_text())
+        captured = json.loads((ws / "cal/current/manifest.json").read_text(encoding="utf-8"))
         assert captured["source"] == str(ws / "camera.avi") and captured["count"] == 8
         assert manifest["calibration"]["sha256"] == captured["sha256"]
         assert {k.replace("cal/current.previous", "cal/current"): v for k, v in tree(ws, "cal/current.previous")
@@ -219,7 +219,7 @@ def _fake_systemctl(bin_dir):
     path = bin_dir / "systemctl"
     path.write_text('#!/bin/sh\ncase "$1" in\n  is-active) exit 0 ;;\n'
                     '  reload) echo "Job for $2.service failed because the control process exited." >&2; exit 1 ;;\n'
-                    'esac\nexit 3\n')
+                    'esac\nexit 3\n', encoding="utf-8")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
@@ -237,16 +237,16 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
     args = ["--config", "cfg.yaml", "--no-reload"] + list(CHEAP)
     service = contextlib.ExitStack()
     if why == "unreadable source":
-        (ws / "broken.avi").write_text("not a video\n")
+        (ws / "broken.avi").write_text("not a video\n", encoding="utf-8")
         args += ["--source", ws / "broken.avi", "--check-source", "synthetic"]
     elif why == "too few images":
         write_varied_video(ws / "short.avi", 5)
         args += ["--source", ws / "short.avi", "--every", 1, "--check-source", "synthetic"]
     elif why == "impossible thresholds":
-        info = json.loads((ws / "engines/m.json").read_text())
+        info = json.loads((ws / "engines/m.json").read_text(encoding="utf-8"))
         info["trained"] = True  # the gate is enforced for trained weights only (edge.build.steps)
-        (ws / "engines/m.json").write_text(json.dumps(info))
-        cfg = yaml.safe_load((ws / "cfg.yaml").read_text())
+        (ws / "engines/m.json").write_text(json.dumps(info), encoding="utf-8")
+        cfg = yaml.safe_load((ws / "cfg.yaml").read_text(encoding="utf-8"))
         cfg["build"]["gate"] = {"min_agreement": 1.0, "min_mean_cosine": 1.0}
         cfg["build"]["max_float_layers"] = 0  # the float-layer search is tests/test_fallback.py's
         sh.write_config(ws / "cfg.yaml", cfg)
@@ -329,23 +329,23 @@ def test_a_previous_set_the_rebuild_did_not_write_is_never_removed(ws, capsys, m
         mine = ws / "mine"
         shutil.rmtree(str(mine), ignore_errors=True)
         mine.mkdir()
-        (mine / "notes.txt").write_text("keep me")
+        (mine / "notes.txt").write_text("keep me", encoding="utf-8")
         if plant == "a symlink to the user's folder":
             os.symlink(str(mine), str(previous))
         elif plant == "a file in its place":
-            previous.write_text("keep me")
+            previous.write_text("keep me", encoding="utf-8")
         else:
             import_calibration_set(str(ws / "old-images"), str(previous), min_images=1, log=lambda *a: None)
             if plant == "a user's file":
-                (previous / "notes.txt").write_text("keep me")
+                (previous / "notes.txt").write_text("keep me", encoding="utf-8")
             else:
                 (previous / "sub").mkdir()
-                (previous / "sub" / "notes.txt").write_text("keep me")
+                (previous / "sub" / "notes.txt").write_text("keep me", encoding="utf-8")
         before = tree(ws, "")
         rc, out, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--no-reload", *CHEAP)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "current.previous" in err, (plant, err)
         assert "refusing" in err and "step 1/8" not in out, (plant, err)
-        assert tree(ws, "") == before and (mine / "notes.txt").read_text() == "keep me", plant
+        assert tree(ws, "") == before and (mine / "notes.txt").read_text(encoding="utf-8") == "keep me", plant
         held += 1
     assert held == len(plants)
 
@@ -367,5 +367,5 @@ def test_edge_rebuild_is_registered_and_the_script_calls_it(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "--dry-run" in proc.stdout and "--pidfile" in proc.stdout
     script = subprocess.run([os.path.join(REPO, "scripts", "rebuild_calibration.sh"), "--help"], capture_output=True,
-                            text=True, timeout=60, cwd=str(tmp_path))
+                            encoding="utf-8", errors="replace", timeout=60, cwd=str(tmp_path))
     assert script.returncode == 0 and "--systemd" in script.stdout, script.stderr

@@ -49,7 +49,8 @@ TIMES: Dict[str, float] = {}
 
 def day_one(name: str) -> str:
     """The docs' `<!-- day-one: name -->` block, as written."""
-    match = re.search(r"<!-- day-one: {} -->\n```sh\n(.*?)```".format(re.escape(name)), DOCS.read_text(), re.S)
+    docs = DOCS.read_text(encoding="utf-8")
+    match = re.search(r"<!-- day-one: {} -->\n```sh\n(.*?)```".format(re.escape(name)), docs, re.S)
     assert match is not None, "no day-one block '{}' in docs/service.md".format(name)
     return match.group(1)
 
@@ -86,10 +87,11 @@ class Machine:
 
     def up(self) -> float:
         started = time.monotonic()
-        proc = subprocess.run([str(REHEARSAL), "up", str(self.root)], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run([str(REHEARSAL), "up", str(self.root)], capture_output=True,
+                              encoding="utf-8", errors="replace", timeout=900)
         if proc.returncode != 0:
             log = self.root.parent / (self.root.name + ".debootstrap.log")
-            said = log.read_text()[-2000:] if log.is_file() else ""
+            said = log.read_text(encoding="utf-8")[-2000:] if log.is_file() else ""
             if "Failed getting release file" in said or "Temporary failure resolving" in said:
                 pytest.skip("rehearsal: debootstrap cannot reach the Debian mirror")
             raise AssertionError("rehearsal.sh up failed: {}\n{}".format(proc.stderr, said))
@@ -111,7 +113,7 @@ class Machine:
 
     def run(self, script: str, timeout: float = 900, check: bool = True) -> "subprocess.CompletedProcess[str]":
         proc = subprocess.run([str(REHEARSAL), "run", str(self.root), "bash", "-ec", script], capture_output=True,
-                              text=True, timeout=timeout)
+                              encoding="utf-8", errors="replace", timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError("inside the root, exit {}:\n{}\n--- stdout\n{}\n--- stderr\n{}".format(
                 proc.returncode, script, proc.stdout[-4000:], proc.stderr[-4000:]))
@@ -163,7 +165,7 @@ class Camera:
     def start(self) -> float:
         self.proc = subprocess.Popen(["/usr/bin/python3", os.path.join(REPO, "tests", "rtsp_server.py"), "--port",
                                       str(self.port), "--codec", "mjpeg", "--fps", "30"], stdout=subprocess.PIPE,
-                                     text=True)
+                                     encoding="utf-8", errors="replace")
         assert self.proc.stdout.readline().startswith("ready"), "the RTSP camera did not start"
         return time.monotonic()
 
@@ -380,7 +382,8 @@ def test_doctor_on_the_board_names_its_maximum_power_mode(serving: Machine) -> N
     boards = {"xavier_nx_r35.conf": "MODE_20W_6CORE (8)", "agx_orin_64gb_r36.conf": "MAXN (0)",
               "orin_nano_8gb_super_r36.conf": "MAXN_SUPER (2)"}  # the root's own board last: it stays
     for conf, top in boards.items():
-        (m.root / "etc/nvpmodel.conf").write_text((Path(REPO) / "tests" / "nvpmodel" / conf).read_text())
+        board_conf = (Path(REPO) / "tests" / "nvpmodel" / conf).read_text(encoding="utf-8")
+        (m.root / "etc/nvpmodel.conf").write_text(board_conf, encoding="utf-8")
         out = m.run("rm -f /var/lib/nvpmodel/status && cd /opt/jetson-edge && .venv/bin/edge doctor --config "
                     "{}".format(CONFIG), check=False).stdout
         power = next(line for line in out.splitlines() if re.match(r"(ok|warn)\s+power\s", line))

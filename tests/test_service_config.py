@@ -29,12 +29,13 @@ def test_the_shipped_service_config_names_the_engine_a_build_installs():
 
 def test_build_and_run_with_the_shipped_service_config(tiny_classifiers, tmp_path):
     root = tmp_path / "root"
-    text = open(SHIPPED).read().replace(STATE, str(root) + STATE).replace(".int8.engine", ".int8.onnx")
+    text = open(SHIPPED,
+                encoding="utf-8").read().replace(STATE, str(root) + STATE).replace(".int8.engine", ".int8.onnx")
     config = tmp_path / "etc" / "config.yaml"
     config.parent.mkdir()
     data = yaml.safe_load(text)
     data["service"]["metrics"]["port"] = sh.free_port()
-    config.write_text(yaml.safe_dump(data))
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
     cfg = load_config(str(config))
     engines = root / "var/lib/jetson-edge/engines"
     sh.copy_model(tiny_classifiers[0], engines, "mobilenet_v3_large")  # an FP32 export, as the install puts it
@@ -47,7 +48,7 @@ def test_build_and_run_with_the_shipped_service_config(tiny_classifiers, tmp_pat
     build = run_edge("build", "--config", config, "--method", "minmax", "--no-progress", timeout=600)
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr
     assert "note: model.path" not in build.stdout  # the build installed what the config serves
-    info = json.loads((engines / "mobilenet_v3_large.int8.json").read_text())
+    info = json.loads((engines / "mobilenet_v3_large.int8.json").read_text(encoding="utf-8"))
     assert info["artifact"] == os.path.basename(cfg.model.path) and info["format"] == "onnx-qdq"
     assert str(root) not in json.dumps(info)  # no absolute path recorded
 

@@ -49,7 +49,7 @@ def test_image_folder_reads_images_and_skips_non_images(tmp_path):
 
     for i in range(3):
         cv2.imwrite(str(tmp_path / "img{}.png".format(i)), np.full((50, 60, 3), i * 80, np.uint8))
-    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "notes.txt").write_text("not an image", encoding="utf-8")
     frames, reader = grab_all(SourceConfig(uri=str(tmp_path), fps=1000, loop=False))
     assert len(frames) + reader.skipped == 3
     assert all(f.image.shape == (50, 60, 3) for f in frames)
@@ -188,10 +188,10 @@ def test_software_pipelines_are_the_same_builders_with_software_elements():
 
 def test_rtsp_options_are_validated(tmp_path):
     config = tmp_path / "bad.yaml"
-    config.write_text("source:\n  rtsp_codec: vp9\n")
+    config.write_text("source:\n  rtsp_codec: vp9\n", encoding="utf-8")
     with pytest.raises(EdgeError, match=r"bad.yaml: 'source.rtsp_codec' must be one of auto\|h264\|h265\|mjpeg"):
         load_config(str(config))
-    config.write_text("source:\n  rtsp_tcp: yes please\n")
+    config.write_text("source:\n  rtsp_tcp: yes please\n", encoding="utf-8")
     with pytest.raises(EdgeError, match=r"'source.rtsp_tcp' must be true or false"):
         load_config(str(config))
 

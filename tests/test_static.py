@@ -15,13 +15,14 @@ from conftest import HERE, REPO, schedule_problems
 def test_source_is_python38_compatible():
     vermin = os.path.join(os.path.dirname(sys.executable), "vermin")
     proc = subprocess.run([vermin, "--target=3.8-", "--violations", "--no-tips", "--eval-annotations",
-                           "edge", "scripts", "benchmarks"], cwd=REPO, capture_output=True, text=True)
+                           "edge", "scripts", "benchmarks"], cwd=REPO, capture_output=True,
+                           encoding="utf-8", errors="replace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_lint_is_clean():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "edge", "tests", "scripts", "benchmarks"],
-                          cwd=REPO, capture_output=True, text=True)
+                          cwd=REPO, capture_output=True, encoding="utf-8", errors="replace")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -30,7 +31,7 @@ def _tests_by_kind():
     (calls as_nobody, or says nobody/unprivileged in its name) or shares the jtop socket (WORKER_FIXTURES)."""
     found = {kind: set() for kind in premises.KINDS}
     for path in sorted(glob.glob(os.path.join(REPO, "tests", "test_*.py"))):
-        for node in ast.walk(ast.parse(open(path).read())):
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
             if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
                 continue
             key = "{}::{}".format(os.path.basename(path), node.name)
@@ -68,7 +69,7 @@ SHARED_HELPERS = ("conftest.py", "service_helpers.py")
 
 
 def _defined(path, top_level_only):
-    tree = ast.parse(open(path).read())
+    tree = ast.parse(open(path, encoding="utf-8").read())
     nodes = tree.body if top_level_only else ast.walk(tree)
     return {n.name.lstrip("_") for n in nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
 
@@ -83,3 +84,35 @@ def test_shared_helpers_are_defined_once():
              if os.path.basename(path) not in SHARED_HELPERS
              for name in sorted(_defined(path, False) & set(shared))]
     assert not again, again
+
+
+TEXT_FLAGS = ("text", "universal_newlines")
+
+
+def _unnamed_encodings(path):
+    """Lines of `path` that read or write text in the locale's encoding: open() in a text mode, read_text(),
+    write_text(data) or a subprocess with text=True, none naming encoding=."""
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if not isinstance(node, ast.Call) or any(k.arg == "encoding" for k in node.keywords):
+            continue
+        flags = {k.arg: k.value for k in node.keywords}
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        mode = node.args[1] if len(node.args) > 1 else flags.get("mode", ast.Constant("r"))
+        if (any(isinstance(flags.get(f), ast.Constant) and flags[f].value is True for f in TEXT_FLAGS)
+                or (isinstance(node.func, ast.Name) and name == "open" and "b" not in str(getattr(mode, "value", "")))
+                or (isinstance(node.func, ast.Attribute) and (name, len(node.args)) in (("read_text", 0),
+                                                                                         ("write_text", 1)))):
+            found.append("{}:{}".format(os.path.relpath(path, REPO), node.lineno))
+    return found
+
+
+def test_text_io_names_its_encoding():
+    """CI once ran in a worker whose locale encoding was ASCII: `systemd-analyze`'s UTF-8 output failed to decode.
+    Text read or written by the product, its scripts and its tests names encoding="utf-8" (tools' output with
+    errors="replace"), so no result depends on the machine's locale."""
+    files = [os.path.join(REPO, "setup.py")] + [p for folder in ("edge", "scripts", "benchmarks", "tests")
+                                                for p in glob.glob(os.path.join(REPO, folder, "**", "*.py"),
+                                                                   recursive=True)]
+    unnamed = [line for path in sorted(files) for line in _unnamed_encodings(path)]
+    assert not unnamed, "name encoding=\"utf-8\" (and errors=\"replace\" for a tool's output): {}".format(unnamed)

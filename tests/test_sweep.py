@@ -24,7 +24,7 @@ def png_size(path):
 def small_frames(tmp_path):
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump({"source": {"width": 320, "height": 240},
-                                    "service": {"telemetry": {"enabled": False}}}))
+                                    "service": {"telemetry": {"enabled": False}}}), encoding="utf-8")
     return str(path)
 
 
@@ -35,12 +35,12 @@ def test_sweep_writes_json_csv_and_png_with_goodput_within_the_offered_load(tmp_
     config = tmp_path / "batching.yaml"
     config.write_text(yaml.safe_dump({"source": {"width": 320, "height": 240},
                                       "runtime": {"budget_ms": 1000.0, "batching": {"max_wait_ms": 40.0}},
-                                      "service": {"telemetry": {"enabled": False}}}))
+                                      "service": {"telemetry": {"enabled": False}}}), encoding="utf-8")
     proc = run_edge("sweep", "--config", str(config), "--model", dynamic_model, "--batch", "1,2,4", "--streams",
                     "1,2,4", "--duration", 3, "--max-windows", 3, "--json", out["json"], "--csv", out["csv"],
                     "--plot", out["png"], timeout=600)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]  # the knee depends on this machine: either is a verdict
-    report = json.loads(open(out["json"]).read())
+    report = json.loads(open(out["json"], encoding="utf-8").read())
     assert report["verdict"] == ("pass" if proc.returncode == 0 else "fail")
     cells = report["cells"]
     assert sorted((c["streams"], c["batch"]) for c in cells) == [(s, b) for s in (1, 2, 4) for b in (1, 2, 4)]
@@ -53,7 +53,7 @@ def test_sweep_writes_json_csv_and_png_with_goodput_within_the_offered_load(tmp_
         assert 1 <= c["windows"] <= 3
     assert any(c["mean_batch"] > 1 for c in cells if c["batch"] > 1 and c["streams"] > 1)  # batches formed
     assert sum(c["knee"] for c in cells) == (1 if proc.returncode == 0 else 0)
-    rows = list(csv.DictReader(open(out["csv"])))
+    rows = list(csv.DictReader(open(out["csv"], encoding="utf-8")))
     assert list(rows[0]) == list(COLUMNS) and len(rows) == 9
     assert png_size(out["png"]) == (1200, 900)
     assert "knee" in proc.stdout.lower() or "no cell meets" in proc.stdout

@@ -24,7 +24,7 @@ INSTALL = os.path.join(REPO, "scripts", "install_service.sh")
 def unit_settings(path=UNIT):
     """[(section, key, value)] in file order (unit files repeat keys, so not a configparser)."""
     out, section = [], None
-    with open(path) as fh:
+    with open(path, encoding="utf-8") as fh:
         for raw in fh:
             line = raw.strip()
             if not line or line.startswith(("#", ";")):
@@ -49,17 +49,19 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
         pytest.skip("systemd-analyze not installed (Debian package systemd; scripts/bootstrap.sh --dev as root)")
     edge_bin = os.path.join(os.path.dirname(sys.executable), "edge")
     assert os.access(edge_bin, os.X_OK), "the edge console script is not installed in this venv"
-    text = open(UNIT).read().replace("/opt/jetson-edge/.venv/bin/edge", edge_bin)  # verify checks it exists
+    text = open(UNIT,
+                encoding="utf-8").read().replace("/opt/jetson-edge/.venv/bin/edge", edge_bin)  # verify checks it exists
     copy = tmp_path / "jetson-edge.service"
-    copy.write_text(text)
-    proc = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, cwd=str(tmp_path))
+    copy.write_text(text, encoding="utf-8")
+    proc = subprocess.run([analyze, "verify", str(copy)], capture_output=True,
+                          encoding="utf-8", errors="replace", cwd=str(tmp_path))
     ours = [line for line in (proc.stdout + proc.stderr).splitlines() if "jetson-edge" in line]
     assert proc.returncode == 0 and ours == [], proc.stdout + proc.stderr  # verify also *warns* with rc 0
     # and it does check: a unit whose binary is missing fails
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "jetson-edge.service").write_text(open(UNIT).read())
+    (tmp_path / "bad" / "jetson-edge.service").write_text(open(UNIT, encoding="utf-8").read(), encoding="utf-8")
     bad = subprocess.run([analyze, "verify", str(tmp_path / "bad" / "jetson-edge.service")], capture_output=True,
-                         text=True)
+                         encoding="utf-8", errors="replace")
     assert bad.returncode != 0 and "/opt/jetson-edge/.venv/bin/edge" in bad.stdout + bad.stderr
 
 
@@ -75,7 +77,7 @@ def test_unit_is_a_hardened_notify_service_that_keeps_devices_visible():
     keys = {k for _, k, _ in unit_settings()}
     assert "PrivateDevices" not in keys, "PrivateDevices hides /dev/video* and /dev/nvhost-*"
     assert "MemoryDenyWriteExecute" not in keys
-    text = open(UNIT).read()
+    text = open(UNIT, encoding="utf-8").read()
     assert "PrivateDevices" in text and "/dev/nvhost" in text  # the reason is written down
     assert {"jtop.service", "nvargus-daemon.service"} <= set(get("After", "Unit").split())
     assert get("Environment") == ["PYTHONUNBUFFERED=1", "TMPDIR=/run/jetson-edge"]
@@ -97,7 +99,8 @@ def test_default_device_config_is_valid_and_local_only():
 
 def run_install(*args, destdir, script=INSTALL):
     env = dict(os.environ, DESTDIR=str(destdir))
-    return subprocess.run(["bash", script] + list(args), capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(["bash", script] + list(args), capture_output=True,
+                          encoding="utf-8", errors="replace", env=env, timeout=60)
 
 
 def tree(root):
@@ -115,10 +118,10 @@ def test_installer_stages_files_and_is_idempotent(tmp_path):
     dest = tmp_path / "root"
     first = run_install("--prefix", "/srv/edge", destdir=dest)
     assert first.returncode == 0, first.stderr
-    unit = (dest / "etc/systemd/system/jetson-edge.service").read_text()
+    unit = (dest / "etc/systemd/system/jetson-edge.service").read_text(encoding="utf-8")
     assert "ExecStart=/srv/edge/.venv/bin/edge run --config /etc/jetson-edge/config.yaml" in unit
     assert "/opt/jetson-edge" not in unit
-    assert (dest / "etc/jetson-edge/config.yaml").read_text() == open(CONFIG).read()
+    assert (dest / "etc/jetson-edge/config.yaml").read_text(encoding="utf-8") == open(CONFIG, encoding="utf-8").read()
     assert (dest / "var/lib/jetson-edge/engines").is_dir()
     for name in ("default", "regression"):  # where the config's build section points
         shipped = os.path.join(REPO, "calibration", name)
@@ -147,12 +150,13 @@ def test_installer_never_overwrites_an_edited_config(tmp_path):
     dest = tmp_path / "root"
     assert run_install(destdir=dest).returncode == 0
     config = dest / "etc/jetson-edge/config.yaml"
-    edited = config.read_text().replace("uri: csi://0", "uri: /dev/video1")
-    config.write_text(edited)
+    edited = config.read_text(encoding="utf-8").replace("uri: csi://0", "uri: /dev/video1")
+    config.write_text(edited, encoding="utf-8")
     proc = run_install(destdir=dest)
     assert proc.returncode == 0 and "keeping" in proc.stdout
-    assert config.read_text() == edited
-    assert (dest / "etc/jetson-edge/config.yaml.dist").read_text() == open(CONFIG).read()
+    assert config.read_text(encoding="utf-8") == edited
+    assert (dest / "etc/jetson-edge/config.yaml.dist").read_text(encoding="utf-8") == open(CONFIG,
+                                                                                           encoding="utf-8").read()
 
 
 def test_installer_updates_an_untouched_config_when_the_shipped_one_changes(tmp_path):
@@ -165,11 +169,11 @@ def test_installer_updates_an_untouched_config_when_the_shipped_one_changes(tmp_
     script = str(repo / "scripts" / "install_service.sh")
     dest = tmp_path / "root"
     assert run_install(destdir=dest, script=script).returncode == 0
-    new = open(CONFIG).read().replace("report_every: 300", "report_every: 600")
-    (repo / "systemd" / "config.yaml").write_text(new)
+    new = open(CONFIG, encoding="utf-8").read().replace("report_every: 300", "report_every: 600")
+    (repo / "systemd" / "config.yaml").write_text(new, encoding="utf-8")
     proc = run_install(destdir=dest, script=script)
     assert proc.returncode == 0 and "updating" in proc.stdout
-    assert (dest / "etc/jetson-edge/config.yaml").read_text() == new
+    assert (dest / "etc/jetson-edge/config.yaml").read_text(encoding="utf-8") == new
     assert not (dest / "etc/jetson-edge/config.yaml.dist").exists()
 
 
@@ -189,7 +193,8 @@ def test_installer_dry_run_on_the_real_system_only_prints(tmp_path):
     except KeyError:
         pass
     env = {k: v for k, v in os.environ.items() if k != "DESTDIR"}
-    proc = subprocess.run(["bash", INSTALL, "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(["bash", INSTALL, "--dry-run"], capture_output=True,
+                          encoding="utf-8", errors="replace", env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "would run: useradd --system" in proc.stdout
     with pytest.raises(KeyError):
@@ -212,7 +217,7 @@ def test_unit_exposure_score_does_not_rise():
     if analyze is None:
         pytest.skip("systemd-analyze not installed (Debian package systemd; scripts/bootstrap.sh --dev as root)")
     proc = subprocess.run([analyze, "security", "--offline=true", "--no-pager", UNIT], capture_output=True,
-                          text=True, timeout=60)
+                          encoding="utf-8", errors="replace", timeout=60)
     match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", proc.stdout + proc.stderr)
     assert match, proc.stdout + proc.stderr
     assert float(match.group(1)) <= EXPOSURE_MAX, proc.stdout
@@ -241,7 +246,7 @@ def test_installer_refuses_a_hostile_prefix_and_changes_nothing(tmp_path, prefix
 def test_installer_accepts_a_plain_prefix_with_a_trailing_slash(tmp_path):
     dest = tmp_path / "root"
     assert run_install("--prefix", "/srv/edge-1.2_x/", destdir=dest).returncode == 0
-    unit = (dest / "etc/systemd/system/jetson-edge.service").read_text()
+    unit = (dest / "etc/systemd/system/jetson-edge.service").read_text(encoding="utf-8")
     assert "ExecStart=/srv/edge-1.2_x/.venv/bin/edge run --config" in unit
 
 
@@ -250,21 +255,21 @@ def test_installer_refuses_to_write_through_a_planted_symlink(tmp_path):
         base = tmp_path / planted.replace("/", "_")
         base.mkdir()
         dest, target = base / "root", base / "victim"
-        target.write_text("precious") if "." in planted else target.mkdir()
+        target.write_text("precious", encoding="utf-8") if "." in planted else target.mkdir()
         link = dest / planted
         link.parent.mkdir(parents=True)
         link.symlink_to(target)
         proc = run_install(destdir=dest)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "refusing to write through the symbolic link {}".format(link) in proc.stderr
-        assert (target.read_text() == "precious") if target.is_file() else list(target.iterdir()) == []
+        assert (target.read_text(encoding="utf-8") == "precious") if target.is_file() else list(target.iterdir()) == []
         assert not (dest / "etc/jetson-edge/config.yaml").exists() or planted == "etc/systemd/system"
 
 
 def test_installer_prefix_root_gives_one_slash(tmp_path):
     dest = tmp_path / "root"
     assert run_install("--prefix", "/", destdir=dest).returncode == 0
-    unit = (dest / "etc/systemd/system/jetson-edge.service").read_text()
+    unit = (dest / "etc/systemd/system/jetson-edge.service").read_text(encoding="utf-8")
     assert "ExecStart=/.venv/bin/edge run --config" in unit and "//.venv" not in unit
 
 
@@ -352,7 +357,7 @@ def argus_restart_seen_by(tmp_path, private_tmp, binds):
     daemon = ArgusLike(str(host_tmp / "argus_socket"))
     client = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _CLIENT,
                                str(host_tmp), str(service_tmp), private_tmp] + binds,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, encoding="utf-8", errors="replace")
     try:
         before = client.stdout.readline().strip()
         daemon.restart()
@@ -387,10 +392,10 @@ def test_jtop_service_runs_the_venvs_jtop_and_the_container_default_matches_it()
     from packaging.version import Version
 
     dropin = os.path.join(REPO, "systemd", "jtop.service.d", "jetson-edge.conf")
-    lines = [line for line in open(dropin).read().splitlines() if line and not line.startswith("#")]
+    lines = [line for line in open(dropin, encoding="utf-8").read().splitlines() if line and not line.startswith("#")]
     assert lines == ["[Service]", "ExecStart=", "ExecStart=/opt/jetson-edge/.venv/bin/jtop --force"]
-    setup = open(os.path.join(REPO, "setup.py")).read()
+    setup = open(os.path.join(REPO, "setup.py"), encoding="utf-8").read()
     spec = re.search(r'"jetson": \[[^]]*"jetson-stats([^"]+)"', setup).group(1)
-    dockerfile = open(os.path.join(REPO, "deploy", "container", "Dockerfile")).read()
+    dockerfile = open(os.path.join(REPO, "deploy", "container", "Dockerfile"), encoding="utf-8").read()
     default = re.search(r"^ARG JTOP_VERSION=(\S+)$", dockerfile, re.M).group(1)
     assert Version(default) in SpecifierSet(spec), (default, spec)

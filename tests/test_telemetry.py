@@ -66,13 +66,13 @@ def test_linux_reader_reads_thermal_zones_ram_and_a_devfreq_gpu(tmp_path):
     for n, (kind, milli) in enumerate((("cpu-thermal", "45500"), ("cpu-thermal", "47000"), ("bad", "x"))):
         zone = tmp_path / "thermal" / "thermal_zone{}".format(n)
         zone.mkdir(parents=True)
-        (zone / "type").write_text(kind + "\n")
-        (zone / "temp").write_text(milli + "\n")
+        (zone / "type").write_text(kind + "\n", encoding="utf-8")
+        (zone / "temp").write_text(milli + "\n", encoding="utf-8")
     gpu = tmp_path / "devfreq" / "17000000.gpu"
     (gpu / "device" / "of_node").mkdir(parents=True)
-    (gpu / "device" / "of_node" / "name").write_text("gpu")
-    (gpu / "cur_freq").write_text("306000000")
-    (gpu / "device" / "load").write_text("125")
+    (gpu / "device" / "of_node" / "name").write_text("gpu", encoding="utf-8")
+    (gpu / "cur_freq").write_text("306000000", encoding="utf-8")
+    (gpu / "device" / "load").write_text("125", encoding="utf-8")
     snap = LinuxReader(str(tmp_path / "thermal"), str(tmp_path / "devfreq")).read()
     assert snap.source == "linux" and snap.degraded is None
     assert snap.temperatures == {"cpu-thermal": 45.5, "cpu-thermal.1": 47.0}
@@ -81,7 +81,7 @@ def test_linux_reader_reads_thermal_zones_ram_and_a_devfreq_gpu(tmp_path):
 
 
 def test_linux_reader_without_psutil_uses_proc_meminfo(tmp_path):
-    (tmp_path / "meminfo").write_text("MemTotal:  1000 kB\nMemFree: 100 kB\nMemAvailable:  250 kB\n")
+    (tmp_path / "meminfo").write_text("MemTotal:  1000 kB\nMemFree: 100 kB\nMemAvailable:  250 kB\n", encoding="utf-8")
     reader = LinuxReader(str(tmp_path), str(tmp_path), str(tmp_path / "meminfo"))
     reader._psutil = None
     snap = reader.read()
@@ -262,9 +262,9 @@ def test_clock_ceilings_and_overcurrent_rails_from_jtop():
 def test_linux_reader_reports_the_devfreq_gpu_ceiling(tmp_path):
     gpu = tmp_path / "devfreq" / "17000000.gpu"
     (gpu / "device" / "of_node").mkdir(parents=True)
-    (gpu / "device" / "of_node" / "name").write_text("gpu")
-    (gpu / "cur_freq").write_text("306000000")
-    (gpu / "max_freq").write_text("921600000")
+    (gpu / "device" / "of_node" / "name").write_text("gpu", encoding="utf-8")
+    (gpu / "cur_freq").write_text("306000000", encoding="utf-8")
+    (gpu / "max_freq").write_text("921600000", encoding="utf-8")
     snap = LinuxReader(str(tmp_path / "thermal"), str(tmp_path / "devfreq")).read()
     assert snap.gpu_freq_max_mhz == pytest.approx(921.6) and snap.overcurrent == {}
 

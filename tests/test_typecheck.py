@@ -71,7 +71,7 @@ def mypy(stubs: Stubs, flags: Sequence[str], *targets: str, cwd: Path = ROOT) ->
     return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "mypy.ini"), *flags,
                            "--cache-dir", str(cache), *targets],
                           cwd=str(cwd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True)
+                          encoding="utf-8", errors="replace")
 
 
 def test_stubs_describe_tensorrt_10(stubs: Stubs) -> None:
@@ -141,12 +141,12 @@ def test_tensorrt_build_passes_strict_mypy(stubs: Stubs) -> None:
 def test_a_misspelt_tensorrt_call_is_caught(stubs: Stubs, tmp_path: Path) -> None:
     pkg = tmp_path / "edge" / "build"
     pkg.mkdir(parents=True)
-    (tmp_path / "edge" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
+    (tmp_path / "edge" / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
     text = (ROOT / "edge" / "build" / "tensorrt_engine.py").read_text(encoding="utf-8")
     assert "config.set_memory_pool_limit(" in text
     misspelt = text.replace("config.set_memory_pool_limit(", "config.set_memory_pool_limt(")
-    (pkg / "tensorrt_engine.py").write_text(misspelt)
+    (pkg / "tensorrt_engine.py").write_text(misspelt, encoding="utf-8")
     proc = mypy(stubs, FLAGS, str(pkg / "tensorrt_engine.py"), cwd=tmp_path)
     assert proc.returncode != 0
     assert proc.stdout.count("error:") == text.count("config.set_memory_pool_limit("), proc.stdout  # only those

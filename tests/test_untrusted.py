@@ -113,13 +113,14 @@ def test_a_password_uri_leaks_from_no_command_when_the_source_is_down(small_mode
     """The failure paths (the working ones: tests/test_gstreamer.py): every command, side by side."""
     uri = "rtsp://admin:{}@127.0.0.1:9/cam?token={}".format(PASSWORD, TOKEN)  # nothing listens on port 9
     config = tmp_path / "edge.yaml"
-    config.write_text("source:\n  uri: '{}'\n  start_timeout_s: 2\nmodel:\n  path: {}\n".format(uri, small_model))
+    config.write_text("source:\n  uri: '{}'\n  start_timeout_s: 2\nmodel:\n  path: {}\n".format(uri, small_model),
+                      encoding="utf-8")
     commands = (["run"], ["check", "--json", "report.json", "--plot", ""], ["demo", "--headless", "--port", "0"],
                 ["doctor"],
                 ["calibrate", "capture", "set", "--capture-frames", "5", "--every", "1", "--min-images", "1"],
                 ["rebuild", "--dry-run", "--no-reload"])
     procs = [subprocess.Popen([sys.executable, "-m", "edge"] + argv + ["--config", str(config)], cwd=str(tmp_path),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
              for argv in commands]
     for argv, proc in zip(commands, procs):
         head = []
@@ -159,7 +160,7 @@ def test_a_huge_or_hostile_path_gives_one_bounded_escaped_line(tmp_path):
         line = assert_refused(edge_here("run", "--config", path), "config file")
         assert "\x1b" not in line and "\x7f" not in line
     config = tmp_path / "huge.yaml"
-    config.write_text("model:\n  path: " + "m/" * 450000 + "x.onnx\n")  # a 900 KB path, in a config
+    config.write_text("model:\n  path: " + "m/" * 450000 + "x.onnx\n", encoding="utf-8")  # a 900 KB path, in a config
     assert_refused(edge_here("run", "--config", str(config), "--backend", "onnxruntime"), "x.onnx")
     assert_refused(edge_here("run", "--config", str(tmp_path)), str(tmp_path), "folder")
     (tmp_path / "sub.yaml").mkdir()
@@ -236,10 +237,11 @@ def test_a_model_info_that_repeats_a_key_is_refused(small_model, tmp_path):
     from edge.fileio import load_json
 
     path = tmp_path / "m.json"
-    path.write_text('{"trained": false, "preprocess": {"resize": 256, "resize": 1e21}}')
+    path.write_text('{"trained": false, "preprocess": {"resize": 256, "resize": 1e21}}', encoding="utf-8")
     with pytest.raises(EdgeError, match="repeats the key \"resize\""):
         load_json(str(path), "model info")
-    assert json.loads(path.read_text())["preprocess"]["resize"] == 1e21  # what json alone would have used
+    # what json alone would have used
+    assert json.loads(path.read_text(encoding="utf-8"))["preprocess"]["resize"] == 1e21
 
 
 def test_a_file_name_that_is_not_utf8_prints_escaped(small_model, tmp_path):

@@ -45,15 +45,16 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
     subprocess.run(pip + ["--python", python, "install", "--no-deps", "--no-index", "-q", wheel], check=True,
                    capture_output=True, timeout=300)
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "dependencies-from-the-test-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+                          capture_output=True, encoding="utf-8", errors="replace", check=True).stdout.strip()
+    Path(site, "dependencies-from-the-test-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n",
+                                                                 encoding="utf-8")
     return {"wheel": wheel, "bin": str(venv / "bin")}
 
 
 def edge(wheel_venv: Dict[str, str], cwd: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([os.path.join(wheel_venv["bin"], "edge")] + list(args), cwd=str(cwd), capture_output=True,
-                          text=True, timeout=timeout, env=env)
+                          encoding="utf-8", errors="replace", timeout=timeout, env=env)
 
 
 def test_the_wheel_carries_what_the_product_needs(wheel_venv: Dict[str, str]) -> None:
@@ -76,11 +77,12 @@ def test_edge_init_writes_them_out_from_the_wheel_and_never_over_a_file(wheel_ve
     assert (tmp_path / "configs" / "example.yaml").read_bytes() == Path(REPO, "configs", "example.yaml").read_bytes()
     other = tmp_path / "other"
     (other / "configs").mkdir(parents=True)
-    (other / "configs" / "example.yaml").write_text("mine")
+    (other / "configs" / "example.yaml").write_text("mine", encoding="utf-8")
     refused = edge(wheel_venv, other, "init")
     assert refused.returncode == 2 and "has 1 of these files (configs/example.yaml)" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "nothing written" in refused.stderr
-    assert sorted(os.listdir(str(other))) == ["configs"] and (other / "configs" / "example.yaml").read_text() == "mine"
+    assert sorted(os.listdir(str(other))) == ["configs"]
+    assert (other / "configs" / "example.yaml").read_text(encoding="utf-8") == "mine"
 
 
 @pytest.mark.slow

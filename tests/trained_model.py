@@ -157,14 +157,14 @@ def train_digits_model(root: str, epochs: int = EPOCHS, log: Callable[..., None]
         sets[name] = os.path.join(root, name)
         import_calibration_set(os.path.join(raw, name), sets[name], min_images=1, log=quiet)
     np.savez(os.path.join(root, HELD_OUT), images=images[test], labels=labels[test])
-    with open(os.path.join(root, TRAINED), "w") as fh:
+    with open(os.path.join(root, TRAINED), "w", encoding="utf-8") as fh:
         json.dump({"torch_top1": top1, "train_seconds": seconds}, fh)
     return load_digits_model(root)
 
 
 def load_digits_model(root: str) -> DigitsModel:
     """The model `train_digits_model(root)` left in `root` (another pytest-xdist worker may have trained it)."""
-    with open(os.path.join(root, TRAINED)) as fh:
+    with open(os.path.join(root, TRAINED), encoding="utf-8") as fh:
         trained = json.load(fh)
     with np.load(os.path.join(root, HELD_OUT)) as held_out:
         images, labels = held_out["images"], held_out["labels"]

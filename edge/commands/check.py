@@ -142,7 +142,7 @@ def check_in_subprocess(cfg: Config, options: CheckOptions, work: str) -> CheckV
     config = os.path.join(work, "check.yaml")
     write_json_atomic(config, as_dict(cfg))  # JSON is YAML
     command = [sys.executable, "-m", "edge", "check", "--config", config] + as_argv(options)
-    proc = subprocess.run(command, capture_output=True, text=True)
+    proc = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace")
     if proc.returncode not in (EXIT_OK, EXIT_FAIL) or not os.path.isfile(options.json):
         lines = proc.stderr.strip().splitlines()
         raise EdgeError("latency check: edge check exited {}: {}".format(

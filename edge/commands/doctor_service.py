@@ -28,7 +28,8 @@ _OWN_RUNTIME = ("RuntimeDirectory=jetson-edge", "TMPDIR=/run/jetson-edge")
 def systemd_version() -> int:
     """246 from `systemctl --version` ('systemd 246 (246.9)'); 0 when it says nothing usable."""
     try:
-        out = subprocess.run(["systemctl", "--version"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(["systemctl", "--version"], capture_output=True,
+                             encoding="utf-8", errors="replace", timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     words = out.split()

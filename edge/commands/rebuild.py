@@ -152,7 +152,8 @@ def resolve_reload(cfg: Config, pid: Optional[int], pidfile: Optional[str], syst
     if systemd:
         if shutil.which("systemctl") is None:
             raise EdgeError("--systemd: systemctl not found on PATH")
-        proc = subprocess.run(["systemctl", "is-active", "--quiet", unit], capture_output=True, text=True)
+        proc = subprocess.run(["systemctl", "is-active", "--quiet", unit], capture_output=True,
+                              encoding="utf-8", errors="replace")
         if proc.returncode != 0:
             raise EdgeError("--systemd: unit {} is not active (systemctl is-active {}); start it or use --no-reload"
                             .format(unit, unit))
@@ -180,7 +181,8 @@ def service_state(url: str) -> Dict[str, Any]:
 
 def _signal(target: ReloadTarget) -> None:
     if target.unit:
-        proc = subprocess.run(["systemctl", "reload", target.unit], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(["systemctl", "reload", target.unit], capture_output=True,
+                              encoding="utf-8", errors="replace", timeout=60)
         if proc.returncode != 0:
             why = (proc.stderr or proc.stdout).strip().splitlines()
             raise EdgeError("systemctl reload {} exited {}: {}".format(target.unit, proc.returncode,

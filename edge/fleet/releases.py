@@ -140,14 +140,14 @@ class Device:
             os.unlink(self.path("refused", release + ".json"))
 
     def audit(self, by: str, text: str) -> None:
-        with open(self.path("audit.log"), "a") as fh:
+        with open(self.path("audit.log"), "a", encoding="utf-8") as fh:
             fh.write("{} {} {}\n".format(now(), by, text))
             fh.flush()
             os.fsync(fh.fileno())
 
     def systemctl(self, *args: str) -> None:
         proc = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=300)
+                              encoding="utf-8", errors="replace", timeout=300)
         if proc.returncode != 0:
             raise EdgeError("systemctl {}: {}".format(" ".join(args), (proc.stdout.strip().splitlines() or ["exit {}"
                             .format(proc.returncode)])[-1]), EXIT_FAIL)

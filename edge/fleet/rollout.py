@@ -137,7 +137,7 @@ def _withdrawn(dev: Device, release: str) -> Optional[str]:
 
 def _commit(dev: Device, trial: Dict[str, Any], summary: str, by: str) -> str:
     release, sha = trial["release"], trial.get("sha256", "")
-    with open(os.path.join(dev.release_dir(release), "GATED"), "w") as fh:
+    with open(os.path.join(dev.release_dir(release), "GATED"), "w", encoding="utf-8") as fh:
         fh.write("{} {} {}\n".format(now(), sha, summary))
         fh.flush()
         os.fsync(fh.fileno())

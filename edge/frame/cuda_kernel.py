@@ -66,7 +66,7 @@ def find_nvcc() -> str:
 def nvcc_version(nvcc: str) -> str:
     """'12.6.68' from `nvcc --version` ('Cuda compilation tools, release 12.6, V12.6.68')."""
     out = subprocess.run([nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         universal_newlines=True).stdout
+                         encoding="utf-8", errors="replace").stdout
     match = re.search(r"release [\d.]+, V(\d+\.\d+[\d.]*)", out)
     if match is None:
         raise EdgeError("{} --version says no release: {}".format(nvcc, out.strip()[:200]))
@@ -97,7 +97,7 @@ def run_nvcc(nvcc: str, args: List[str], out: str) -> None:
     with temp_dir(folder, ".nvcc-") as tmp:
         staged = os.path.join(tmp, os.path.basename(out))
         cmd = [nvcc, *CXX_FLAGS, *args, "-I", CUDA_DIR, "-o", staged, os.path.join(CUDA_DIR, "preprocess.cu")]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace",
                               cwd=tmp, env=dict(os.environ, TMPDIR=tmp, TMP=tmp, TEMP=tmp))
         if proc.returncode != 0:
             said = "; ".join(ln.strip() for ln in proc.stdout.splitlines() if ln.strip())[:500]

@@ -164,7 +164,7 @@ def _first_value(mapping: Any) -> Any:
 
 def _read_text(path: str) -> Optional[str]:
     try:
-        with open(path, "r") as fh:
+        with open(path, "r", encoding="utf-8") as fh:
             return fh.read().strip()
     except (OSError, UnicodeDecodeError):
         return None

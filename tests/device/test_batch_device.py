@@ -94,10 +94,11 @@ def test_sweep_with_tensorrt(batch_engine: str, tmp_path: Any) -> None:
     out = str(tmp_path / "sweep.json")
     proc = subprocess.run([sys.executable, "-m", "edge", "sweep", "--model", batch_engine, "--backend", "tensorrt",
                            "--batch", "1,2,4", "--streams", "1,2,4", "--duration", "3", "--max-windows", "3",
-                           "--json", out, "--csv", "", "--plot", ""], capture_output=True, text=True, cwd=HERE,
+                           "--json", out, "--csv", "", "--plot", ""], capture_output=True,
+                           encoding="utf-8", errors="replace", cwd=HERE,
                           timeout=900)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
-    for cell in json.load(open(out))["cells"]:
+    for cell in json.load(open(out, encoding="utf-8"))["cells"]:
         assert cell["goodput_fps"] <= cell["achieved_fps"] <= cell["offered_fps"]
 
 
@@ -115,7 +116,7 @@ def test_closed_loop_throughput_against_trtexec(batch_engine: str, inputs: np.nd
 
     proc = subprocess.run([trtexec(), "--loadEngine=" + batch_engine, "--profile={}".format(SIZES.index(size)),
                            "--shapes=input:{}x3x224x224".format(size), "--useCudaGraph", "--duration=3",
-                           "--percentile=99"], capture_output=True, text=True, timeout=300)
+                           "--percentile=99"], capture_output=True, encoding="utf-8", errors="replace", timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:]
     qps = float(re.search(r"Throughput: ([0-9.]+) qps", proc.stdout).group(1))
     session = CudaSession()

@@ -62,7 +62,8 @@ def test_usb_camera_mjpg_decoded_by_the_hardware():
 @pytest.mark.parametrize("served, codec", [("h264", "auto"), ("h265", "auto"), ("h265", "h265"), ("mjpeg", "mjpeg")])
 def test_rtsp_each_codec_through_nvv4l2decoder(served, codec):
     server = subprocess.Popen([sys.executable, os.path.join(HERE, "rtsp_server.py"), "--port", "8654", "--codec",
-                               served, "--width", "1280", "--height", "720"], stdout=subprocess.PIPE, text=True)
+                               served, "--width", "1280", "--height", "720"], stdout=subprocess.PIPE,
+                               encoding="utf-8", errors="replace")
     try:
         assert server.stdout.readline().startswith("ready "), "tests/rtsp_server.py did not start"
         uri = "rtsp://127.0.0.1:8654/cam"

@@ -33,7 +33,7 @@ def build(digits, tmp_path, engine=True, calibrator=False, **build_keys):
     cfg_path.write_text(yaml.safe_dump({
         "model": {"path": digits.onnx}, "preprocess": {"resize": 64, "crop": 64},
         "build": dict({"calibration_dir": str(calibration), "regression_dir": digits.regression,
-                       "engines_dir": str(tmp_path / "engines")}, **build_keys)}))
+                       "engines_dir": str(tmp_path / "engines")}, **build_keys)}), encoding="utf-8")
     lines = []
     plan = check_inputs(load_config(str(cfg_path)), engine=engine, calibrator=calibrator, show_progress=False)
     manifest = run_build(plan, lines.append)

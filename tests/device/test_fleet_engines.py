@@ -16,7 +16,8 @@ pytestmark = pytest.mark.jetson
 
 
 def edge(*args):
-    proc = subprocess.run([sys.executable, "-m", "edge"] + [str(a) for a in args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "edge"] + [str(a) for a in args], capture_output=True,
+                          encoding="utf-8", errors="replace",
                           cwd=REPO, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
@@ -25,7 +26,8 @@ def edge(*args):
 def config(tmp_path, name):
     path = tmp_path / (name + ".yaml")
     path.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / name / "m.fp16.engine")},
-                                    "build": {"engines_dir": str(tmp_path / name), "precision": "fp16"}}))
+                                    "build": {"engines_dir": str(tmp_path / name), "precision": "fp16"}}),
+                                    encoding="utf-8")
     return str(path)
 
 
@@ -70,13 +72,13 @@ def test_entrypoint_swaps_back_the_previous_engine_without_building(gpu, models,
     calls = tmp_path / "calls"
     # records every call; runs the real edge except `run` (the daemon) and `build` (it must not happen)
     (bin_dir / "edge").write_text('#!/bin/sh\necho "$*" >> {}\ncase "$1" in run|build) exit 0;; esac\n'
-                                  'exec {} -m edge "$@"\n'.format(calls, sys.executable))
+                                  'exec {} -m edge "$@"\n'.format(calls, sys.executable), encoding="utf-8")
     (bin_dir / "edge").chmod(0o755)
     env = dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"]), EDGE_CONFIG=cfg,
                EDGE_SOURCE_MODEL=models[0], PYTHONPATH=REPO)
     proc = subprocess.run([os.path.join(REPO, "deploy", "container", "entrypoint.sh")], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=600)
+                          encoding="utf-8", errors="replace", env=env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "previous/ holds this model's engine" in proc.stdout
-    assert [c.split()[0] for c in calls.read_text().splitlines()] == ["rollback", "run"]
+    assert [c.split()[0] for c in calls.read_text(encoding="utf-8").splitlines()] == ["rollback", "run"]
     assert sha256_file(str(tmp_path / "node" / "previous" / "m.fp16.engine")) == new_sha

@@ -375,7 +375,7 @@ def test_cuda_graph_kept_only_when_faster(sim: sim_gpu.Sim, monkeypatch: pytest.
 
 def engine_with_labels(tmp_path: Any) -> str:
     engine = write_engine(str(tmp_path / "model.engine"), {"trained": False})
-    with open(str(tmp_path / "model.labels.txt"), "w") as fh:
+    with open(str(tmp_path / "model.labels.txt"), "w", encoding="utf-8") as fh:
         fh.write("".join("class{}\n".format(i) for i in range(NUM_CLASSES)))
     return engine
 
@@ -416,7 +416,8 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     (root / "proc" / "device-tree").mkdir(parents=True)
     (root / "proc" / "device-tree" / "model").write_bytes(b"NVIDIA Jetson AGX Orin Developer Kit\x00")
     (root / "etc").mkdir()
-    (root / "etc" / "nv_tegra_release").write_text("# R36 (release), REVISION: 4.3, GCID: 1, BOARD: generic\n")
+    (root / "etc" / "nv_tegra_release").write_text("# R36 (release), REVISION: 4.3, GCID: 1, BOARD: generic\n",
+                                                   encoding="utf-8")
     monkeypatch.setattr(board, "tensorrt_probe", lambda: board.TensorRTProbe("10.3.0", None))
     monkeypatch.setattr(board, "gpu_identity", lambda: {"gpu": "Orin", "compute_capability": "8.7", "sm_count": 16,
                                                         "cuda": "12.6"})

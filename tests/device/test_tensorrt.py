@@ -79,10 +79,10 @@ def stale_copy(engine_path: str, path: str) -> str:
     from edge.artifact import info_path
 
     shutil.copy(engine_path, path)
-    with open(info_path(engine_path)) as fh:
+    with open(info_path(engine_path), encoding="utf-8") as fh:
         manifest = json.load(fh)
     manifest["system"]["tensorrt"] = "0.0.0"
-    with open(info_path(path), "w") as fh:
+    with open(info_path(path), "w", encoding="utf-8") as fh:
         json.dump(manifest, fh)
     return path
 

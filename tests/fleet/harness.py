@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 
-from service_helpers import free_port, write_config
+from service_helpers import ansible_env, free_port, write_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -49,7 +49,7 @@ class Fleet:
         for host in self.hosts:
             self._make_host(host, live)
         constraints = os.path.join(self.base, "constraints.txt")  # the harness's venv has them all
-        open(constraints, "w").close()
+        open(constraints, "w", encoding="utf-8").close()
         self.common = {
             "ansible_become": False, "jetson_edge_system": False, "jetson_edge_backend": "onnxruntime",
             "jetson_edge_source": "synthetic", "jetson_edge_width": 160, "jetson_edge_height": 120,
@@ -69,7 +69,7 @@ class Fleet:
         os.makedirs(os.path.join(root, "bin"))
         shutil.copy(os.path.join(HERE, "systemctl"), os.path.join(root, "bin", "systemctl"))
         python = os.path.join(root, "python")
-        with open(python, "w") as fh:
+        with open(python, "w", encoding="utf-8") as fh:
             fh.write('#!/bin/sh\nPATH="{}:$PATH" exec {} "$@"\n'.format(os.path.join(root, "bin"), sys.executable))
         os.chmod(python, 0o755)
         os.makedirs(os.path.join(root, "opt", "jetson-edge"))
@@ -77,10 +77,10 @@ class Fleet:
         model, l4t = BOARDS[self.boards[host]]
         for rel, text in (("proc/device-tree/model", model + "\0"), ("etc/nv_tegra_release", l4t + "\n")):
             os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
-            with open(os.path.join(root, rel), "w") as fh:
+            with open(os.path.join(root, rel), "w", encoding="utf-8") as fh:
                 fh.write(text)
         if live:
-            open(os.path.join(root, "live"), "w").close()
+            open(os.path.join(root, "live"), "w", encoding="utf-8").close()
 
     def inventory(self, offline=None):
         hosts = {h: {"ansible_connection": "harness", "ansible_host": self.root(h), "jetson_edge_root": self.root(h),
@@ -98,23 +98,23 @@ class Fleet:
                           **{"jetson_edge_" + k: v for k, v in extra.items()})
         vars_file = write_config(os.path.join(self.base, "vars-{}.yml".format(os.getpid())), extra_vars)
         playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
-        env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=os.path.join(self.base, "tmp"),
-                   ANSIBLE_REMOTE_TMP=os.path.join(self.base, "tmp"), ANSIBLE_HOST_KEY_CHECKING="False",
-                   ANSIBLE_FORKS=str(forks), ANSIBLE_PIPELINING="1",
-                   ANSIBLE_CONNECTION_PLUGINS=os.path.join(HERE, "connection_plugins"),
-                   EDGE_HARNESS_PYTHON=sys.executable)
+        env = ansible_env(os.path.join(self.base, "tmp"), ANSIBLE_REMOTE_TMP=os.path.join(self.base, "tmp"),
+                          ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_FORKS=str(forks), ANSIBLE_PIPELINING="1",
+                          ANSIBLE_CONNECTION_PLUGINS=os.path.join(HERE, "connection_plugins"),
+                          EDGE_HARNESS_PYTHON=sys.executable)
         argv = [playbook, "-i", self.inventory(offline), SITE, "-e", "@" + vars_file] + list(args)
         return argv, env
 
     def play(self, release, *args, **kwargs):
         argv, env = self.command(release, *args, **kwargs)
-        return subprocess.run(argv, capture_output=True, text=True, cwd=self.base, timeout=1200,
+        return subprocess.run(argv, capture_output=True,
+                              encoding="utf-8", errors="replace", cwd=self.base, timeout=1200,
                               stdin=subprocess.DEVNULL, env=env)
 
     def start(self, release, *args, **kwargs):
         """The play in the background (a rollout in flight): a Popen writing to <base>/play-<release>.log."""
         argv, env = self.command(release, *args, **kwargs)
-        log = open(os.path.join(self.base, "play-{}.log".format(release)), "w")
+        log = open(os.path.join(self.base, "play-{}.log".format(release)), "w", encoding="utf-8")
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.base,
                                 stdin=subprocess.DEVNULL, env=env)
 
@@ -150,7 +150,7 @@ class Fleet:
 
     def fault(self, host, kind, at):
         """kind 'drop-at' (go offline) or 'hold-at' (wait) when the stand-in systemctl runs `at`."""
-        with open(os.path.join(self.root(host), kind), "w") as fh:
+        with open(os.path.join(self.root(host), kind), "w", encoding="utf-8") as fh:
             fh.write(at + "\n")
 
     def online(self, host):
@@ -163,5 +163,5 @@ class Fleet:
     def _lines(path):
         if not os.path.exists(path):
             return []
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             return fh.read().splitlines()

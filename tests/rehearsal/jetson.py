@@ -190,7 +190,7 @@ def deb(folder: Path, package: str, files: Dict[str, bytes], description: str) -
     (work / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (work / "DEBIAN" / "control").write_text(
         "Package: {}\nVersion: 1.0-rehearsal\nArchitecture: all\nMaintainer: jetson-edge tests\n"
-        "Description: {}\n".format(package, description))
+        "Description: {}\n".format(package, description), encoding="utf-8")
     out = folder / (package + ".deb")
     subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(work), str(out)], check=True,
                    stdout=subprocess.DEVNULL)
@@ -219,12 +219,12 @@ def apt_repository(folder: Path, host_cuda: Path) -> None:
             "CUDA profiler API headers (stand-in)"),
     ]
     (folder / "Packages").write_text("\n".join("".join("{}: {}\n".format(k, v) for k, v in p.items())
-                                               for p in packages))
+                                               for p in packages), encoding="utf-8")
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     path.chmod(mode)
 
 
@@ -232,10 +232,11 @@ def shape(root: Path, host_cuda: Path) -> None:
     """Lay the Jetson's files, the stub repository and wheel, jtop's fake sysfs and drop-in into `root`."""
     _write(root / "etc/nv_tegra_release", L4T)
     hosts = root / "etc/hosts"
-    known = hosts.read_text() if hosts.is_file() else "127.0.0.1 localhost\n"
+    known = hosts.read_text(encoding="utf-8") if hosts.is_file() else "127.0.0.1 localhost\n"
     if socket.gethostname() not in known:  # sudo resolves the machine's name
         _write(hosts, known + "127.0.1.1 {}\n".format(socket.gethostname()))
-    _write(root / "etc/nvpmodel.conf", (TESTS / "nvpmodel" / "orin_nano_8gb_super_r36.conf").read_text())
+    board_conf = TESTS / "nvpmodel" / "orin_nano_8gb_super_r36.conf"
+    _write(root / "etc/nvpmodel.conf", board_conf.read_text(encoding="utf-8"))
     _write(root / "usr/sbin/nvpmodel", NVPMODEL, 0o755)
     _write(root / "usr/bin/tegrastats", TEGRASTATS, 0o755)
     _write(root / "usr/bin/jetson_clocks", service_jtop.JETSON_CLOCKS.format(
