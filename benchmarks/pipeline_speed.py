@@ -1,7 +1,7 @@
 """End-to-end speed of the CPU pipeline against what a user writes first, measured side by side.
 
 MobileNetV3-Large, 1280x720 BGR frames from a video file (photographs from scikit-image), batch 1.
-Rounds alternate between jetson-edge's pipeline (file source -> CpuPreprocessor -> ONNX Runtime ->
+Rounds alternate between jetson-edge's pipeline (file source -> the served CPU preprocessor -> ONNX Runtime ->
 top-5) and the baseline (cv2 frame -> PIL -> torchvision Resize/CenterCrop/ToTensor/Normalize ->
 PyTorch eager -> softmax/top-5), so machine noise hits both alike. Prints the ratios the foundation
 issue sets as targets.
@@ -19,7 +19,7 @@ import numpy as np
 
 from edge.build.export import build_model, export_onnx
 from edge.config import load_config
-from edge.frame.preprocess import CpuPreprocessor
+from edge.frame.preprocess import cpu_preprocessor
 from edge.service.log import JsonLog
 from edge.service.loop import run
 from edge.service.runtime import Runtime
@@ -84,7 +84,7 @@ def preprocess_fidelity(bgr):
     transform = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(),
                            T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     ref = transform(Image.fromarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))).numpy()
-    return float(np.abs(CpuPreprocessor(load_config(None).preprocess)(bgr)[0] - ref).mean())
+    return float(np.abs(cpu_preprocessor(load_config(None).preprocess)(bgr)[0] - ref).mean())
 
 
 def main():

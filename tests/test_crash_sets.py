@@ -5,7 +5,7 @@ artifact with another set's labels; what was installed with a previous one can s
 and the next writer leaves no temporary file behind.
 
 A kill right after a rename is the widest window there is (strace's `inject=rename:delay_exit` only widens the
-time before the same point); the loop the issue asks for with strace was also run by hand (docs/build.md).
+time before the same point), so the kills here cover the windows the issue widened with strace.
 """
 
 import os
