@@ -35,9 +35,8 @@ def ansible(tmp_path, *args):
     inventory.write_text(yaml.safe_dump({"jetsons": {"hosts": {"localhost": {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}), encoding="utf-8")
     return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml")] + list(args),
-                          capture_output=True,
-                          encoding="utf-8", errors="replace", cwd=str(tmp_path), timeout=300, stdin=subprocess.DEVNULL,
-                          env=ansible_env(tmp_path / "tmp"))
+                          capture_output=True, encoding="utf-8", errors="replace", cwd=str(tmp_path), timeout=300,
+                          stdin=subprocess.DEVNULL, env=ansible_env(tmp_path / "tmp"))
 
 
 def test_playbook_syntax_and_ansible_lint(tmp_path):
@@ -105,8 +104,8 @@ def agent_play(tmp_path, root, version, url=URL):
     (tmp_path / "agent-vars.yml").write_text(yaml.safe_dump(extra), encoding="utf-8")
     return subprocess.run([playbook, "-c", "local", "-i", "localhost,", str(tmp_path / "agent-play.yml"), "-e",
                            "@" + str(tmp_path / "agent-vars.yml")], capture_output=True,
-                           encoding="utf-8", errors="replace", timeout=300,
-                          cwd=str(tmp_path), env=ansible_env(tmp_path / "tmp"))
+                          encoding="utf-8", errors="replace", timeout=300, cwd=str(tmp_path),
+                          env=ansible_env(tmp_path / "tmp"))
 
 
 def test_an_agent_version_bump_installs_and_runs_that_versions_binary(tmp_path):

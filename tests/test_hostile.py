@@ -279,8 +279,7 @@ def test_a_full_disk_under_stdout_drops_log_lines_and_inference_goes_on(small_mo
     with open("/dev/full", "w", encoding="utf-8") as full:
         proc = subprocess.run([sys.executable, "-m", "edge", "run", "--config", str(cfg), "--model", small_model,
                                "--source", "synthetic"], stdout=full, stderr=subprocess.PIPE,
-                               encoding="utf-8", errors="replace", cwd=REPO,
-                              timeout=120)
+                              encoding="utf-8", errors="replace", cwd=REPO, timeout=120)
     # before: OSError "No space left on device" from the first log line, exit 1, and systemd restarts it forever
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "No space left" not in proc.stderr and "end_to_end" in proc.stderr  # the closing table on stderr

@@ -95,8 +95,7 @@ def test_sweep_with_tensorrt(batch_engine: str, tmp_path: Any) -> None:
     proc = subprocess.run([sys.executable, "-m", "edge", "sweep", "--model", batch_engine, "--backend", "tensorrt",
                            "--batch", "1,2,4", "--streams", "1,2,4", "--duration", "3", "--max-windows", "3",
                            "--json", out, "--csv", "", "--plot", ""], capture_output=True,
-                           encoding="utf-8", errors="replace", cwd=HERE,
-                          timeout=900)
+                          encoding="utf-8", errors="replace", cwd=HERE, timeout=900)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     for cell in json.load(open(out, encoding="utf-8"))["cells"]:
         assert cell["goodput_fps"] <= cell["achieved_fps"] <= cell["offered_fps"]
