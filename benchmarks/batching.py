@@ -18,10 +18,10 @@ import tempfile
 
 import numpy as np
 
-from edge.build.export import export_model
-from edge.commands.sweep_run import closed_window, open_window, synthetic_frames
+from edge.bench.sweep_run import closed_window, open_window, synthetic_frames
 from edge.config import load_config
-from edge.frame.stages import build_stages
+from edge.infer.stages import build_stages
+from edge.model.export import export_model
 
 
 def pooled(windows, budget_ms):

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipeline_speed import photo_video  # noqa: E402
 
-from edge.build.export import export_model  # noqa: E402
+from edge.model.export import export_model  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (busy loops, nice, CPU affinity, the service's cgroup path and weight chain, the loops' cgroup chain)

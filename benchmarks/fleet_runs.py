@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.join(HERE, "tests"))
 
 from fleet.harness import STATE, Fleet  # noqa: E402
 
-from edge.build.calibration import import_calibration_set  # noqa: E402
-from edge.build.export import export_model  # noqa: E402
+from edge.model.calibration import import_calibration_set  # noqa: E402
+from edge.model.export import export_model  # noqa: E402
 
 
 def one_image_set(base, name, image):

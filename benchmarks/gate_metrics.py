@@ -13,7 +13,7 @@ the script prints, per split, the mean and 5th-percentile logit cosine, the chan
 confident about (top-1 probability >= 0.5) with their exact 95 % interval, and the top-1 drop's 95 % interval; then
 the thresholds the split-A values allow (below the worst sound candidate `auto` would choose, above the best broken
 one) and what the defaults (edge.config.GateConfig) say on split B. `auto`'s choice is the method with the least
-damage on the held-out half of calibration/default (edge.build.fidelity.split). `--cache DIR` keeps the logits.
+damage on the held-out half of calibration/default (edge.model.fidelity.split). `--cache DIR` keeps the logits.
 """
 
 import argparse
@@ -27,15 +27,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from edge.build.calibration import load_calibration_set  # noqa: E402
-from edge.build.export import ARCHES, export_model  # noqa: E402
-from edge.build.fidelity import split  # noqa: E402
-from edge.build.gate import CONFIDENT, evaluate  # noqa: E402
-from edge.build.gate_stats import clopper_pearson, paired_drop_interval  # noqa: E402
-from edge.build.plan import onnx_runner  # noqa: E402
-from edge.build.quantize import quantize_qdq  # noqa: E402
 from edge.config import GateConfig, PreprocessConfig  # noqa: E402
-from edge.frame.preprocess import CpuPreprocessor  # noqa: E402
+from edge.infer.preprocess import CpuPreprocessor  # noqa: E402
+from edge.model.calibration import load_calibration_set  # noqa: E402
+from edge.model.export import ARCHES, export_model  # noqa: E402
+from edge.model.fidelity import split  # noqa: E402
+from edge.model.gate import CONFIDENT, evaluate  # noqa: E402
+from edge.model.gate_stats import clopper_pearson, paired_drop_interval  # noqa: E402
+from edge.model.plan import onnx_runner  # noqa: E402
+from edge.model.quantize import quantize_qdq  # noqa: E402
 
 METHODS = ("minmax", "percentile", "entropy")
 VARIANTS = ("sound", "grey", "unnorm")
@@ -129,9 +129,9 @@ def damage(ref, cand):
 
 
 def full_set_report(ref, cand, images, gate):
-    """edge.build.gate.evaluate itself on cached logits: each image read returns a stand-in frame, each model the
+    """edge.model.gate.evaluate itself on cached logits: each image read returns a stand-in frame, each model the
     row of its logits for the image last read."""
-    from edge.build.calibration import CalibrationSet
+    from edge.model.calibration import CalibrationSet
 
     rows = {name: i for i, name in enumerate(images.files)}
     current = {}
@@ -189,7 +189,7 @@ def report(arch, cache):
                   variant, method, "yes" if chosen[variant] == method else "", a["mean"], a["p5"], a["k"], a["m"],
                   b["mean"], b["p5"], b["k"], b["m"], b["flip_lo"], b["flip_hi"], b["drop"][0], b["drop"][1],
                   verdict(b, gate)))
-    print("\nthe whole set, judged by edge.build.gate.evaluate with the defaults:")
+    print("\nthe whole set, judged by edge.model.gate.evaluate with the defaults:")
     print("| candidate (auto's method) | top-1 % FP32 / INT8 | right->wrong / wrong->right | top-1 drop (95 %) | "
           "confident flips (95 %) | cosine mean / p5 | labels | verdict | claims or failures |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -11,11 +11,11 @@ config's defaults (build.method auto: the method closest to FP32 on the calibrat
   un-normalised  calibration/default fed as 0-255 values (mean 0, std 1/255)
   saturated      the sound model with every activation scale divided by F (activations clip; --saturate F...)
 each judged (without the build's float fallback: docs/build.md measures it with `edge build`) by
-edge.build.gate.evaluate with GateConfig() (the defaults) against the FP32 model on the labelled set
-(edge calibrate imagenet), Q/DQ run by the build's runner (edge.build.plan.onnx_runner: TensorRT's arithmetic,
+edge.model.gate.evaluate with GateConfig() (the defaults) against the FP32 model on the labelled set
+(edge calibrate imagenet), Q/DQ run by the build's runner (edge.model.plan.onnx_runner: TensorRT's arithmetic,
 emulated). Prints one markdown row per candidate: the claims, the measures behind them, the number of labels the
 claim rests on and the Q/DQ pairs (inputs fed through one; outside TensorRT's fusion placement: pairs it would have
-to keep, edge.build.placement); docs/build.md (accuracy gate) has the table.
+to keep, edge.model.placement); docs/build.md (accuracy gate) has the table.
 """
 
 import argparse
@@ -28,13 +28,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edge.build.auto_method import quantize  # noqa: E402
-from edge.build.calibration import import_calibration_set, load_calibration_set  # noqa: E402
-from edge.build.export import ARCHES, export_model  # noqa: E402
-from edge.build.gate import evaluate  # noqa: E402
-from edge.build.imagenet_set import DEFAULT_OUT  # noqa: E402
-from edge.build.plan import onnx_runner  # noqa: E402
 from edge.config import BuildConfig, GateConfig, PreprocessConfig  # noqa: E402
+from edge.model.auto_method import quantize  # noqa: E402
+from edge.model.calibration import import_calibration_set, load_calibration_set  # noqa: E402
+from edge.model.export import ARCHES, export_model  # noqa: E402
+from edge.model.gate import evaluate  # noqa: E402
+from edge.model.imagenet_set import DEFAULT_OUT  # noqa: E402
+from edge.model.plan import onnx_runner  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SATURATE = (4.0,)
@@ -90,7 +90,7 @@ def qdq_pairs(fp32, candidate):
     """(inputs fed through a Q/DQ pair, how many of them lie outside TensorRT's fusion placement)."""
     import onnx
 
-    from edge.build.placement import pairs_by_consumer, pairs_outside, residual_inputs
+    from edge.model.placement import pairs_by_consumer, pairs_outside, residual_inputs
 
     model = onnx.load(candidate)
     return len(pairs_by_consumer(model)), pairs_outside(model, residual_inputs(onnx.load(fp32)))

@@ -22,12 +22,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from edge.build.calibration import load_calibration_set  # noqa: E402
-from edge.build.gate import evaluate  # noqa: E402
-from edge.build.quantize import quantize_qdq  # noqa: E402
 from edge.config import GateConfig  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
+from edge.model.calibration import load_calibration_set  # noqa: E402
+from edge.model.gate import evaluate  # noqa: E402
+from edge.model.quantize import quantize_qdq  # noqa: E402
 
 from trained_model import EPOCHS, train_digits_model  # noqa: E402
 
@@ -68,8 +68,8 @@ def digits_table(work, epochs):
 
 
 def large_timing(work):
-    from edge.build.export import export_model
     from edge.config import PreprocessConfig
+    from edge.model.export import export_model
 
     src = os.path.join(work, "mobilenet_v3_large.onnx")
     export_model("mobilenet_v3_large", "random", src, log=quiet)
@@ -88,9 +88,9 @@ def large_timing(work):
             except EdgeError as exc:
                 result = "fails: " + str(exc).split(": ", 2)[-1]
             print("| {} | {} | {} |".format(method, "yes" if exclude else "no", result))
-    from edge.build.plan import check_inputs
-    from edge.build.steps import run_build
     from edge.config import load_config
+    from edge.model.plan import check_inputs
+    from edge.model.steps import run_build
 
     cfg = load_config(None, {"model.path": src, "build.engines_dir": os.path.join(work, "engines"),
                              "build.calibration_dir": os.path.join(ROOT, "calibration", "default"),

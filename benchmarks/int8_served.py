@@ -22,14 +22,14 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from edge.artifact import read_model_info  # noqa: E402
-from edge.build.calibration import load_calibration_set  # noqa: E402
-from edge.build.quantize import quantize_qdq  # noqa: E402
 from edge.config import PreprocessConfig  # noqa: E402
-from edge.frame import onnxruntime_backend  # noqa: E402
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
-from edge.frame.preprocess import CpuPreprocessor  # noqa: E402
-from edge.frame.qdq_emulation import int8_kernels_saturate  # noqa: E402
+from edge.infer import onnxruntime_backend  # noqa: E402
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
+from edge.infer.preprocess import CpuPreprocessor  # noqa: E402
+from edge.infer.qdq_emulation import int8_kernels_saturate  # noqa: E402
+from edge.model.calibration import load_calibration_set  # noqa: E402
+from edge.model.quantize import quantize_qdq  # noqa: E402
+from edge.store.artifact import read_model_info  # noqa: E402
 
 
 def main() -> None:

@@ -7,12 +7,12 @@ the idle one's threads busy-wait for work that goes to the other. Runs the real 
 regression set, spinning on and off interleaved round by round, with `--load` busy processes competing
 (default: one per core), and prints seconds per round and the ratio.
 
-`--calibration` measures the calibrator instead (edge.build.quantize.compute_ranges, minmax, on the shipped
+`--calibration` measures the calibrator instead (edge.model.quantize.compute_ranges, minmax, on the shipped
 calibration set): ONNX Runtime's own session (graph optimisations off, threads spinning) against
-edge.build.quantize.calibration_session, wall and CPU seconds, and the largest relative difference of the ranges.
+edge.model.quantize.calibration_session, wall and CPU seconds, and the largest relative difference of the ranges.
 
 `--threads` measures the gate (neither spinning) with ONNX Runtime's default thread count (one per core) against
-one thread (edge.frame.onnxruntime_backend.OFFLINE_THREADS), wall and CPU seconds; `--load 0` runs it idle.
+one thread (edge.infer.onnxruntime_backend.OFFLINE_THREADS), wall and CPU seconds; `--load 0` runs it idle.
 
     .venv/bin/python benchmarks/offline_spinning.py [--arch mobilenet_v3_small] [--rounds 3] [--load N]
                                                     [--calibration | --threads]
@@ -27,13 +27,13 @@ import time
 
 import numpy as np
 
-from edge.build import quantize
-from edge.build.calibration import load_calibration_set
-from edge.build.export import export_model
-from edge.build.gate import evaluate
-from edge.build.plan import _Inference
 from edge.config import GateConfig, PreprocessConfig
-from edge.frame.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
+from edge.infer.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
+from edge.model import quantize
+from edge.model.calibration import load_calibration_set
+from edge.model.export import export_model
+from edge.model.gate import evaluate
+from edge.model.plan import _Inference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from edge.build.export import export_model
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
+from edge.model.export import export_model
 
 
 def main():

@@ -17,9 +17,9 @@ import time
 import cv2
 import numpy as np
 
-from edge.build.export import build_model, export_onnx
 from edge.config import load_config
-from edge.frame.preprocess import cpu_preprocessor
+from edge.infer.preprocess import cpu_preprocessor
+from edge.model.export import build_model, export_onnx
 from edge.service.log import JsonLog
 from edge.service.loop import run
 from edge.service.runtime import Runtime

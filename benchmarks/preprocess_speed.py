@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 
 from edge.config import PreprocessConfig
-from edge.frame.preprocess import CpuPreprocessor, FastPreprocessor
+from edge.infer.preprocess import CpuPreprocessor, FastPreprocessor
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 

@@ -5,7 +5,7 @@
 
 For each architecture x quantizer x calibration method: calibrate on calibration/default, quantize to Q/DQ with
 the sensitive nodes in float (the build's defaults), then compare INT8 with FP32 in ONNX Runtime on
-calibration/regression through the build's own gate (edge.build.gate.evaluate): top-1 agreement, mean logit
+calibration/regression through the build's own gate (edge.model.gate.evaluate): top-1 agreement, mean logit
 cosine, flipped samples, plus the Q/DQ node count, the output opset and the quantize time. Preprocessing comes
 from each model's info (EfficientNet-Lite0: (x - 127) / 128). MobileNetV3 has no ImageNet weights offline, so it
 runs with seeded random weights: its agreement says little (docs/build.md). Needs the `modelopt` extra for ModelOpt.
@@ -18,15 +18,15 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edge.artifact import read_model_info  # noqa: E402
-from edge.build.calibration import load_calibration_set  # noqa: E402
-from edge.build.export import export_model  # noqa: E402
-from edge.build.gate import evaluate  # noqa: E402
-from edge.build.plan import onnx_runner  # noqa: E402
-from edge.build.quantize import METHODS, MODELOPT_METHODS, QUANTIZERS, quantize_qdq  # noqa: E402
 from edge.config import GateConfig, PreprocessConfig  # noqa: E402
 from edge.errors import EdgeError  # noqa: E402
-from edge.frame.preprocess import model_preprocess  # noqa: E402
+from edge.infer.preprocess import model_preprocess  # noqa: E402
+from edge.model.calibration import load_calibration_set  # noqa: E402
+from edge.model.export import export_model  # noqa: E402
+from edge.model.gate import evaluate  # noqa: E402
+from edge.model.plan import onnx_runner  # noqa: E402
+from edge.model.quantize import METHODS, MODELOPT_METHODS, QUANTIZERS, quantize_qdq  # noqa: E402
+from edge.store.artifact import read_model_info  # noqa: E402
 
 ARCHES = ("mobilenet_v3_large", "efficientnet_lite0")
 COLUMNS = "{:<19} {:<12} {:<10} {:>9} {:>9} {:>6} {:>5} {:>5} {:>8}  {}"

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 import psutil
 
 from edge.config import load_config
-from edge.frame.pipeline import Result, Sink
+from edge.infer.pipeline import Result, Sink
 from edge.service.log import JsonLog
 from edge.service.loop import run
 from edge.service.runtime import Runtime
@@ -165,7 +165,7 @@ def main() -> int:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from edge.build.export import export_model
+        from edge.model.export import export_model
 
         model = os.path.join(tempfile.mkdtemp(prefix="edge-soak-model-"), "mobilenet_v3_small.onnx")
         export_model("mobilenet_v3_small", "random", model, log=lambda *a: None)

@@ -1,5 +1,5 @@
 import sys
 
-from edge.commands.cli import main
+from edge.cli.main import main
 
 sys.exit(main())

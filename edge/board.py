@@ -112,7 +112,7 @@ def tegra_arch(root: str = "/") -> Optional[str]:
 
 
 def current_system(root: str = "/") -> Dict[str, Any]:
-    """The running system's identity: what an engine is tied to (edge.artifact.ENGINE_SYSTEM_KEYS), L4T, the CPU
+    """The running system's identity: what an engine is tied to (edge.store.artifact.ENGINE_SYSTEM_KEYS), L4T, the CPU
     runtime."""
     trt = tensorrt_probe().version
     system: Dict[str, Any] = {"tensorrt": trt, "board": board_model(root)}

@@ -15,7 +15,7 @@ import yaml
 
 from edge.errors import EdgeError
 from edge.fields import APPLY, OFFLINE, build, example, section, setting, show, validate
-from edge.fileio import read_text
+from edge.inputs import read_text
 from edge.uri import parse_source
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

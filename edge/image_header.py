@@ -1,5 +1,5 @@
 """An image's width and height from its header, read before anything decodes it (a pixel bomb is refused
-unread: edge.fileio.read_image)."""
+unread: edge.inputs.read_image)."""
 
 import struct
 from typing import Optional, Tuple

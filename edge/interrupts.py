@@ -22,14 +22,14 @@ RELOAD = "reload"  # the phase's owner reloads at its next safe point (its `relo
 HOLD = "hold"  # held back until the phase ends (noted in `Phase.held`), then its owner answers it, in words
 
 PHASES: Dict[str, Dict[int, str]] = {
-    # every command's body (edge.commands.common.execute)
+    # every command's body (edge.cli.common.execute)
     "command": {signal.SIGINT: RAISE, signal.SIGTERM: RAISE, signal.SIGHUP: RAISE},
     # the body of a command that serves SIGHUP as a reload (`edge run`), until it is serving: never fatal
     "reloading_command": {signal.SIGINT: RAISE, signal.SIGTERM: RAISE, signal.SIGHUP: IGNORE},
     # the frame loop (edge.service.signals.StopFlag): the frame in hand is finished, then the report; a reload
     # swaps models between two frames
     "serving": {signal.SIGINT: STOP, signal.SIGTERM: STOP, signal.SIGHUP: RELOAD},
-    # a build chain from its first install step through its cleanup (edge.build.steps.run_steps): an install is
+    # a build chain from its first install step through its cleanup (edge.model.steps.run_steps): an install is
     # finished, never cut in half, and the chain says the signal came
     "installing": {signal.SIGINT: HOLD, signal.SIGTERM: HOLD, signal.SIGHUP: HOLD},
 }

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edge.commands.build import main  # noqa: E402
+from edge.cli.build import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["--engine"] + sys.argv[1:], prog="build_engine.py"))

@@ -5,7 +5,7 @@
     scripts/build_kernel.py --into /var/lib/jetson-edge/kernels --arch sm_87
     scripts/build_kernel.py --fatbin                 # regenerate the shipped CUDA 13.x fatbin (nvcc 13)
     scripts/build_kernel.py --prebuilt               # regenerate the shipped CUDA 11.x / 12.x cubins (NVRTC
-                                                     # from PyPI's pinned wheels: edge/build/prebuilt_kernels.py)
+                                                     # from PyPI's pinned wheels: edge/model/prebuilt_kernels.py)
 
 Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels, else /var/lib/jetson-edge/kernels (where the
 service, `edge doctor` and `edge check` all look). nvcc's temporary files go inside the output folder (an
@@ -18,8 +18,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edge.commands.common import standalone_main  # noqa: E402
-from edge.frame import cuda_kernel  # noqa: E402
+from edge.cli.common import standalone_main  # noqa: E402
+from edge.infer import cuda_kernel  # noqa: E402
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build(args: argparse.Namespace) -> int:
     if args.fatbin or args.prebuilt:
-        from edge.build.prebuilt_kernels import build_prebuilt
+        from edge.model.prebuilt_kernels import build_prebuilt
 
         for entry in ([cuda_kernel.build_fatbin()] if args.fatbin else []) + (build_prebuilt() if args.prebuilt
                                                                                else []):

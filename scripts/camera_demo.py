@@ -10,7 +10,7 @@ Same as `edge demo` (docs/demo.md). Ctrl-C (or q/Esc in the window) stops it and
 
 import sys
 
-from edge.commands.demo import main
+from edge.cli.demo import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:], prog="camera_demo.py"))

@@ -9,7 +9,7 @@ Same as `edge classify`. Unreadable images are named and skipped; exit 2 when no
 
 import sys
 
-from edge.commands.classify import main
+from edge.cli.classify import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:], prog="classify.py"))

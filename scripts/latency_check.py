@@ -10,7 +10,7 @@ Same as `edge check` (docs/latency-check.md). Exit 0: p99 within budget, 1: over
 
 import sys
 
-from edge.commands.check import main
+from edge.cli.check import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:], prog="latency_check.py"))

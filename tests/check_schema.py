@@ -3,8 +3,8 @@
 
 from typing import Any, Callable, Dict, List
 
-from edge.commands.check_report import SCHEMA_VERSION, TELEMETRY_METRICS
-from edge.frame.latency import STAGES
+from edge.bench.check_report import SCHEMA_VERSION, TELEMETRY_METRICS
+from edge.infer.latency import STAGES
 
 _NUM = {"type": "number"}
 

@@ -42,7 +42,7 @@ def dynamic_model(tmp_path_factory):
     export code: several cameras on one engine."""
     import torch
 
-    from edge.build.export import export_onnx
+    from edge.model.export import export_onnx
 
     torch.manual_seed(0)
     # a middle Conv: the build keeps the first Conv and the classifier in float, and quantises what lies between
@@ -194,9 +194,9 @@ def assert_refused(proc, *names, code=2):
 
 
 def edge_here(*args):
-    """The CLI run in this process (edge.commands.cli.main) for a command refused before it starts work: what
+    """The CLI run in this process (edge.cli.main.main) for a command refused before it starts work: what
     `run_edge` gives, without starting an interpreter (a traceback is an exception here: the test fails)."""
-    from edge.commands.cli import main
+    from edge.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

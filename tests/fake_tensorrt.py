@@ -1,5 +1,5 @@
 """The one stand-in for the `tensorrt` module, for tests without a GPU: the builder API that
-edge/build/tensorrt_engine.py drives (tests/test_build.py) and the runtime API that TensorRTBackend drives
+edge/model/tensorrt_engine.py drives (tests/test_build.py) and the runtime API that TensorRTBackend drives
 (tests/device/test_simulated.py).
 
 Per version it has only what the real API has: 8.5 needs EXPLICIT_BATCH, 11 has no precision flags and no

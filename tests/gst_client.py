@@ -25,8 +25,8 @@ import traceback
 
 from edge.config import SourceConfig
 from edge.errors import EdgeError
-from edge.frame import gstreamer
-from edge.frame.sources import SourceSupervisor, SourceTimeout, open_capture
+from edge.sources import gstreamer
+from edge.sources.source import SourceSupervisor, SourceTimeout, open_capture
 from edge.uri import parse_source
 
 # The software twin: the off-Jetson element set with videotestsrc standing in for the cameras.

@@ -13,12 +13,12 @@ import numpy as np
 import yaml
 
 from edge.config import load_config
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
-from edge.frame.preprocess import CpuPreprocessor
-from edge.frame.sources import Capture, SyntheticCapture
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
+from edge.infer.preprocess import CpuPreprocessor
 from edge.service.log import JsonLog
 from edge.service.loop import run
 from edge.service.signals import StopFlag
+from edge.sources.source import Capture, SyntheticCapture
 
 
 class NotifyListener:
@@ -158,7 +158,7 @@ def copy_model(model, dest_dir, stem):
 def first_images(set_dir, count, dest):
     """The first `count` images of the calibration set `set_dir`, imported as a set of their own at `dest`: a
     shipped set's images and format, for less work than all of them."""
-    from edge.build.calibration import import_calibration_set
+    from edge.model.calibration import import_calibration_set
 
     raw = dest + ".raw"
     os.makedirs(raw)

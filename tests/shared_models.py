@@ -25,7 +25,7 @@ def tiny_paths(folder):
 
 def make_small_model(folder):
     """MobileNetV3-Small with seeded random weights."""
-    from edge.build.export import export_model
+    from edge.model.export import export_model
 
     export_model("mobilenet_v3_small", "random", os.path.join(folder, SMALL_NAME), log=quiet)
 
@@ -35,7 +35,7 @@ def make_tiny_classifiers(folder):
     like any other to the build, the rebuild and an install, quantised in a tenth of MobileNetV3-Small's time."""
     import torch
 
-    from edge.build.export import export_onnx
+    from edge.model.export import export_onnx
 
     for seed, path in zip(TINY_SEEDS, tiny_paths(folder)):
         torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""A built model on disk (edge.artifact): one strict reader, verification of the bytes and the labels against the
+"""A built model on disk (edge.store.artifact): one strict reader, verification of the bytes and the labels against the
 model info, install as one set (a folder switched by one flip) with a kept previous, a rollback that verifies the
 whole set it puts back, today's flat layout read and migrated, and one lock per artifact folder."""
 
@@ -8,8 +8,12 @@ import shutil
 
 import pytest
 
-from edge import artifact as af
-from edge.artifact import (
+from edge.board import current_system, read_l4t
+from edge.errors import EdgeError
+from edge.model.artifacts import verify_onnx
+from edge.model.plan import FORMATS
+from edge.store import artifact as af
+from edge.store.artifact import (
     engine_expectations,
     info_path,
     install,
@@ -19,10 +23,6 @@ from edge.artifact import (
     sha256_file,
     staging_path,
 )
-from edge.board import current_system, read_l4t
-from edge.build.artifacts import verify_onnx
-from edge.build.plan import FORMATS
-from edge.errors import EdgeError
 
 from conftest import assert_refused, run_edge
 

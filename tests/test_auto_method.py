@@ -7,11 +7,11 @@ import onnx
 import pytest
 from test_build import cli, digits_build_config
 
-from edge.artifact import read_model_info
-from edge.build import auto_method
-from edge.build.calibration import load_calibration_set
-from edge.build.fidelity import Fidelity, split
 from edge.errors import EdgeError
+from edge.model import auto_method
+from edge.model.calibration import load_calibration_set
+from edge.model.fidelity import Fidelity, split
+from edge.store.artifact import read_model_info
 
 CHEAP = {"onnxruntime": ("minmax", "percentile")}  # entropy alone takes ~20 s on the digits model
 

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import yaml
 
-from edge.artifact import read_model_info
-from edge.commands.cli import main
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.cli.main import main
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
+from edge.store.artifact import read_model_info
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from edge.frame.batcher import RECOVER_AFTER, CostModel, DeadlineBatcher
+from edge.sources.batcher import RECOVER_AFTER, CostModel, DeadlineBatcher
 
 BUDGET = 0.030
 FPS = 30.0
@@ -80,7 +80,7 @@ def simulate(batcher, events, cost=linear_cost, slow=lambda start: 1.0):
 
 
 def batcher_for(cameras, max_batch=4, max_wait=0.010, margin=0.0, cost=linear_cost):
-    """As the service makes it: every batch size's cost measured first (edge.service.cameras.seed_costs)."""
+    """As the service makes it: every batch size's cost measured first (edge.sources.cameras.seed_costs)."""
     seed = CostModel({n: cost(n) for n in range(1, max_batch + 1)})
     return DeadlineBatcher([1.0 / FPS] * cameras, budget=BUDGET, max_batch=max_batch, max_wait=max_wait, margin=margin,
                            cost=seed)

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from service_helpers import write_config
 
-from edge import artifact as artifact_files
-from edge.artifact import read_model_info
-from edge.build import quantize
-from edge.build.calibration import import_calibration_set, load_calibration_set
-from edge.build.export import sha256_file
-from edge.build.plan import artifact_status, check_inputs, source_model
-from edge.build.qdq_rules import validate_qdq
-from edge.commands.build import register
+from edge.cli.build import register
 from edge.config import load_config
 from edge.errors import EdgeError
+from edge.model import quantize
+from edge.model.calibration import import_calibration_set, load_calibration_set
+from edge.model.export import sha256_file
+from edge.model.plan import artifact_status, check_inputs, source_model
+from edge.model.qdq_rules import validate_qdq
+from edge.store import artifact as artifact_files
+from edge.store.artifact import read_model_info
 
 from conftest import REPO
 from fake_tensorrt import fake_tensorrt
@@ -128,7 +128,7 @@ def _interrupt_calibration(monkeypatch):
 
 
 def _disk_full(monkeypatch):
-    from edge import artifact_store
+    from edge.store import versions as artifact_store
 
     def full(src, dst, link):
         raise OSError(errno.ENOSPC, "No space left on device", dst)
@@ -275,8 +275,8 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_acce
 
 def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_path):
     """`edge rebuild --accept-inconclusive` reaches the BuildPlan the shared gate step reads; the dry run says so."""
-    from edge.build.rebuild import RebuildJob, format_plan, preflight
-    from edge.commands import rebuild
+    from edge.cli import rebuild
+    from edge.model.rebuild import RebuildJob, format_plan, preflight
 
     parser = argparse.ArgumentParser()
     rebuild.add_arguments(parser)
@@ -339,13 +339,13 @@ def test_calibrate_import_and_capture_commands(digits, video_file, tmp_path):
     assert s.manifest["source"] == video_file
 
 
-# --- edge/build/tensorrt_engine.py against a recording stand-in for TensorRT (no GPU here) ---------------------
+# --- edge/model/tensorrt_engine.py against a recording stand-in for TensorRT (no GPU here) ---------------------
 # tests/fake_tensorrt.py: per version only what the real API has; it records what the builder was asked for in
 # trt.calls and drives a calibrator as TensorRT does.
 
 
 class FakeSession:
-    """edge.frame.cuda_preprocess.CudaSession's surface: host memory stands in for device memory."""
+    """edge.infer.cuda_preprocess.CudaSession's surface: host memory stands in for device memory."""
 
     def __init__(self):
         self.copies = []
@@ -380,7 +380,7 @@ class FakeSession:
 def fake_trt(monkeypatch):
     import sys
 
-    from edge.build import tensorrt_engine as tensorrt_build
+    from edge.model import tensorrt_engine as tensorrt_build
 
     sessions = []
 
@@ -394,7 +394,7 @@ def fake_trt(monkeypatch):
 
 
 def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version="10.3.0"):
-    from edge.build.tensorrt_engine import build_engine
+    from edge.model.tensorrt_engine import build_engine
 
     lines = []
     info = build_engine(onnx_path, str(tmp_path / "engines" / "m.engine"), precision, 256, images, digits.preprocess,
@@ -423,7 +423,7 @@ def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_
 
 def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cache(fake_trt, digits,
                                                                                    tmp_path):
-    from edge.frame.preprocess import CpuPreprocessor
+    from edge.infer.preprocess import CpuPreprocessor
 
     trt, sessions = fake_trt("10.3.0")
     images = load_calibration_set(digits.calibration)
@@ -462,7 +462,7 @@ def test_registering_the_build_commands_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, edge.commands.build, edge.commands.rebuild; "
+    code = ("import sys, edge.cli.build, edge.cli.rebuild; "
             "print(sorted(m for m in ('numpy', 'onnx', 'onnxruntime', 'cv2') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           encoding="utf-8", errors="replace", timeout=60)

@@ -13,11 +13,11 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.build import calibration as cal
-from edge.build.calibration import MANIFEST, capture_calibration_set, import_calibration_set, load_calibration_set
-from edge.build.default_sets import make_default_sets
-from edge.build.trt_cache import read_trt_calibration_cache
 from edge.errors import EdgeError
+from edge.model import calibration as cal
+from edge.model.calibration import MANIFEST, capture_calibration_set, import_calibration_set, load_calibration_set
+from edge.model.default_sets import make_default_sets
+from edge.model.trt_cache import read_trt_calibration_cache
 
 from conftest import assert_refused, edge_here, run_edge, write_video
 
@@ -135,7 +135,7 @@ class FakeFrame:
 
 def test_capture_keeps_every_kth_frame_and_skips_near_duplicates(tmp_path):
     distinct = photo_crops(5, size=128)
-    # Each photo shown for 4 frames (a still camera), as objects with .image like edge.frame.sources.Frame.
+    # Each photo shown for 4 frames (a still camera), as objects with .image like edge.sources.source.Frame.
     frames = [FakeFrame(img) for img in distinct for _ in range(4)]
     lines = []
     s = capture_calibration_set(frames, str(tmp_path / "cap"), every_k=2, max_images=100, min_images=1,

@@ -14,9 +14,9 @@ import pytest
 import service_helpers as sh
 
 from edge import board
-from edge.commands import check, check_figure, check_report
+from edge.bench import check, check_figure, check_report
 from edge.config import load_config
-from edge.frame.latency import STAGES
+from edge.infer.latency import STAGES
 
 from conftest import REPO, assert_refused, colour_pixels, run_edge, write_video
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from service_helpers import write_config
 
-from edge.commands.classify import main
+from edge.cli.classify import main
 
 from conftest import run_edge
 
@@ -44,7 +44,7 @@ def test_json_lines_give_the_same_top_k_as_the_model(small_model, images, capsys
     import onnxruntime as ort
 
     from edge.config import PreprocessConfig
-    from edge.frame.preprocess import CpuPreprocessor
+    from edge.infer.preprocess import CpuPreprocessor
 
     assert main([str(images / "a.png"), "--model", small_model, "--json"]) == 0
     record = json.loads(capsys.readouterr().out)

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import yaml
 
-from edge.build.capture_options import CaptureOptions
-from edge.commands import check, demo, rebuild
-from edge.commands.cli import build_parser
-from edge.commands.rebuild_options import RebuildOptions
+from edge.bench import check
+from edge.cli import check as check_command
+from edge.cli import demo, rebuild
+from edge.cli.main import build_parser
 from edge.config import Config, load_config
 from edge.fields import as_argv, leaves, options_from
+from edge.model.capture_options import CaptureOptions
+from edge.model.rebuild_options import RebuildOptions
 
 from conftest import assert_refused, edge_here
 
@@ -52,7 +54,7 @@ def _parse(add_arguments, argv):
 
 def test_the_rebuild_job_built_in_code_is_the_one_the_command_line_gives():
     """RebuildJob() and `edge rebuild` with no option flags agree because both read RebuildOptions' declarations."""
-    from edge.build.rebuild import RebuildJob
+    from edge.model.rebuild import RebuildJob
 
     args = _parse(rebuild.add_arguments, ["--no-reload"])
     assert {dotted for dotted, _, _ in leaves(RebuildOptions)} <= set(vars(args))  # every option has its flag
@@ -68,19 +70,19 @@ def test_the_rebuild_job_built_in_code_is_the_one_the_command_line_gives():
 def test_the_check_reads_back_exactly_the_options_its_callers_pass():
     """check_in_process spells the options with as_argv; `edge check`'s parser reads them back unchanged, and no
     flag given is the declared default."""
-    assert options_from(_parse(check.add_arguments, []), check.CheckOptions) == check.CheckOptions()
+    assert options_from(_parse(check_command.add_arguments, []), check.CheckOptions) == check.CheckOptions()
     wanted = check.CheckOptions(frames=7, warmup=0, json="r.json", plot="", regression_pct=2.5, regression_ms=0.0)
-    assert options_from(_parse(check.add_arguments, as_argv(wanted)), check.CheckOptions) == wanted
+    assert options_from(_parse(check_command.add_arguments, as_argv(wanted)), check.CheckOptions) == wanted
     assert options_from(_parse(demo.add_arguments, []), demo.DemoOptions) == demo.DemoOptions()
 
 
 def test_the_rebuild_spells_neither_the_checks_flags_nor_its_report_keys():
-    """edge.commands.check owns the check's command line (check_in_subprocess) and its report's keys (verdict)."""
+    """edge.bench.check owns the check's command line (check_in_subprocess) and its report's keys (verdict)."""
     import ast
 
-    import edge.build.rebuild
+    import edge.model.rebuild
 
-    with open(edge.build.rebuild.__file__, encoding="utf-8") as fh:
+    with open(edge.model.rebuild.__file__, encoding="utf-8") as fh:
         strings = {n.value for n in ast.walk(ast.parse(fh.read())) if isinstance(n, ast.Constant)
                    and isinstance(n.value, str)}
     owned = {f.metadata["flag"] for _, f, _ in leaves(check.CheckOptions)} | set(check.VERDICT_KEYS) | {

@@ -8,7 +8,7 @@ import pytest
 from edge.config import Config, as_dict, example_yaml, load_config
 from edge.errors import EdgeError
 from edge.fields import APPLY, add_flags, flag_values, leaves, lookup, reloaded
-from edge.frame.stages import STAGE_KEYS
+from edge.infer.stages import STAGE_KEYS
 from edge.service.runtime import APPLIERS
 
 from conftest import REPO, assert_refused, edge_here, run_edge
@@ -119,7 +119,7 @@ def test_cli_bad_inputs_exit_2(tmp_path, small_model, case, expected):
 
 
 def test_missing_optional_dependency_names_the_extra(small_model):
-    code = ("import sys; sys.modules['onnxruntime'] = None; from edge.commands.cli import main; "
+    code = ("import sys; sys.modules['onnxruntime'] = None; from edge.cli.main import main; "
             "sys.exit(main(['run', '--model', {!r}, '--backend', 'onnxruntime', '--preprocess', 'cpu']))".format(
                 small_model))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,

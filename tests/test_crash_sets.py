@@ -17,12 +17,12 @@ import sys
 import pytest
 import yaml
 
-from edge import artifact as af
-from edge.build import engine_cache
-from edge.build.calibration import import_calibration_set, load_calibration_set
-from edge.build.plan import check_inputs
 from edge.config import load_config
-from edge.fileio import recover_dir
+from edge.model import engine_cache
+from edge.model.calibration import import_calibration_set, load_calibration_set
+from edge.model.plan import check_inputs
+from edge.store import artifact as af
+from edge.store.fileio import recover_dir
 
 from conftest import HERE, REPO
 
@@ -57,7 +57,7 @@ def kill_points(name, *argv, env=None, prepare=lambda: None):
 
 
 def served(dest):
-    """(artifact sha256, labels) a reader gets from `dest` (edge.artifact.read_set, what every load uses), or None
+    """(artifact sha256, labels) a reader gets from `dest` (edge.store.artifact.read_set, what every load uses), or None
     when nothing is installed. A torn set raises."""
     if not os.path.lexists(dest) or not os.path.exists(dest):
         return None
@@ -246,8 +246,8 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
     between, its next run puts the set the installed artifact records back in build.calibration_dir."""
     from types import SimpleNamespace
 
-    from edge.build.rebuild import RebuildJob, recover_sets
     from edge.config import with_overrides
+    from edge.model.rebuild import RebuildJob, recover_sets
 
     raws = old_and_new_images(tmp_path)
     cal, staged = str(tmp_path / "cal"), str(tmp_path / "cal.rebuild-20261201T000000Z")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig
-from edge.frame.preprocess import CpuPreprocessor
+from edge.infer.preprocess import CpuPreprocessor
 
 CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "edge", "cuda")
 TOLERANCE = 1e-4

@@ -9,8 +9,8 @@ from typing import Any, List
 import numpy as np
 import pytest
 
-from edge.build.tensorrt_engine import limit_tactic_sources
 from edge.errors import EdgeError
+from edge.model.tensorrt_engine import limit_tactic_sources
 
 # TensorRT's TacticSource values (8.5 to 10.x: CUBLAS 0, CUBLAS_LT 1, CUDNN 2, EDGE_MASK_CONVOLUTIONS 3, JIT 4)
 SOURCES = types.SimpleNamespace(CUBLAS=0, CUBLAS_LT=1, CUDNN=2, EDGE_MASK_CONVOLUTIONS=3, JIT_CONVOLUTIONS=4)
@@ -41,7 +41,7 @@ def test_tensorrt_8_builds_without_cublas_and_cudnn_tactics(major: int, expected
 ])
 def test_runner_maps_every_io_type_the_tensorrt_has(monkeypatch: pytest.MonkeyPatch, names: Any, dtype: str,
                                                     expected: Any) -> None:
-    from edge.frame.tensorrt_runner import np_dtype
+    from edge.infer.tensorrt_runner import np_dtype
 
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(
         DataType=types.SimpleNamespace(**{n: "DataType." + n for n in names})))

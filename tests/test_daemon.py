@@ -13,14 +13,14 @@ import onnx
 import pytest
 import service_helpers as sh
 
-from edge.artifact import sha256_file
 from edge.errors import EdgeError
-from edge.frame.reader import FrameReader
 from edge.service.frame_log import FrameLogSink
 from edge.service.loop import run
 from edge.service.runtime import Runtime
 from edge.service.signals import StopFlag
 from edge.service.telemetry import Telemetry
+from edge.sources.reader import FrameReader
+from edge.store.artifact import sha256_file
 
 from conftest import REPO, run_edge
 
@@ -295,7 +295,7 @@ def test_a_sighup_while_starting_is_noted_not_fatal(small_model, tmp_path):
     assert proc.returncode == 0, proc.stderr.read()
     assert report["event"] == "report" and report["reloads"] == {"ok": 1, "failed": 0}
     # nothing slow comes before the handler: the CLI reaches `edge run` without NumPy (or anything heavier)
-    probe = subprocess.run([sys.executable, "-c", "import sys, edge.commands.cli as cli; cli.build_parser(); "
+    probe = subprocess.run([sys.executable, "-c", "import sys, edge.cli.main as cli; cli.build_parser(); "
                             "print(sorted({'numpy', 'cv2', 'onnxruntime'} & set(sys.modules)))"],
                            capture_output=True, encoding="utf-8", errors="replace", cwd=REPO, timeout=120)
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr

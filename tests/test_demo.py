@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import service_helpers as sh
 
-from edge.artifact import UNTRAINED_WARNING
-from edge.commands.demo_stream import FrameHub, OverlaySink
-from edge.commands.overlay import AMBER, GREEN, RED, draw_overlay, stats_of
-from edge.frame.pipeline import Result
-from edge.frame.postprocess import Prediction
+from edge.infer.pipeline import Result
+from edge.infer.postprocess import Prediction
+from edge.service.demo_stream import FrameHub, OverlaySink
+from edge.service.overlay import AMBER, GREEN, RED, draw_overlay, stats_of
+from edge.store.artifact import UNTRAINED_WARNING
 
 from conftest import REPO, assert_refused, colour_pixels, run_edge, write_video
 
@@ -87,7 +87,7 @@ def test_jpeg_is_encoded_only_when_someone_waits():
 def test_window_mode_without_gui_says_use_headless(small_model, video_file):
     import cv2
 
-    from edge.commands.demo import gui_problem
+    from edge.cli.demo import gui_problem
 
     if gui_problem(cv2) is None:
         pytest.skip("this OpenCV can open windows here")

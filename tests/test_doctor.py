@@ -90,7 +90,7 @@ def test_doctor_as_an_unprivileged_user_names_each_cause_in_one_line(small_model
 
 
 def test_a_check_that_raises_anything_is_one_fail_line() -> None:
-    from edge.commands.doctor import _safe
+    from edge.cli.doctor import _safe
 
     def broken() -> None:
         raise RuntimeError("driver exploded\nsecond line")
@@ -99,7 +99,7 @@ def test_a_check_that_raises_anything_is_one_fail_line() -> None:
 
 
 def test_opencv_built_for_numpy_1_is_named_as_an_abi_mismatch(tmp_path, monkeypatch) -> None:
-    from edge.commands.doctor import check_opencv
+    from edge.cli.doctor import check_opencv
 
     (tmp_path / "cv2.py").write_text("raise ImportError('numpy.core.multiarray failed to import')\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -110,7 +110,7 @@ def test_opencv_built_for_numpy_1_is_named_as_an_abi_mismatch(tmp_path, monkeypa
 
 
 def test_a_slow_gst_inspect_is_a_line_not_a_traceback(tmp_path, monkeypatch) -> None:
-    from edge.commands import doctor
+    from edge.cli import doctor
 
     fake = tmp_path / "gst-inspect-1.0"
     fake.write_text("#!/bin/sh\nexec sleep 30\n", encoding="utf-8")
@@ -122,7 +122,7 @@ def test_a_slow_gst_inspect_is_a_line_not_a_traceback(tmp_path, monkeypatch) -> 
 
 
 def test_as_service_takes_the_units_user_groups_and_sandbox_and_nothing_else() -> None:
-    from edge.commands.doctor_service import sandbox_properties
+    from edge.cli.doctor_service import sandbox_properties
 
     props = sandbox_properties(os.path.join(REPO, "systemd", "jetson-edge.service"))
     assert {"--property=User=jetson-edge", "--property=SupplementaryGroups=video render jtop",

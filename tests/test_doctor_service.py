@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from edge.commands.doctor import opencv_origin
-from edge.commands.doctor_service import sandbox_properties
+from edge.cli.doctor import opencv_origin
+from edge.cli.doctor_service import sandbox_properties
 
 from conftest import REPO
 
@@ -53,7 +53,7 @@ def test_a_venvs_pypi_opencv_is_named_as_such() -> None:
 def test_doctor_names_a_jtop_service_its_client_cannot_talk_to(jtop_service, monkeypatch) -> None:
     """The real jtop service (testing mode): this venv's client talks to it; a client of another major.minor (a
     service left running /usr/local/bin/jtop of an older jetson-stats) gets jtop's own "Mismatch version" line."""
-    from edge.commands.doctor import check_jtop
+    from edge.cli.doctor import check_jtop
 
     status, _, detail = check_jtop()
     assert status == "ok" and "talks to it" in detail, detail

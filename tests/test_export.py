@@ -5,11 +5,11 @@ import os
 import numpy as np
 import pytest
 
-from edge.artifact import read_model_info
-from edge.build import export
-from edge.build.export import ARCHES, export_model
-from edge.commands.export import ARCH_CHOICES
+from edge.cli.export import ARCH_CHOICES
 from edge.errors import EdgeError
+from edge.model import export
+from edge.model.export import ARCHES, export_model
+from edge.store.artifact import read_model_info
 
 from conftest import assert_refused, run_edge
 

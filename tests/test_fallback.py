@@ -11,12 +11,12 @@ import yaml
 from onnx import numpy_helper
 from test_build import DIGITS_GATE, cli
 
-from edge.artifact import read_model_info
-from edge.build import fallback, fidelity, steps
-from edge.build.calibration import load_calibration_set
-from edge.build.fallback import quantized_inputs, without_quantization
-from edge.build.qdq_rules import validate_qdq
 from edge.errors import EdgeError
+from edge.model import fallback, fidelity, steps
+from edge.model.calibration import load_calibration_set
+from edge.model.fallback import quantized_inputs, without_quantization
+from edge.model.qdq_rules import validate_qdq
+from edge.store.artifact import read_model_info
 
 # One layer's input scale shrunk a million times: every activation saturates to a step a million times too small, so
 # the layer sees almost nothing whatever the image. Broken on the trunk (no residual path around it), the network
@@ -160,7 +160,7 @@ def test_fidelity_reads_the_held_out_calibration_images_only(digits, digits_qdq,
 
 
 def test_the_held_out_split_grows_with_the_set():
-    from edge.build.calibration import CalibrationSet
+    from edge.model.calibration import CalibrationSet
 
     for count, held in ((10, 5), (64, 32), (128, 64), (500, 125)):
         images = CalibrationSet("x", ["{:04d}.jpg".format(i) for i in range(count)], "0" * 64)

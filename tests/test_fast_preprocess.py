@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig, load_config
-from edge.frame.preprocess import CpuPreprocessor, FastPreprocessor
+from edge.infer.preprocess import CpuPreprocessor, FastPreprocessor
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
@@ -43,7 +43,7 @@ def test_refuses_what_is_no_bgr_frame():
 
 
 def test_the_service_preprocesses_fast_unless_told_exact(tiny_classifiers):
-    from edge.frame.stages import build_stages
+    from edge.infer.stages import build_stages
 
     for choice, kind in (({}, FastPreprocessor), ({"preprocess.cpu": "exact"}, CpuPreprocessor)):
         stages = build_stages(load_config(None, dict({"model.path": tiny_classifiers[0]}, **choice)))

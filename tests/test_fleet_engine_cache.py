@@ -1,4 +1,4 @@
-"""The per-identity artifact cache (edge/build/engine_cache.py, `edge cache`): one real CPU build is
+"""The per-identity artifact cache (edge/model/engine_cache.py, `edge cache`): one real CPU build is
 published, then fetched by a second "device" from a folder and over real HTTP (a pinned digest); a miss, a corrupt
 entry (its artifact or its labels changed) and another identity fall back to a local build (nothing installed); a
 cache URL that cannot be used is one redacted line, exit 2."""
@@ -14,13 +14,13 @@ import threading
 import pytest
 import yaml
 
-from edge.artifact import companions, read_model_info, sha256_file, verify
-from edge.build import engine_cache
-from edge.build.calibration import import_calibration_set
-from edge.build.plan import check_inputs, expected_model_info
-from edge.commands.cli import main as cli
+from edge.cli.main import main as cli
 from edge.config import load_config
 from edge.errors import EdgeError
+from edge.model import engine_cache
+from edge.model.calibration import import_calibration_set
+from edge.model.plan import check_inputs, expected_model_info
+from edge.store.artifact import companions, read_model_info, sha256_file, verify
 
 from conftest import REPO, assert_refused, run_edge
 
@@ -193,7 +193,7 @@ def test_credentials_go_as_basic_auth_and_the_query_stays_last():
 
 
 def test_a_full_disk_here_is_exit_2_naming_the_destination_not_a_miss(canary, tmp_path, model, monkeypatch):
-    from edge import artifact_store
+    from edge.store import versions as artifact_store
 
     _, sets, _, cache, _ = canary
 

@@ -4,7 +4,7 @@
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.frame.pipeline import Result
+from edge.infer.pipeline import Result
 from edge.service.metrics import MetricsSink
 
 

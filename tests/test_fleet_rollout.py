@@ -19,7 +19,7 @@ import pytest
 import service_helpers as sh
 from fleet.harness import SITE, STATE, Fleet, build_wheel
 
-from edge.build.calibration import import_calibration_set
+from edge.model.calibration import import_calibration_set
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow  # ansible-playbook runs with live daemons: minutes on a loaded 2-core machine

@@ -12,13 +12,13 @@ import json
 import numpy as np
 import pytest
 
-from edge.build.calibration import CalibrationSet, load_calibration_set
-from edge.build.gate import GateResult, earlier_looks, enforce, evaluate, record_look, resolve_labels, write_report
-from edge.build.gate_stats import Z95, clopper_pearson, labels_needed, paired_drop_interval, top1_claim
-from edge.build.plan import onnx_runner
-from edge.build.quantize import quantize_qdq
 from edge.config import GateConfig, PreprocessConfig
 from edge.errors import EdgeError
+from edge.model.calibration import CalibrationSet, load_calibration_set
+from edge.model.gate import GateResult, earlier_looks, enforce, evaluate, record_look, resolve_labels, write_report
+from edge.model.gate_stats import Z95, clopper_pearson, labels_needed, paired_drop_interval, top1_claim
+from edge.model.plan import onnx_runner
+from edge.model.quantize import quantize_qdq
 
 LABELS = [str(i) for i in range(10)]
 DIGITS_GATE = GateConfig(max_top1_drop_pp=5.0)  # 297 labelled digits: a sound model's upper bound stays below
@@ -183,7 +183,7 @@ def forty(tmp_path_factory):
     """40 labelled images (class index subfolders 0-3), each a distinct solid colour."""
     import cv2
 
-    from edge.build.calibration import import_calibration_set
+    from edge.model.calibration import import_calibration_set
 
     raw = tmp_path_factory.mktemp("forty-raw")
     for i in range(40):

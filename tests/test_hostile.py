@@ -257,7 +257,7 @@ def test_a_model_that_ends_in_softmax_is_not_given_softmax_again(tmp_path):
     import onnxruntime as ort
 
     from edge.config import PreprocessConfig
-    from edge.frame.preprocess import CpuPreprocessor
+    from edge.infer.preprocess import CpuPreprocessor
 
     image = tmp_path / "a.png"
     cv2.imwrite(str(image), np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8))

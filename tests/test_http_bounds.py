@@ -97,7 +97,7 @@ def test_a_dripping_head_is_dropped_at_its_total_deadline():
 def test_demo_slowloris_clients_do_not_lock_out_others():
     """The report: 32 clients dripping a header byte every 4 s gave 503 to everyone else for as long as they
     dripped. With a total deadline, the drippers are dropped and the next client is served."""
-    from edge.commands.demo_stream import MAX_CLIENTS, FrameHub, open_server
+    from edge.service.demo_stream import MAX_CLIENTS, FrameHub, open_server
 
     hub = FrameHub({"source": "test"})
     hub.publish(b"\xff\xd8jpeg", {"frame": 1, "status": "ok"})

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from edge.build.calibration import load_calibration_set
-from edge.build.imagenet_set import IMAGES, PACKAGES, SET_SHA256, make_imagenet_set
 from edge.errors import EdgeError
+from edge.model.calibration import load_calibration_set
+from edge.model.imagenet_set import IMAGES, PACKAGES, SET_SHA256, make_imagenet_set
 
 from conftest import REPO
 
@@ -44,7 +44,7 @@ def test_the_set_is_the_same_bytes_every_time_with_its_labels(tmp_path):
 
 
 def test_a_wrong_package_version_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
-    from edge.build import imagenet_set
+    from edge.model import imagenet_set
 
     monkeypatch.setitem(imagenet_set.PACKAGES, "nbdt", "9.9")
     with pytest.raises(EdgeError, match=r"nbdt 0.0.4 installed, 9.9 expected \(install it with: pip install "

@@ -17,7 +17,7 @@ import pytest
 import service_helpers as sh
 
 from edge import interrupts
-from edge.build.calibration import load_calibration_set
+from edge.model.calibration import load_calibration_set
 
 from conftest import REPO
 
@@ -89,8 +89,8 @@ def test_a_signal_during_build_leaves_no_staged_or_quantize_debris(small_model, 
 
 CREATED_THEN_SIGNALLED = textwrap.dedent("""
     import os, signal, sys
-    from edge.commands.common import execute
-    from edge.fileio import atomic_dir, atomic_write
+    from edge.cli.common import execute
+    from edge.store.fileio import atomic_dir, atomic_write
     folder, which = sys.argv[1:3]
     woke, wake = os.pipe()
     os.set_blocking(wake, False)

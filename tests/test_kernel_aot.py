@@ -1,4 +1,4 @@
-"""The preprocessing kernel is built ahead of time (edge/frame/cuda_kernel.py, scripts/build_kernel.py).
+"""The preprocessing kernel is built ahead of time (edge/infer/cuda_kernel.py, scripts/build_kernel.py).
 
 - A kernel prebuilt for each driver family (edge/cuda/prebuilt.json): current (the recorded hash of today's sources,
   whose math the host build checks against the CPU: tests/test_cuda_host_math.py), SASS for its GPU with both
@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from edge.frame import cuda_kernel
+from edge.infer import cuda_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.isfile(p)), None)
@@ -70,7 +70,7 @@ def test_each_cubin_is_sass_for_its_gpu_with_both_kernels(entry: Dict[str, Any])
 
 def test_prebuilt_cubins_are_what_the_registry_toolchains_build(tmp_path: Path) -> None:
     """NVRTC from PyPI's pinned wheels, downloaded by pip, rebuilds each shipped cubin byte for byte."""
-    from edge.build.prebuilt_kernels import build_prebuilt
+    from edge.model.prebuilt_kernels import build_prebuilt
 
     try:
         entries = build_prebuilt(out_dir=str(tmp_path), record=str(tmp_path / "prebuilt.json"))

@@ -1,6 +1,6 @@
 import numpy as np
 
-from edge.frame.latency import STAGES, LatencyRecorder, format_table
+from edge.infer.latency import STAGES, LatencyRecorder, format_table
 
 
 def frame(ms):

@@ -13,12 +13,12 @@ import pytest
 import service_helpers as sh
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.artifact import sha256_file
-from edge.frame.pipeline import Result
+from edge.infer.pipeline import Result
 from edge.service.metrics import MetricsSink, budget_buckets
 from edge.service.runtime import Runtime
 from edge.service.signals import StopFlag
 from edge.service.telemetry import TelemetrySnapshot
+from edge.store.artifact import sha256_file
 
 IMAGE = np.zeros((2, 2, 3), np.uint8)
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.errors import EdgeError
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
 
 from conftest import assert_refused, run_edge
 

@@ -10,12 +10,12 @@ import pytest
 from service_helpers import free_port, json_lines, write_config
 
 from edge.config import MAX_CAMERAS, load_config
-from edge.frame.capture import SyntheticCapture
-from edge.frame.sources import open_capture
 from edge.service.log import JsonLog
 from edge.service.loop import run
 from edge.service.runtime import Runtime
 from edge.service.signals import StopFlag
+from edge.sources.capture import SyntheticCapture
+from edge.sources.source import open_capture
 
 from conftest import assert_refused, edge_here, run_edge
 
@@ -175,7 +175,7 @@ def test_cameras_take_the_source_section_for_what_they_leave_out(tmp_path):
 
 
 def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
-    from edge.commands.check import CheckOptions, run_check
+    from edge.bench.check import CheckOptions, run_check
 
     printed = []
     config = cameras_config(tmp_path, dynamic_model)
@@ -193,7 +193,7 @@ def test_the_latency_check_judges_every_camera(tmp_path, dynamic_model):
 
 
 def test_the_demo_shows_a_tile_per_camera(tmp_path, dynamic_model):
-    from edge.commands.demo_stream import OverlaySink
+    from edge.service.demo_stream import OverlaySink
 
     sink = OverlaySink(LOOSE_BUDGET_MS, trained=False)
     cfg = load_config(cameras_config(tmp_path, dynamic_model), {"runtime.frames": 30})

@@ -10,11 +10,11 @@ import time
 import pytest
 import service_helpers as sh
 
-from edge.frame.capture import SyntheticCapture
-from edge.frame.pipeline import Sink
-from edge.frame.stages import create_stages
+from edge.infer.pipeline import Sink
+from edge.infer.stages import create_stages
 from edge.service.notify import Notifier
 from edge.service.runtime import Runtime
+from edge.sources.capture import SyntheticCapture
 
 from conftest import REPO
 

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 from service_helpers import JsonLines, json_lines, write_config
 
-from edge.artifact import labels_path
 from edge.config import SourceConfig, load_config
-from edge.frame.latency import LatencyRecorder
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
-from edge.frame.pipeline import Pipeline, TooManyErrors
-from edge.frame.postprocess import TopK, load_labels
-from edge.frame.preprocess import CpuPreprocessor
-from edge.frame.reader import FrameReader
-from edge.frame.sources import SourceEnded, open_capture
-from edge.frame.stages import Stages
+from edge.infer.latency import LatencyRecorder
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
+from edge.infer.pipeline import Pipeline, TooManyErrors
+from edge.infer.postprocess import TopK, load_labels
+from edge.infer.preprocess import CpuPreprocessor
+from edge.infer.stages import Stages
+from edge.sources.reader import FrameReader
+from edge.sources.source import SourceEnded, open_capture
+from edge.store.artifact import labels_path
 
 from conftest import REPO, run_edge
 

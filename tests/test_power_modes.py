@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edge import board
-from edge.commands.doctor import check_power
+from edge.cli.doctor import check_power
 
 FIXTURES = Path(__file__).resolve().parent / "nvpmodel"
 BOARDS = {  # fixture: (the maximum mode, a lower mode the board may be in)

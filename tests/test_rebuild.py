@@ -18,8 +18,8 @@ import pytest
 import service_helpers as sh
 import yaml
 
-from edge.build.calibration import import_calibration_set
-from edge.commands import rebuild
+from edge.cli import rebuild
+from edge.model.calibration import import_calibration_set
 
 from conftest import REPO, edge_here
 
@@ -244,7 +244,7 @@ def test_a_failing_step_keeps_the_old_artifact(step, why, ws, capsys, monkeypatc
         args += ["--source", ws / "short.avi", "--every", 1, "--check-source", "synthetic"]
     elif why == "impossible thresholds":
         info = json.loads((ws / "engines/m.json").read_text(encoding="utf-8"))
-        info["trained"] = True  # the gate is enforced for trained weights only (edge.build.steps)
+        info["trained"] = True  # the gate is enforced for trained weights only (edge.model.steps)
         (ws / "engines/m.json").write_text(json.dumps(info), encoding="utf-8")
         cfg = yaml.safe_load((ws / "cfg.yaml").read_text(encoding="utf-8"))
         cfg["build"]["gate"] = {"min_agreement": 1.0, "min_mean_cosine": 1.0}

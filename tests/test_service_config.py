@@ -9,8 +9,8 @@ import os
 import service_helpers as sh
 import yaml
 
-from edge.build.plan import FORMATS, artifact_path, source_model
 from edge.config import load_config
+from edge.model.plan import FORMATS, artifact_path, source_model
 
 from conftest import REPO, run_edge
 

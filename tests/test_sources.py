@@ -7,9 +7,9 @@ import service_helpers as sh
 
 from edge.config import SourceConfig, load_config
 from edge.errors import EdgeError
-from edge.frame.gstreamer import APPSINK, JETSON, SOFTWARE, csi_pipeline, rtsp_pipeline, usb_pipelines
-from edge.frame.reader import FrameReader
-from edge.frame.sources import Capture, SourceEnded, SourceSupervisor, SourceTimeout, open_capture
+from edge.sources.gstreamer import APPSINK, JETSON, SOFTWARE, csi_pipeline, rtsp_pipeline, usb_pipelines
+from edge.sources.reader import FrameReader
+from edge.sources.source import Capture, SourceEnded, SourceSupervisor, SourceTimeout, open_capture
 
 from conftest import write_video
 
@@ -209,7 +209,7 @@ def test_an_opencv_without_gstreamer_uses_its_own_backends():
 
 
 def test_the_uri_is_parsed_once_and_its_resource_reaches_the_camera_path(monkeypatch):
-    from edge.frame import sources
+    from edge.sources import source as sources
 
     parsed, seen = [], []
     real = sources.parse_source

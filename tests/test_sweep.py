@@ -8,7 +8,7 @@ import struct
 import pytest
 import yaml
 
-from edge.commands.sweep_report import COLUMNS, Window, agree, build_report, cell_figures, compare
+from edge.bench.sweep_report import COLUMNS, Window, agree, build_report, cell_figures, compare
 
 from conftest import assert_refused, edge_here, run_edge
 
@@ -132,7 +132,7 @@ def test_a_batch_one_model_is_refused_for_larger_batches(tmp_path, tiny_classifi
 def test_the_progress_bar_is_drawn_on_a_terminal_only():
     import io
 
-    from edge.commands.sweep_run import Progress
+    from edge.bench.sweep_run import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):

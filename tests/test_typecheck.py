@@ -1,5 +1,5 @@
 """mypy on the GPU modules against tensorrt-stubs: the GPU code is checked without a GPU. Every run reads
-mypy.ini; edge/build/tensorrt_engine.py is also checked with the explicit `--strict` flags of FLAGS (mypy.ini's
+mypy.ini; edge/model/tensorrt_engine.py is also checked with the explicit `--strict` flags of FLAGS (mypy.ini's
 section for the stubs still applies: it keeps the stubs' own strict-mode errors out, which no command-line flag
 can). A misspelt TensorRT call, in a probe file or in a copy of a module, fails.
 
@@ -27,9 +27,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STUB_PACKAGES = ("tensorrt", "tensorrt_bindings")
-GPU_FILES = ("edge/frame/cuda_kernel.py", "edge/frame/cuda_preprocess.py", "edge/frame/tensorrt_runner.py",
-             "edge/frame/tensorrt_backend.py", "edge/frame/select.py", "edge/build/tensorrt_engine.py",
-             "edge/frame/cuda_session.py", "edge/frame/tensorrt_batch.py")
+GPU_FILES = ("edge/infer/cuda_kernel.py", "edge/infer/cuda_preprocess.py", "edge/infer/tensorrt_runner.py",
+             "edge/infer/tensorrt_backend.py", "edge/infer/select.py", "edge/model/tensorrt_engine.py",
+             "edge/infer/cuda_session.py", "edge/infer/tensorrt_batch.py")
 FLAGS = ["--strict", "--follow-imports=silent", "--ignore-missing-imports"]
 
 
@@ -133,7 +133,7 @@ def test_misspelt_call_in_the_runner_fails(stubs: Stubs, tmp_path: Path) -> None
 
 
 def test_tensorrt_build_passes_strict_mypy(stubs: Stubs) -> None:
-    proc = mypy(stubs, FLAGS, "edge/build/tensorrt_engine.py")
+    proc = mypy(stubs, FLAGS, "edge/model/tensorrt_engine.py")
     assert proc.returncode == 0, proc.stdout
     assert "Success: no issues found in 1 source file" in proc.stdout
 

@@ -190,7 +190,7 @@ HOSTILE_LABELS = [
 
 @pytest.mark.parametrize("content, says", HOSTILE_LABELS)
 def test_labels_with_control_characters_or_blank_lines_are_refused_by_line(tmp_path, content, says):
-    from edge.frame.postprocess import load_labels
+    from edge.infer.postprocess import load_labels
 
     path = tmp_path / "m.labels.txt"
     path.write_bytes(content)
@@ -203,7 +203,7 @@ def test_labels_with_control_characters_or_blank_lines_are_refused_by_line(tmp_p
 
 
 def test_a_labels_path_that_is_a_folder_is_one_line(tmp_path):
-    from edge.frame.postprocess import load_labels
+    from edge.infer.postprocess import load_labels
 
     with pytest.raises(EdgeError, match="labels file.*folder"):
         load_labels(str(tmp_path))
@@ -224,7 +224,7 @@ HOSTILE_PREPROCESS = [
 @pytest.mark.parametrize("change, says", HOSTILE_PREPROCESS)
 def test_a_model_infos_preprocessing_gets_the_configs_checks(tmp_path, change, says):
     from edge.config import PreprocessConfig
-    from edge.frame.preprocess import model_preprocess
+    from edge.infer.preprocess import model_preprocess
 
     model = str(tmp_path / "m.onnx")
     with pytest.raises(EdgeError) as err:
@@ -234,7 +234,7 @@ def test_a_model_infos_preprocessing_gets_the_configs_checks(tmp_path, change, s
 
 
 def test_a_model_info_that_repeats_a_key_is_refused(small_model, tmp_path):
-    from edge.fileio import load_json
+    from edge.inputs import load_json
 
     path = tmp_path / "m.json"
     path.write_text('{"trained": false, "preprocess": {"resize": 256, "resize": 1e21}}', encoding="utf-8")

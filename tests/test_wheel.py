@@ -19,9 +19,9 @@ import pytest
 
 from conftest import REPO
 
-# `edge init` is registered by edge/commands/cli.py (COMMANDS).
-needs_init = pytest.mark.skipif("init" not in __import__("edge.commands.cli", fromlist=["COMMANDS"]).COMMANDS,
-                                reason="edge/commands/cli.py does not list `init` in COMMANDS yet")
+# `edge init` is registered by edge/cli/main.py (COMMANDS).
+needs_init = pytest.mark.skipif("init" not in __import__("edge.cli.main", fromlist=["COMMANDS"]).COMMANDS,
+                                reason="edge/cli/main.py does not list `init` in COMMANDS yet")
 COPIED = ("setup.py", "MANIFEST.in", "edge", "calibration/default", "calibration/regression", "configs", "systemd",
           "constraints")
 

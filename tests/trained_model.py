@@ -3,7 +3,7 @@
 torchvision's mobilenet_v3_small(num_classes=10, width_mult=0.5) trained on scikit-learn's `load_digits` upscaled to
 64x64 (stratified 1200 train / 300 calibration pool / 297 held-out test, fixed seeds): 6 epochs reach 97.6 % in
 ~22 s on one idle core (the full-width network: 98.0 % in ~64 s, and every test using it 3-4x slower), exported by
-edge.build.export.export_onnx. Its inputs come from the runtime's CpuPreprocessor with resize 64 / crop 64 (an
+edge.model.export.export_onnx. Its inputs come from the runtime's CpuPreprocessor with resize 64 / crop 64 (an
 identity resample of a 64x64 image), exactly as training normalised them.
 
 tests/conftest.py's session fixtures `digits` and `digits_qdq` give it and its Q/DQ model, made once per test run
@@ -18,8 +18,8 @@ from typing import Callable, List, Tuple
 
 import numpy as np
 
-from edge.build.calibration import import_calibration_set
 from edge.config import PreprocessConfig
+from edge.model.calibration import import_calibration_set
 
 SIZE = 64
 EPOCHS = 6
@@ -120,7 +120,7 @@ def _train(x, y, epochs: int):
 def train_digits_model(root: str, epochs: int = EPOCHS, log: Callable[..., None] = lambda *a: None) -> DigitsModel:
     import torch
 
-    from edge.build.export import export_onnx
+    from edge.model.export import export_onnx
 
     pre = PreprocessConfig(resize=SIZE, crop=SIZE)
     images, labels = digit_images()
@@ -176,8 +176,8 @@ def load_digits_model(root: str) -> DigitsModel:
 
 def quantize_digits(digits: DigitsModel, out_path: str) -> None:
     """The digits model as a sound TensorRT-style Q/DQ model (minmax, sensitive nodes in float)."""
-    from edge.build.calibration import load_calibration_set
-    from edge.build.quantize import quantize_qdq
+    from edge.model.calibration import load_calibration_set
+    from edge.model.quantize import quantize_qdq
 
     quantize_qdq(digits.onnx, out_path, load_calibration_set(digits.calibration), digits.preprocess, "minmax", True,
                  show_progress=False, log=lambda *a: None)

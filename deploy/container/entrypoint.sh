@@ -42,7 +42,7 @@ status() {  # prints why the engine is not current; exit 0 when it is
   python3 - "$config" "$source_model" "$1" <<'PY'
 import sys
 
-from edge.build.plan import artifact_status
+from edge.model.plan import artifact_status
 from edge.config import load_config
 from edge.errors import EdgeError
 

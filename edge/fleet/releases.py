@@ -33,8 +33,9 @@ import time
 from typing import Any, Dict, Iterator, List, Optional
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line
-from edge.fileio import load_json, temp_name, write_json_atomic
 from edge.fleet import store
+from edge.inputs import load_json
+from edge.store.fileio import temp_name, write_json_atomic
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 DEFAULTS: Dict[str, Any] = {

@@ -6,9 +6,9 @@ import time
 from typing import Any, Dict, Optional
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line
-from edge.fileio import write_json_atomic
 from edge.fleet import health, store
 from edge.fleet.releases import Device, check_name, now, short
+from edge.store.fileio import write_json_atomic
 
 LOCK_WAIT_S = 60.0
 

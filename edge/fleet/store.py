@@ -1,5 +1,5 @@
 """Rollout state every controller and every device sees: a record per failed or withdrawn release, kept in the
-shared engine cache (edge/build/engine_cache.py) beside the artifacts.
+shared engine cache (edge/model/engine_cache.py) beside the artifacts.
 
     <cache>/rollout/<release>.json   {"release", "state": "failed" | "withdrawn", "why", "sha256", "at", "by"}
 
@@ -13,16 +13,17 @@ refused by every later run on any device, from any checkout, until an explicit r
 import os
 from typing import Any, Dict, Optional
 
-from edge.build import engine_cache
 from edge.errors import EdgeError
-from edge.fileio import load_json, temp_dir, write_json_atomic
+from edge.inputs import load_json
+from edge.model import engine_cache
+from edge.store.fileio import temp_dir, write_json_atomic
 
 FOLDER = "rollout"  # beside the 64-hex-digit key folders of the artifacts
 MAX_RECORD_BYTES = 64 << 10
 
 
 def is_url(store: str) -> bool:
-    return "://" in store  # as edge/build/engine_cache.py reads a cache
+    return "://" in store  # as edge/model/engine_cache.py reads a cache
 
 
 def read(store: str, release: str) -> Optional[Dict[str, Any]]:

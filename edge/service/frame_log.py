@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
-from edge.frame.latency import LatencyRecorder
-from edge.frame.pipeline import Result, Sink
+from edge.infer.latency import LatencyRecorder
+from edge.infer.pipeline import Result, Sink
 
 MAX_FRAME_LINES_PER_S = 10  # frame_miss + frame_error lines per second before they are only counted
 CULPRIT_STAGES = ("frame_age", "preprocess", "infer", "postprocess")  # the parts of end_to_end

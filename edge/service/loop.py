@@ -4,7 +4,7 @@ and the benchmarks all run frames through `run()`, giving it their Runtime (with
 It ends with the end of a file source, `runtime.frames` timed frames, or a stop request: SIGTERM/SIGINT (with the
 flag entered) or a sink's `stop.request(why)`, each after the frame in hand; then it returns the final report.
 A source that gives no first frame in time (a dead camera or stream; under systemd it is waited for instead, see
-edge/frame/sources.py) and any failure to start are one-line errors, exit 2; more than
+edge/sources/source.py) and any failure to start are one-line errors, exit 2; more than
 `runtime.max_consecutive_errors` failed frames in a row exit 1, so systemd's
 Restart=on-failure restarts the service.
 """
@@ -13,11 +13,11 @@ import sys
 from typing import Any, Dict, Optional
 
 from edge.errors import EXIT_FAIL, EdgeError
-from edge.frame.latency import format_table
-from edge.frame.pipeline import TooManyErrors
-from edge.service.cameras import format_cameras
+from edge.infer.latency import format_table
+from edge.infer.pipeline import TooManyErrors
 from edge.service.runtime import Runtime
 from edge.service.signals import StopFlag
+from edge.sources.cameras import format_cameras
 
 
 def run(runtime: Runtime, stop: Optional[StopFlag] = None, table: Optional[str] = None) -> Dict[str, Any]:

@@ -48,7 +48,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from edge import __version__
 from edge.board import board_model, read_l4t, tensorrt_probe
 from edge.errors import EdgeError, require
-from edge.frame.pipeline import Result
+from edge.infer.pipeline import Result
 from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler, allowed_hosts
 from edge.service.parts import ServicePart
 

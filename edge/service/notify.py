@@ -19,8 +19,8 @@ import time
 from typing import Any, Callable, Optional
 
 from edge.errors import require
-from edge.frame.latency import LatencyRecorder
-from edge.frame.pipeline import Result, Sink
+from edge.infer.latency import LatencyRecorder
+from edge.infer.pipeline import Result, Sink
 
 
 class Notifier:

@@ -7,7 +7,7 @@ line in `Runtime._start_services`, and a new fact for the parts is one hook here
 
 from typing import Any
 
-from edge.frame.pipeline import Result, Sink
+from edge.infer.pipeline import Result, Sink
 
 
 class ServicePart(Sink):
@@ -15,7 +15,7 @@ class ServicePart(Sink):
         pass
 
     def serving(self, stages: Any) -> None:
-        """`stages` (edge.frame.stages.Stages) serve from now on: at start and after each reload."""
+        """`stages` (edge.infer.stages.Stages) serve from now on: at start and after each reload."""
 
     def reload_done(self, outcome: str) -> None:
         """A reload ended: "ok" (the new stages serve, `serving` was told first) or "failed" (the old ones do)."""

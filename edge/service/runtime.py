@@ -5,7 +5,7 @@
             rt.process(frame)              # Stages.classify, timed -> a Result with its counters -> every sink
 
 edge/service/loop.py is that loop and the final report: every command that runs frames uses it. Sinks get all
-they report in the Result; the source (edge/frame/sources.py) owns its reconnect and quiet-source policy.
+they report in the Result; the source (edge/sources/source.py) owns its reconnect and quiet-source policy.
 
 What it writes (JSON lines on stdout; under systemd journald takes the `<N>` priority prefix JsonLog adds):
   start                 once: backend, model, source, preprocess, budget, metrics address, telemetry source
@@ -25,11 +25,9 @@ import numpy as np
 from edge.config import Config, SourceConfig, cameras, load_config
 from edge.errors import EdgeError
 from edge.fields import lookup, reloaded
-from edge.frame.latency import LatencyRecorder
-from edge.frame.pipeline import Pipeline, Result, Sink
-from edge.frame.sources import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
-from edge.frame.stages import Stages, build_stages, create_stages
-from edge.service.cameras import Batch, CameraSet
+from edge.infer.latency import LatencyRecorder
+from edge.infer.pipeline import Pipeline, Result, Sink
+from edge.infer.stages import Stages, build_stages, create_stages
 from edge.service.frame_log import FrameLogSink, report_fields
 from edge.service.log import JsonLog
 from edge.service.metrics import metrics_url
@@ -37,10 +35,12 @@ from edge.service.notify import Notifier, NotifySink
 from edge.service.parts import ServicePart, WarningTag
 from edge.service.reload import Loading
 from edge.service.signals import StopFlag
+from edge.sources.cameras import Batch, CameraSet
+from edge.sources.source import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
 
 SLICE_S = 0.25  # the longest wait for a frame before stop and reload requests are looked at again
 
-# how a reload applies each reload=APPLY key the new stages do not read (edge.frame.stages.STAGE_KEYS); a key marked
+# how a reload applies each reload=APPLY key the new stages do not read (edge.infer.stages.STAGE_KEYS); a key marked
 # APPLY with neither fails tests/test_config.py
 APPLIERS: Dict[str, Callable[[Pipeline, Any], None]] = {
     "runtime.max_consecutive_errors": lambda pipeline, value: setattr(pipeline, "max_consecutive_errors", value),
@@ -187,7 +187,7 @@ class Runtime:
         return "jtop" if self.telemetry.wants_jtop() else "linux"
 
     def _warn_stale_info(self, stages: Stages) -> None:
-        for note in stages.notes:  # a stale model info is refused at load (edge.artifact.read_set)
+        for note in stages.notes:  # a stale model info is refused at load (edge.store.artifact.read_set)
             self.event("model_note", level="warning", model=stages.model_path, note=note)
 
     def _source_event(self, name: str, fields: Dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig
-from edge.frame.preprocess import CpuPreprocessor
+from edge.infer.preprocess import CpuPreprocessor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
@@ -25,7 +25,7 @@ def pytest_configure(config: Any) -> None:
 @pytest.fixture(scope="session")
 def gpu() -> None:
     """Skips, with the reason, where TensorRT, pycuda or a CUDA device is missing. GPU fixtures depend on it."""
-    from edge.frame.select import gpu_unavailable
+    from edge.infer.select import gpu_unavailable
 
     problem = gpu_unavailable()
     if problem is not None:
@@ -62,7 +62,7 @@ def onnx_model(gpu: None, request: Any) -> str:
 @pytest.fixture(scope="session")
 def trained(onnx_model: str) -> bool:
     """Random weights give ~1e-10 logits (edge/build.py): FP16/INT8 numerics are meaningless on them."""
-    from edge.artifact import read_model_info
+    from edge.store.artifact import read_model_info
 
     return bool(read_model_info(onnx_model).get("trained"))
 
@@ -79,9 +79,9 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
     written with the manifest TensorRTBackend checks."""
     import tensorrt as trt
 
-    from edge.artifact import info_path, make_model_info
     from edge.board import current_system
-    from edge.fileio import write_json_atomic
+    from edge.store.artifact import info_path, make_model_info
+    from edge.store.fileio import write_json_atomic
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -113,9 +113,9 @@ def build_engine(onnx_path: str, precision: str, out_path: str) -> str:
 
 @pytest.fixture(scope="session")
 def qdq_model(gpu: None, onnx_model: str, tmp_path_factory: Any) -> str:
-    """A TensorRT-compatible Q/DQ INT8 ONNX made on the CPU by edge.build.quantize (skipped where it is missing)."""
-    quantize = pytest.importorskip("edge.build.quantize", reason="edge.build.quantize (Q/DQ INT8 ONNX) not available")
-    calibration = pytest.importorskip("edge.build.calibration", reason="edge.build.calibration not available")
+    """A TensorRT-compatible Q/DQ INT8 ONNX made on the CPU by edge.model.quantize (skipped where it is missing)."""
+    quantize = pytest.importorskip("edge.model.quantize", reason="edge.model.quantize (Q/DQ INT8 ONNX) not available")
+    calibration = pytest.importorskip("edge.model.calibration", reason="edge.model.calibration not available")
     images = calibration.load_calibration_set(os.path.join(REPO, "calibration", "default"), verify=False)
     out = str(tmp_path_factory.mktemp("qdq") / "model.qdq.onnx")
     quantize.quantize_qdq(onnx_model, out, images, PreprocessConfig(), show_progress=False, log=lambda *a: None)

@@ -42,10 +42,10 @@ def dynamic_onnx(onnx_model: str, tmp_path_factory: Any) -> str:
 
 @pytest.fixture(scope="module")
 def batch_engine(dynamic_onnx: str, tmp_path_factory: Any) -> str:
-    from edge.artifact import info_path, make_manifest
     from edge.board import current_system
-    from edge.build.tensorrt_engine import build_engine
-    from edge.fileio import write_json_atomic
+    from edge.model.tensorrt_engine import build_engine
+    from edge.store.artifact import info_path, make_manifest
+    from edge.store.fileio import write_json_atomic
 
     folder = tmp_path_factory.mktemp("batch-engine")
     path = str(folder / "model.fp16.engine")
@@ -70,8 +70,8 @@ def test_one_profile_per_size_with_opt_that_size(batch_engine: str) -> None:
 
 
 def test_batches_equal_rows_alone_one_context_and_graph_per_size(batch_engine: str, inputs: np.ndarray) -> None:
-    from edge.frame.cuda_session import CudaSession
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.cuda_session import CudaSession
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     session = CudaSession()
     try:
@@ -110,8 +110,8 @@ def trtexec() -> str:
 
 @pytest.mark.parametrize("size", [s for s in SIZES if s > 1])
 def test_closed_loop_throughput_against_trtexec(batch_engine: str, inputs: np.ndarray, size: int) -> None:
-    from edge.frame.cuda_session import CudaSession
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.cuda_session import CudaSession
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     proc = subprocess.run([trtexec(), "--loadEngine=" + batch_engine, "--profile={}".format(SIZES.index(size)),
                            "--shapes=input:{}x3x224x224".format(size), "--useCudaGraph", "--duration=3",

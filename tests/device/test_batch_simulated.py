@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge.config import PreprocessConfig
-from edge.frame.preprocess import CpuPreprocessor
+from edge.infer.preprocess import CpuPreprocessor
 
 from . import sim_gpu
 from .test_simulated import ReplayGraphs, frame, host_lib, session, sim, write_engine  # noqa: F401
@@ -38,7 +38,7 @@ class BuildSession:
 def test_the_build_adds_a_profile_per_served_size(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                                   dynamic_model: str, tiny_classifiers: Any, dynamic: bool,
                                                   profiles: list) -> None:
-    from edge.build import tensorrt_engine
+    from edge.model import tensorrt_engine
 
     trt = fake_tensorrt("10.3.0")
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
@@ -57,8 +57,8 @@ def test_the_build_adds_a_profile_per_served_size(monkeypatch: pytest.MonkeyPatc
 
 def test_each_batch_size_runs_on_its_own_context_and_graph(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
                                                            tmp_path: Any) -> None:
-    from edge.frame import tensorrt_backend
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer import tensorrt_backend
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     graphs = ReplayGraphs()
     monkeypatch.setattr(tensorrt_backend, "_GraphApi", lambda: graphs)

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from edge.config import SourceConfig
-from edge.frame.reader import FrameReader
-from edge.frame.sources import open_capture
+from edge.sources.reader import FrameReader
+from edge.sources.source import open_capture
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.jetson
@@ -83,7 +83,7 @@ def test_csi_survives_an_nvargus_daemon_restart():
     sensor = os.environ.get("EDGE_TEST_CSI")
     if sensor is None or os.geteuid() != 0:
         pytest.skip("set EDGE_TEST_CSI=N and run as root (it restarts nvargus-daemon)")
-    from edge.commands.doctor import check_argus_socket
+    from edge.cli.doctor import check_argus_socket
 
     cfg = SourceConfig(uri="csi://" + sensor, width=1280, height=720, fps=30)
     grab(cfg, frames=5)

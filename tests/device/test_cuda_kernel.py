@@ -11,7 +11,7 @@ import pytest
 
 from edge.config import PreprocessConfig
 from edge.errors import EdgeError
-from edge.frame.preprocess import CpuPreprocessor
+from edge.infer.preprocess import CpuPreprocessor
 
 from .conftest import PHOTOS
 
@@ -22,7 +22,7 @@ SIZES = ["1x1", "7x5", "200x100", "257x256", "1280x720", "720x1280", "3840x2160"
 
 @pytest.fixture(scope="module")
 def session(gpu: None):
-    from edge.frame.cuda_session import CudaSession
+    from edge.infer.cuda_session import CudaSession
 
     owner = CudaSession()
     yield owner
@@ -31,7 +31,7 @@ def session(gpu: None):
 
 @pytest.fixture(scope="module")
 def cuda_pre(session):
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     pre = CudaPreprocessor(PreprocessConfig(), session)
     yield pre
@@ -61,7 +61,7 @@ def test_kernel_matches_cpu(cuda_pre, photo: Callable[[str], np.ndarray], name: 
 
 
 def test_float16_output(session, photo: Callable[[str], np.ndarray]) -> None:
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     pre = CudaPreprocessor(PreprocessConfig(), session, dtype=np.float16)
     try:
@@ -88,8 +88,8 @@ def test_kernel_loads_from_each_source(session, tmp_path, monkeypatch, photo: Ca
     """Which binary this driver accepts: a cubin built here by this JetPack's nvcc, and the one prebuilt for its
     CUDA major version (edge/cuda/prebuilt.json: NVRTC 11.8 / 12.6 SASS, nvcc 13's fatbin); the printed line says
     which, or why the driver refused it (the cubin built here is what the installer makes first)."""
-    from edge.frame import cuda_kernel
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer import cuda_kernel
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     monkeypatch.setenv("EDGE_KERNEL_DIR", str(tmp_path))
     if source == "kernel dir":

@@ -10,11 +10,11 @@ import shutil
 import pytest
 import yaml
 
-from edge.artifact import check_engine, read_model_info
-from edge.build.plan import check_inputs
-from edge.build.steps import run_build
-from edge.build.trt_cache import read_trt_calibration_cache
 from edge.config import load_config
+from edge.model.plan import check_inputs
+from edge.model.steps import run_build
+from edge.model.trt_cache import read_trt_calibration_cache
+from edge.store.artifact import check_engine, read_model_info
 
 pytestmark = pytest.mark.jetson
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from edge.artifact import check_engine, sha256_file
+from edge.store.artifact import check_engine, sha256_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.jetson

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.jetson
 def test_engine_identity_on_this_board(engine: Callable[[str], str]) -> None:
     import pycuda.driver as cuda
 
-    from edge.artifact import ENGINE_SYSTEM_KEYS, check_engine
     from edge.board import current_system, is_jetson
+    from edge.store.artifact import ENGINE_SYSTEM_KEYS, check_engine
 
     system = current_system()
     print({key: system[key] for key in ENGINE_SYSTEM_KEYS + ("gpu", "l4t")})

@@ -7,7 +7,7 @@ import pytest
 
 from edge.config import load_config
 from edge.errors import EdgeError
-from edge.frame import select
+from edge.infer import select
 
 
 @pytest.fixture

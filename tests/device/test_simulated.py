@@ -21,7 +21,7 @@ import pytest
 
 from edge.config import PreprocessConfig
 from edge.errors import EdgeError
-from edge.frame.preprocess import CpuPreprocessor
+from edge.infer.preprocess import CpuPreprocessor
 
 from . import sim_gpu
 from fake_tensorrt import ENGINE_MAGIC, NUM_CLASSES, fake_tensorrt, reference_logits
@@ -62,7 +62,7 @@ def frame(h: int, w: int, seed: int = 0) -> np.ndarray:
 
 
 def session() -> Any:
-    from edge.frame.cuda_session import CudaSession
+    from edge.infer.cuda_session import CudaSession
 
     return CudaSession()
 
@@ -75,7 +75,7 @@ def session() -> Any:
 def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim, driver: int, image: str) -> None:
     """The prebuilt kernel the driver's CUDA version chooses is the one loaded (at once), and its launch, run through
     the host build of the kernel's math, matches the CPU preprocessor."""
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     sim.driver.get_driver_version = lambda: driver
     cpu = CpuPreprocessor(PreprocessConfig())
@@ -101,8 +101,8 @@ def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim, driver: int, image: s
 
 
 def test_kernel_built_on_the_device_is_loaded_first(sim: sim_gpu.Sim) -> None:
-    from edge.frame.cuda_kernel import build_cubin, kernel_dir
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_kernel import build_cubin, kernel_dir
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     if NVCC is None:
         pytest.skip("needs nvcc")
@@ -116,8 +116,8 @@ def test_kernel_built_on_the_device_is_loaded_first(sim: sim_gpu.Sim) -> None:
 
 
 def test_kernel_load_failure_is_one_line_at_start(sim: sim_gpu.Sim) -> None:
-    from edge.frame.cuda_kernel import KernelUnavailable
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_kernel import KernelUnavailable
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     sim.load_error = "cuModuleLoadData failed: device kernel image is invalid"
     owner = session()
@@ -131,7 +131,7 @@ def test_kernel_load_failure_is_one_line_at_start(sim: sim_gpu.Sim) -> None:
 
 
 def test_float16_output(sim: sim_gpu.Sim) -> None:
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     owner = session()
     pre = CudaPreprocessor(PreprocessConfig(), owner, dtype=np.float16)
@@ -147,9 +147,9 @@ def test_float16_output(sim: sim_gpu.Sim) -> None:
 
 
 def write_engine(path: str, info: Optional[dict] = None, content: bytes = ENGINE_MAGIC) -> str:
-    from edge.artifact import info_path, make_model_info
     from edge.board import current_system
-    from edge.fileio import write_json_atomic
+    from edge.store.artifact import info_path, make_model_info
+    from edge.store.fileio import write_json_atomic
 
     with open(path, "wb") as fh:
         fh.write(content)
@@ -165,18 +165,18 @@ def write_engine(path: str, info: Optional[dict] = None, content: bytes = ENGINE
 @pytest.mark.parametrize("input_dtype", [np.float32, np.float16])
 def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                         input_dtype: Any) -> None:
-    from edge.frame.cuda_preprocess import CudaPreprocessor
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.cuda_preprocess import CudaPreprocessor
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     def no_driver() -> None:
         raise OSError("libcuda.so.1: cannot open shared object file")
 
-    monkeypatch.setattr("edge.frame.tensorrt_backend._GraphApi", no_driver)
+    monkeypatch.setattr("edge.infer.tensorrt_backend._GraphApi", no_driver)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(input_dtype=input_dtype))
     engine = write_engine(str(tmp_path / "model.engine"))
     owner = session()
     backend = TensorRTBackend(engine, owner, cuda_graph=True)
-    pre = CudaPreprocessor(PreprocessConfig(), owner)  # before load(), as edge.frame.stages does
+    pre = CudaPreprocessor(PreprocessConfig(), owner)  # before load(), as edge.infer.stages does
     cpu = CpuPreprocessor(PreprocessConfig())
     with backend:
         assert backend.input_shape == (1, 3, 224, 224) and backend.output_shape == (1, NUM_CLASSES)
@@ -202,7 +202,7 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
 
 
 def test_manifest_mismatch_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     engine = write_engine(str(tmp_path / "model.engine"))
@@ -219,9 +219,9 @@ def test_refused_stages_leave_no_cuda_context(sim: sim_gpu.Sim, monkeypatch: pyt
     """Stages built as `edge run` builds them at start and on SIGHUP (a preprocessor and a backend on the stages'
     session, then the backend's load): whatever refuses them, no CUDA context or buffer is left (issue 20 item 5)."""
     from edge.config import Config, ModelConfig
-    from edge.frame.stages import build_stages
+    from edge.infer.stages import build_stages
 
-    monkeypatch.setattr("edge.frame.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
+    monkeypatch.setattr("edge.infer.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
     trt = fake_tensorrt(input_dtype=np.int8 if refusal == "int8 input" else np.float32)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     engine = engine_with_labels(tmp_path)
@@ -255,15 +255,15 @@ def test_stages_release_their_session_last_and_once(sim: sim_gpu.Sim, monkeypatc
     """The stages own the CUDA session: the preprocessor closes, then the backend, then the session is released,
     once, when the stages close and when building them fails halfway (issue 18 item 3)."""
     from edge.config import Config, ModelConfig
-    from edge.frame.cuda_preprocess import CudaPreprocessor
-    from edge.frame.cuda_session import CudaSession
-    from edge.frame.stages import build_stages
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_session import CudaSession
+    from edge.infer.stages import build_stages
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     closed: list = []
     for cls, method in ((CudaPreprocessor, "close"), (TensorRTBackend, "close"), (CudaSession, "release")):
         record_calls(monkeypatch, closed, cls, method)
-    monkeypatch.setattr("edge.frame.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
+    monkeypatch.setattr("edge.infer.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
     trt = fake_tensorrt()
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     engine = engine_with_labels(tmp_path)
@@ -285,11 +285,11 @@ def test_stages_release_their_session_last_and_once(sim: sim_gpu.Sim, monkeypatc
 
 
 def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     engine = write_engine(str(tmp_path / "model.engine"), content=b"garbage")  # its model info describes it
-    monkeypatch.setattr("edge.frame.tensorrt_backend.check_engine", lambda path, **kw: {})
+    monkeypatch.setattr("edge.infer.tensorrt_backend.check_engine", lambda path, **kw: {})
     owner = session()
     backend = TensorRTBackend(engine, owner)
     with pytest.raises(EdgeError, match="cannot deserialise") as info:
@@ -302,7 +302,7 @@ def test_unloadable_engine_is_one_line_error(sim: sim_gpu.Sim, monkeypatch: pyte
 
 
 def test_stub_only_tensorrt_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     stub = types.ModuleType("tensorrt")  # what tensorrt-stubs alone imports as: no __file__
     monkeypatch.setitem(sys.modules, "tensorrt", stub)
@@ -312,8 +312,8 @@ def test_stub_only_tensorrt_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.Mon
 
 def test_tensorrt_before_8_5_is_refused(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """JetPack 5.0's TensorRT 8.4 has no named-tensor API: refused in one line, for the backend and the build."""
-    from edge.frame.tensorrt_backend import TensorRTBackend
-    from edge.frame.tensorrt_runner import require_tensorrt
+    from edge.infer.tensorrt_backend import TensorRTBackend
+    from edge.infer.tensorrt_runner import require_tensorrt
 
     trt = fake_tensorrt()
     monkeypatch.setattr(trt, "__version__", "8.4.1")
@@ -347,8 +347,8 @@ class ReplayGraphs:
 def test_cuda_graph_kept_only_when_faster(sim: sim_gpu.Sim, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                           graph_ms: float, kept: bool) -> None:
     """Only inference + output copy are captured: the preprocessor runs outside the graph, for any frame size."""
-    from edge.frame import tensorrt_backend
-    from edge.frame.cuda_preprocess import CudaPreprocessor
+    from edge.infer import tensorrt_backend
+    from edge.infer.cuda_preprocess import CudaPreprocessor
 
     graphs = ReplayGraphs()
     timings = iter([1.0, graph_ms])  # direct, then graph: tried once, after the first frame
@@ -387,10 +387,10 @@ def test_no_kernel_auto_runs_on_cpu_and_says_why_explicit_cuda_exits_2(
     chosen_because says why) and an explicit `cuda` is one error line, exit 2, before any frame."""
     import json
 
-    from edge.commands.cli import main
+    from edge.cli.main import main
 
-    monkeypatch.setattr("edge.frame.tensorrt_backend._GraphApi", lambda: None)
-    monkeypatch.setattr("edge.frame.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
+    monkeypatch.setattr("edge.infer.tensorrt_backend._GraphApi", lambda: None)
+    monkeypatch.setattr("edge.infer.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     engine = engine_with_labels(tmp_path)
     sim.load_error = "cuModuleLoadData failed: no kernel image is available for execution on the device"
@@ -410,7 +410,8 @@ def test_no_kernel_auto_runs_on_cpu_and_says_why_explicit_cuda_exits_2(
 
 def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """Keyed on board model, SM count, compute capability, TensorRT and CUDA; an L4T change alone is a warning."""
-    from edge import artifact, board
+    from edge import board
+    from edge.store import artifact
 
     root = tmp_path / "root"
     (root / "proc" / "device-tree").mkdir(parents=True)
@@ -428,8 +429,8 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
     engine = str(tmp_path / "m.engine")
     with open(engine, "wb") as fh:
         fh.write(b"engine")
-    from edge.artifact import info_path, make_model_info
-    from edge.fileio import write_json_atomic
+    from edge.store.artifact import info_path, make_model_info
+    from edge.store.fileio import write_json_atomic
 
     with open(engine + ".onnx", "wb") as fh:
         fh.write(b"onnx")

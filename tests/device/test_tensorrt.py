@@ -11,12 +11,12 @@ import pytest
 
 from edge.config import PreprocessConfig, RuntimeConfig
 from edge.errors import EdgeError
-from edge.frame.onnxruntime_backend import OnnxRuntimeBackend
+from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
 
 pytestmark = pytest.mark.jetson
 
 # precision -> (atol, rtol), per element: |trt - ort| <= atol + rtol * |ort| (polygraphy run --atol --rtol).
-# Starting values, not yet calibrated on a device; INT8 is judged by cosine (and by edge.build.gate on labelled images).
+# Starting values, not yet calibrated on a device; INT8 is judged by cosine (and by edge.model.gate on labelled images).
 TOLERANCES: Dict[str, Tuple[float, float]] = {"fp32": (1e-3, 1e-3), "fp16": (0.1, 0.05)}
 TIMED_FRAMES = 200
 
@@ -24,8 +24,8 @@ TIMED_FRAMES = 200
 @contextlib.contextmanager
 def loaded_backend(engine_path: str) -> Iterator[Any]:
     """A loaded TensorRT backend on a CUDA session of its caller's, released after the backend closes."""
-    from edge.frame.cuda_session import CudaSession
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.cuda_session import CudaSession
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     session = CudaSession()
     try:
@@ -53,12 +53,12 @@ def compare(precision: str, reference_model: str, engine_path: str, inputs: np.n
 
 @contextlib.contextmanager
 def gpu_path(engine_path: str, cuda_graph: bool = False) -> Iterator[Tuple[Any, Any]]:
-    """(CUDA preprocessor, TensorRT backend) made, loaded and closed as edge.frame.stages makes them: both on one
+    """(CUDA preprocessor, TensorRT backend) made, loaded and closed as edge.infer.stages makes them: both on one
     session, the preprocessor writing the engine's input dtype; closed first, the session released last."""
-    from edge.frame.cuda_preprocess import CudaPreprocessor
-    from edge.frame.cuda_session import CudaSession
-    from edge.frame.stages import close_stages
-    from edge.frame.tensorrt_backend import TensorRTBackend
+    from edge.infer.cuda_preprocess import CudaPreprocessor
+    from edge.infer.cuda_session import CudaSession
+    from edge.infer.stages import close_stages
+    from edge.infer.tensorrt_backend import TensorRTBackend
 
     session = CudaSession()
     backend = TensorRTBackend(engine_path, session, cuda_graph)
@@ -76,7 +76,7 @@ def stale_copy(engine_path: str, path: str) -> str:
     """A copy of the engine at `path` whose model info says it was built by another TensorRT."""
     import shutil
 
-    from edge.artifact import info_path
+    from edge.store.artifact import info_path
 
     shutil.copy(engine_path, path)
     with open(info_path(engine_path), encoding="utf-8") as fh:
@@ -107,7 +107,7 @@ def test_int8_qdq_matches_onnxruntime(engine: Callable[[str], str], qdq_model: s
 
 
 def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Callable[[str], np.ndarray]) -> None:
-    from edge.frame.preprocess import CpuPreprocessor
+    from edge.infer.preprocess import CpuPreprocessor
 
     with gpu_path(engine("fp32")) as (pre, backend):
         info = backend.describe()
@@ -176,7 +176,7 @@ def gpu_memory_used_mb() -> float:
     """Device memory in use, as the driver counts it (on Jetson: the shared RAM the GPU holds)."""
     import pycuda.driver as drv
 
-    from edge.frame.cuda_session import CudaSession
+    from edge.infer.cuda_session import CudaSession
 
     probe = CudaSession()
     try:

@@ -1,0 +1,1 @@
+"""Measuring the served pipeline: the check's and the sweep's runs, reports and figures."""

@@ -1,0 +1,142 @@
+"""The on-device latency check's run: warm-up, then N timed frames through the same Runtime `edge run` uses, a
+report (edge.bench.check_report) with a verdict, and that verdict read back by those that run the check (the
+rebuild's latency step). `edge check` (edge/cli/check.py) is its command line."""
+
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from edge.config import Config, as_dict, with_overrides
+from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, first_line, require
+from edge.fields import as_argv, check_options, declared_range, setting
+from edge.inputs import load_json
+from edge.store.fileio import check_output, write_json_atomic
+
+MAX_FRAMES = 1000000  # the per-frame series are kept in memory (6 stages x 8 bytes per frame)
+_WARMUP_LOW, _WARMUP_HIGH = declared_range(Config, "runtime.warmup")  # --warmup sets runtime.warmup
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """`edge check`'s own flags with their defaults and bounds, declared once (edge.fields); a caller that runs the
+    check in code or as a process (the rebuild's latency step) builds these."""
+
+    frames: int = setting(1000, "timed frames", low=1, high=MAX_FRAMES, flag="--frames")
+    warmup: int = setting(50, "frames run first and not timed (engine, caches, clocks)", low=_WARMUP_LOW,
+                          high=_WARMUP_HIGH, flag="--warmup")
+    json: str = setting("latency-check.json", "JSON report ('' for none)", flag="--json")
+    plot: str = setting("latency-check.png", "PNG figure, 1200x900 px ('' for none)", flag="--plot")
+    regression_pct: float = setting(10.0, "flag a stage's p50/p99 worse by more than this % ...", low=0.0, high=1e9,
+                                    flag="--regression-pct")
+    regression_ms: float = setting(0.2, "... and by more than this many ms", low=0.0, high=1e9,
+                                   flag="--regression-ms")
+
+
+def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, clock_root: str = "/",
+              out: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Run the check with config `cfg` (its runtime.budget_ms applies; options.warmup is its runtime.warmup);
+    returns the report.
+
+    Input problems raise EdgeError (exit 2) before any frame is timed. The verdict is in report['verdict'].
+    """
+    from edge.bench.check_figure import plot
+    from edge.bench.check_report import (
+        SeriesSink,
+        TelemetryTrace,
+        build_report,
+        compare,
+        format_report,
+        load_previous,
+        with_jtop_clocks,
+    )
+    from edge.board import clock_state, system_info
+    from edge.service.log import JsonLog
+    from edge.service.loop import run
+    from edge.service.runtime import Runtime
+
+    check_options(options)
+    frames, json_path, plot_path = options.frames, options.json or None, options.plot or None
+    _check_outputs(json_path, plot_path)
+    prev = load_previous(previous) if previous else None
+    cfg = with_overrides(cfg, {
+        "runtime.frames": frames,
+        "runtime.warmup": options.warmup,
+        "runtime.latency_window": max(cfg.runtime.latency_window, frames),  # exact percentiles over the whole run
+        "service.telemetry.interval_s": min(cfg.service.telemetry.interval_s, 0.5),  # a few samples per second
+        "service.metrics.enabled": False})  # the service may be running with the same config and hold the port
+    clocks, warnings = clock_state(clock_root)
+    series, telemetry = SeriesSink(frames), TelemetryTrace(cfg.service.telemetry.enabled)
+    runtime = Runtime(cfg, [series, telemetry], JsonLog(stream=io.StringIO()))  # the check prints its own table
+    summary = run(runtime)
+    if summary["frames"] == 0:
+        raise EdgeError("{}: the source ended before any timed frame (warm-up {} frames); use a longer clip{}".format(
+            cfg.source.uri, cfg.runtime.warmup, "" if cfg.source.loop else " or source.loop: true"))
+    clocks, warnings = with_jtop_clocks(clocks, warnings, telemetry.first)
+    if summary["ended_by"] != "frames":
+        warnings.append("source ended after {} of {} frames".format(summary["frames"], frames))
+    report = build_report(cfg, runtime.facts, runtime.stages.warning, summary, frames, series.duration_s(),
+                          warnings, telemetry.summary(), system_info(clocks))
+    if prev:
+        report["comparison"] = compare(report["stages_ms"], prev, previous or "", options.regression_pct,
+                                       options.regression_ms)
+    if plot_path:
+        report["figure"] = plot(plot_path, report, series, telemetry.samples, series.t0 or 0.0)
+    if json_path:
+        write_json_atomic(json_path, report, "JSON report")
+    for line in warnings:
+        warn("warning: " + line)
+    out(format_report(report))
+    return report
+
+
+def _check_outputs(json_path: Optional[str], plot_path: Optional[str]) -> None:
+    """Unwritable outputs are refused before the run, not after it."""
+    for path, what in ((json_path, "JSON report"), (plot_path, "figure")):
+        if path:
+            check_output(path, what)
+    if json_path and plot_path and os.path.abspath(json_path) == os.path.abspath(plot_path):
+        raise EdgeError("{}: --json and --plot name the same file".format(json_path))
+    if plot_path:
+        require("matplotlib")
+
+
+VERDICT_KEYS = ("verdict", "verdict_reason", "budget_ms", "frames", "misses", "miss_rate")
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    passed: bool
+    reason: str
+    summary: Dict[str, Any]  # VERDICT_KEYS and end_to_end p50_ms/p99_ms: what an artifact's model info records
+
+
+def verdict(report: Any, where: str) -> CheckVerdict:
+    """What a check concluded, from its report (`where`: the report's file, for the error). The one reader of the
+    report's keys besides their writer (check_report): callers use the CheckVerdict."""
+    try:
+        summary = {key: report[key] for key in VERDICT_KEYS}
+        end_to_end = report["stages_ms"]["end_to_end"]
+        summary.update(p50_ms=end_to_end["p50"], p99_ms=end_to_end["p99"])
+    except (KeyError, TypeError) as exc:
+        raise EdgeError("{}: not a latency report ({})".format(where, first_line(exc))) from None
+    return CheckVerdict(summary["verdict"] == "pass", str(summary["verdict_reason"]), summary)
+
+
+def check_in_subprocess(cfg: Config, options: CheckOptions, work: str) -> CheckVerdict:
+    """`edge check` with `cfg` (written to `work`) in a process of its own, as a user runs it: its own runtime, signal
+    handling and device memory, all gone when it exits. options.json (required) receives the report.
+    A check that could not run (exit other than 0 or 1) is an EdgeError with its last error line."""
+    if not options.json:
+        raise EdgeError("check_in_subprocess: options.json must name the report")
+    config = os.path.join(work, "check.yaml")
+    write_json_atomic(config, as_dict(cfg))  # JSON is YAML
+    command = [sys.executable, "-m", "edge", "check", "--config", config] + as_argv(options)
+    proc = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace")
+    if proc.returncode not in (EXIT_OK, EXIT_FAIL) or not os.path.isfile(options.json):
+        lines = proc.stderr.strip().splitlines()
+        raise EdgeError("latency check: edge check exited {}: {}".format(
+            proc.returncode, lines[-1] if lines else "no output"), exit_code=EXIT_FAIL)
+    return verdict(load_json(options.json, "latency report"), options.json)

@@ -1,0 +1,264 @@
+"""The `edge sweep` report: one cell's figures from its windows, when a cell is stable, the knee (the verdict), the
+comparison with a previous sweep, and the text, CSV and JSON it is written as. The run is edge/cli/sweep.py,
+the figure edge/bench/sweep_figure.py.
+
+The knee is the cell with the largest goodput (results within the budget per second) among the stable cells whose
+p99 end to end is within the budget and whose drop rate is within the drop budget; a tie goes to the smaller batch,
+then to fewer cameras. "Max cameras" is the most cameras at --fps any such cell served.
+"""
+
+import csv
+import io
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edge import __version__
+from edge.errors import EdgeError
+from edge.inputs import load_json
+
+SCHEMA_VERSION = 1
+STACKED = ("frame_age", "preprocess", "infer", "postprocess")  # a frame's end to end, in order
+COLUMNS = ("streams", "batch", "fps_each", "offered_fps", "achieved_fps", "goodput_fps", "mean_batch", "batch_hist",
+           "p50_ms", "p90_ms", "p99_ms", "max_ms", "queue_p99_ms", "infer_p99_ms", "miss_pct", "drop_pct",
+           "camera_p99_spread_ms", "cpu_pct", "gpu_load_pct", "emc_mhz", "windows", "stable", "knee")
+
+
+@dataclass
+class Window:
+    """What one run of a cell served: per frame its stages, batch size, camera and status; and its counters."""
+
+    seconds: float
+    stage_ms: Dict[str, List[float]] = field(default_factory=lambda: {s: [] for s in STACKED + ("end_to_end",)})
+    batch: List[int] = field(default_factory=list)
+    camera: List[str] = field(default_factory=list)
+    ok: List[bool] = field(default_factory=list)
+    offered: int = 0  # frames the cameras gave between the first and the last served frame's reads
+    produced: int = 0  # of those, the frames whose fate is known (up to each camera's last served one)
+    dropped: int = 0  # of those, never served: superseded, expired or failed
+    cpu_s: float = 0.0
+    gpu_load: Optional[float] = None
+    emc_mhz: Optional[float] = None
+
+    @property
+    def frames(self) -> int:
+        return len(self.batch)
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+    def p99(self) -> float:
+        e2e = self.stage_ms["end_to_end"]
+        return float(np.percentile(e2e, 99)) if e2e else math.inf
+
+
+def agree(windows: Sequence[Window], count: int, pct: float) -> bool:
+    """The last `count` windows agree: throughput and p99 within `pct` percent (max / min) of each other."""
+    if len(windows) < count:
+        return False
+    last = windows[-count:]
+    for values in ([w.fps for w in last], [w.p99() for w in last]):
+        low, high = min(values), max(values)
+        if not (math.isfinite(high) and low > 0 and high / low <= 1.0 + pct / 100.0):
+            return False
+    return True
+
+
+def _pct(values: Sequence[float], q: float) -> Optional[float]:
+    return round(float(np.percentile(values, q)), 3) if len(values) else None
+
+
+def cell_figures(windows: Sequence[Window], *, streams: int, batch: int, fps: Optional[float], budget_ms: float,
+                 stable: bool, all_windows: int) -> Dict[str, Any]:
+    """One cell's row, pooled over `windows` (the ones that agree, or the last ones)."""
+    seconds = sum(w.seconds for w in windows)
+    e2e = [v for w in windows for v in w.stage_ms["end_to_end"]]
+    sizes = np.array([b for w in windows for b in w.batch], int)
+    frames, ok = len(e2e), sum(sum(w.ok) for w in windows)
+    produced, dropped = sum(w.produced for w in windows), sum(w.dropped for w in windows)
+    # batches of each size; a window's edge can cut a batch, whose recorded part still counts as one batch
+    hist = {int(b): -(-int(np.sum(sizes == b)) // int(b)) for b in np.unique(sizes)}
+    per_size = {str(b): _pct([v for w in windows for v, n in zip(w.stage_ms["infer"], w.batch) if n == b], 99)
+                for b in hist}
+    cameras: Dict[str, List[float]] = {}
+    for w in windows:
+        for name, v in zip(w.camera, w.stage_ms["end_to_end"]):
+            cameras.setdefault(name, []).append(v)
+    camera_p99 = {name: _pct(v, 99) for name, v in sorted(cameras.items())}
+    spread = max(camera_p99.values()) - min(camera_p99.values()) if len(camera_p99) > 1 else 0.0  # type: ignore
+    gpu = [w.gpu_load for w in windows if w.gpu_load is not None]
+    emc = [w.emc_mhz for w in windows if w.emc_mhz is not None]
+    return {
+        "streams": streams, "batch": batch, "fps_each": fps,
+        "offered_fps": round(sum(w.offered for w in windows) / seconds, 2) if fps and seconds else None,
+        "achieved_fps": round(frames / seconds, 2) if seconds else 0.0,
+        "goodput_fps": round(ok / seconds, 2) if seconds else 0.0,
+        "mean_batch": round(frames / sum(hist.values()), 3) if hist else None,
+        "batch_hist": hist,
+        "p50_ms": _pct(e2e, 50), "p90_ms": _pct(e2e, 90), "p99_ms": _pct(e2e, 99),
+        "max_ms": round(max(e2e), 3) if e2e else None,
+        "queue_p99_ms": _pct([v for w in windows for v in w.stage_ms["frame_age"]], 99),
+        "infer_p99_ms": per_size,
+        "miss_pct": round(100.0 * (frames - ok) / frames, 3) if frames else None,
+        "drop_pct": round(100.0 * dropped / produced, 3) if produced else 0.0,
+        "camera_p99_ms": camera_p99, "camera_p99_spread_ms": round(spread, 3),
+        "cpu_pct": round(100.0 * sum(w.cpu_s for w in windows) / seconds, 1) if seconds else None,
+        "gpu_load_pct": round(100.0 * float(np.mean(gpu)), 1) if gpu else None,
+        "emc_mhz": round(float(np.mean(emc)), 1) if emc else None,
+        "stage_mean_ms": {s: round(float(np.mean([v for w in windows for v in w.stage_ms[s]])), 3) if e2e else None
+                          for s in STACKED},
+        "windows": all_windows, "stable": stable, "knee": False,
+        "budget_ms": budget_ms,
+    }
+
+
+def knee(cells: List[Dict[str, Any]], budget_ms: float, drop_budget_pct: float) -> Tuple[Optional[Dict[str, Any]],
+                                                                                        Optional[int], List[str]]:
+    """(the knee cell, the most cameras served within the budgets, why each other cell was left out)."""
+    eligible, reasons = [], []
+    for c in cells:
+        why = _left_out(c, budget_ms, drop_budget_pct)
+        if why:
+            reasons.append("{}x{}: {}".format(c["streams"], c["batch"], why))
+        else:
+            eligible.append(c)
+    if not eligible:
+        return None, None, reasons
+    best = max(eligible, key=lambda c: (c["goodput_fps"], -c["batch"], -c["streams"]))
+    best["knee"] = True
+    return best, max(c["streams"] for c in eligible), reasons
+
+
+def _left_out(cell: Dict[str, Any], budget_ms: float, drop_budget_pct: float) -> str:
+    if not cell["stable"]:
+        return "not stable"
+    if cell["p99_ms"] is None or cell["p99_ms"] > budget_ms:
+        return "p99 {} ms over the budget".format(cell["p99_ms"])
+    if cell["drop_pct"] > drop_budget_pct:
+        return "drops {}% over {}%".format(cell["drop_pct"], drop_budget_pct)
+    return ""
+
+
+def build_report(cells: List[Dict[str, Any]], settings: Dict[str, Any], facts: Dict[str, Any],
+                 system: Dict[str, Any]) -> Dict[str, Any]:
+    budget, drop_budget = settings["budget_ms"], settings["drop_budget_pct"]
+    best, cameras, reasons = knee(cells, budget, drop_budget)
+    if best is None:
+        verdict = "no cell meets p99 <= {:g} ms with drops <= {:g}% (and stable)".format(budget, drop_budget)
+    else:
+        verdict = "knee: {} cameras x batch {}: {:.1f} results/s within the budget, p99 {:.2f} ms".format(
+            best["streams"], best["batch"], best["goodput_fps"], best["p99_ms"])
+    return {
+        "schema_version": SCHEMA_VERSION, "tool": "edge sweep " + __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "verdict": "pass" if best is not None else "fail", "verdict_reason": verdict,
+        "knee": None if best is None else {"streams": best["streams"], "batch": best["batch"]},
+        "max_cameras_within_budget": cameras, "left_out": reasons,
+        "settings": settings, "facts": facts, "system": system, "cells": cells, "comparison": None,
+        "figure": None,
+    }
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    s = report["settings"]
+    facts = report["facts"]
+    lines = ["edge sweep: {} {} {} - {} load, {:g} fps per camera, budget {:g} ms, drop budget {:g}%".format(
+        facts.get("backend", "?"), facts.get("precision", "?"), facts.get("model", "?"), s["load"], s["fps"],
+        s["budget_ms"], s["drop_budget_pct"])]
+    if facts.get("warning"):
+        lines.append(facts["warning"])
+    lines.append("{:>3} {:>3} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>6} {}".format(
+        "cam", "bat", "offered", "achieved", "goodput", "batch", "p50", "p99", "max", "queue99", "miss%", "drop%",
+        "spread", "cpu%", "stable"))
+    for c in report["cells"]:
+        lines.append("{:>3} {:>3} {:>8} {:>8.1f} {:>8.1f} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>6} "
+                     "{}{}".format(c["streams"], c["batch"], _num(c["offered_fps"], 1), c["achieved_fps"],
+                                   c["goodput_fps"], _num(c["mean_batch"], 2), _num(c["p50_ms"], 2),
+                                   _num(c["p99_ms"], 2), _num(c["max_ms"], 2), _num(c["queue_p99_ms"], 2),
+                                   _num(c["miss_pct"], 2), _num(c["drop_pct"], 2),
+                                   _num(c["camera_p99_spread_ms"], 2), _num(c["cpu_pct"], 0),
+                                   "yes" if c["stable"] else "no", "  <- knee" if c["knee"] else ""))
+    if report["comparison"]:
+        lines.append(format_comparison(report["comparison"]))
+    lines.append("{}: {}".format(report["verdict"].upper(), report["verdict_reason"]))
+    if report["max_cameras_within_budget"] is not None:
+        lines.append("max cameras at {:g} fps within the budget: {}".format(s["fps"],
+                                                                           report["max_cameras_within_budget"]))
+    return "\n".join(lines)
+
+
+def _num(value: Any, digits: int) -> str:
+    return "-" if value is None else "{:.{}f}".format(value, digits)
+
+
+def to_csv(report: Dict[str, Any]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for c in report["cells"]:
+        row = []
+        for column in COLUMNS:
+            value = c[column]
+            if column == "batch_hist":
+                value = " ".join("{}:{}".format(k, v) for k, v in sorted(value.items()))
+            elif column == "infer_p99_ms":
+                value = " ".join("{}:{}".format(k, v) for k, v in sorted(value.items(), key=lambda kv: int(kv[0])))
+            row.append("" if value is None else value)
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def load_previous(path: str) -> Dict[str, Any]:
+    data = load_json(path, "previous sweep")
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise EdgeError("{}: not an edge sweep report (no 'cells')".format(path))
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise EdgeError("{}: schema_version {!r}, this edge sweep reads {}".format(
+            path, data.get("schema_version"), SCHEMA_VERSION))
+    return data
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
+
+
+def compare(cells: List[Dict[str, Any]], previous: Dict[str, Any], path: str, pct: float,
+            ms: float) -> Dict[str, Any]:
+    """Cell by cell (same cameras and batch): goodput lower by more than `pct` percent, or p99 higher by more than
+    `pct` percent and `ms` ms, is a regression."""
+    before = {(c.get("streams"), c.get("batch")): c for c in previous["cells"] if isinstance(c, dict)}
+    rows, regressions = [], []
+    for c in cells:
+        old = before.get((c["streams"], c["batch"]))
+        if old is None:
+            continue
+        row = {"streams": c["streams"], "batch": c["batch"]}
+        for key in ("goodput_fps", "p99_ms"):
+            was, now = _number(old.get(key)), _number(c[key])
+            row[key] = {"previous": was, "current": now}
+            if was is None or now is None or was <= 0:
+                continue
+            change = 100.0 * (now - was) / was
+            worse = change < -pct if key == "goodput_fps" else change > pct and now - was > ms
+            row[key].update(delta_pct=round(change, 1), regressed=worse)
+            if worse:
+                regressions.append("{}x{} {} {:.2f} -> {:.2f} ({:+.1f}%)".format(c["streams"], c["batch"], key, was,
+                                                                                now, change))
+        rows.append(row)
+    return {"previous": path, "thresholds": {"pct": pct, "ms": ms}, "cells": rows, "regressions": regressions}
+
+
+def format_comparison(comparison: Dict[str, Any]) -> str:
+    lines = ["vs {}: {} cells compared (flag: goodput down > {:g}%, p99 up > {:g}% and > {:g} ms)".format(
+        comparison["previous"], len(comparison["cells"]), comparison["thresholds"]["pct"],
+        comparison["thresholds"]["pct"], comparison["thresholds"]["ms"])]
+    lines.extend("REGRESSION " + r for r in comparison["regressions"])
+    if not comparison["regressions"]:
+        lines.append("no goodput or p99 regressions")
+    return "\n".join(lines)

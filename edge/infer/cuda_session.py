@@ -1,0 +1,55 @@
+"""One CUDA context and one non-default stream: what the GPU stages of one model, or one engine build, run on.
+
+    session = CudaSession()            # made by its owner: Stages (edge.infer.stages), an EngineRunner used
+    with session:                      # alone, or the engine build; the owner releases it, after everything
+        ...                            # that allocated on it
+    session.release()
+
+make_context() makes the context current on the creating thread; it is popped at once and pushed around every
+use (`with session:`), so any thread may use it without pycuda's "explicit_context_dependent" errors.
+"""
+
+from typing import Any
+
+from edge.errors import EdgeError, require
+
+
+class CudaSession:
+    def __init__(self, device_index: int = 0) -> None:
+        self.drv: Any = require("pycuda.driver")
+        self.drv.init()
+        if self.drv.Device.count() <= device_index:
+            raise EdgeError("no CUDA device {} (pycuda sees {})".format(device_index, self.drv.Device.count()))
+        self.device: Any = self.drv.Device(device_index)
+        # BLOCKING_SYNC: a thread waiting for the GPU sleeps instead of spinning on a CPU core (the default's
+        # spin-then-yield costs a core of a Jetson's 6 for every synchronise of every frame)
+        self.context: Any = self.device.make_context(self.drv.ctx_flags.SCHED_BLOCKING_SYNC)
+        try:
+            self.stream: Any = self.drv.Stream()
+        finally:
+            self.drv.Context.pop()
+        self.released = False
+
+    def __enter__(self) -> "CudaSession":
+        self.context.push()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.drv.Context.pop()
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.device.compute_capability()
+        return "sm_{}{}".format(major, minor)
+
+    def gpu_name(self) -> str:
+        return str(self.device.name())
+
+    def release(self) -> None:
+        """Destroy the stream and the context; safe to call twice. Whatever was allocated on it is freed first."""
+        if self.released:
+            return
+        self.released = True
+        with self:
+            self.stream = None
+        self.context.detach()

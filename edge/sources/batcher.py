@@ -1,0 +1,183 @@
+"""The deadline batcher: which waiting frames one engine serves next, and when. Policy only: no clock, no thread,
+no I/O. The caller (edge/sources/cameras.py, and the unit tests with a fake clock) passes `now` in seconds.
+
+The rules (docs/throughput.md), for N cameras on one engine:
+- One slot per camera: the newest frame wins; the frame it replaces is `superseded`. So a batch holds at most one
+  frame per camera, and nothing queues up behind a slow engine.
+- A frame's deadline is its capture time + the budget. A frame that cannot make it even alone at the typical cost
+  (now + p50 L(1) + margin > deadline) is dropped as `expired`: served late, it would be a miss and delay others.
+  After PROBE_S without a batch the newest frame is served anyway, so costs measured in a slow spell are measured
+  again instead of starving every camera for good.
+- Earliest deadline first, ties round-robin across cameras. The batch is the largest n <= the current limit whose
+  service time L(n), the p99 of the last batches of that size, still meets the earliest deadline.
+- Short of a full batch (every live camera, or the limit), it waits for the next expected frame (each camera's
+  period and last capture) only while that still fits: the wait ends by `max_wait` after the oldest waiting frame
+  arrived and early enough for L(n+1) to meet the earliest deadline. A camera overdue by half a period counts as
+  stalled: no one waits for it.
+- A miss (a served frame late) cuts the limit to floor(0.9 x limit) (at least 1); RECOVER_AFTER clean batches in a
+  row add one back, up to `max_batch` (Clipper's AIMD).
+"""
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+WINDOW = 64  # the last batches (of any size) whose service times give each size's p99
+RECOVER_AFTER = 16  # clean batches in a row before the limit grows by one
+STALL_PERIODS = 1.5  # a camera whose frame is this many periods late is stalled: nobody waits for it
+PROBE_S = 1.0  # nothing served for this long: the newest frame is served even if it looks hopeless
+
+
+@dataclass
+class Pending:
+    """A frame waiting for the engine; `item` is the caller's (the Frame), never looked at here."""
+
+    camera: int
+    captured: float
+    deadline: float
+    arrived: float
+    item: Any = None
+
+
+@dataclass
+class Decision:
+    serve: List[Pending] = field(default_factory=list)  # run these now, as one batch, in this order
+    expired: List[Pending] = field(default_factory=list)  # dropped: they cannot make their deadline
+    wake_at: Optional[float] = None  # nothing to serve: decide again then, or when a frame arrives
+
+
+class CostModel:
+    """L(n): the p99 service time (seconds) of the batches of n frames among the last WINDOW batches of any size, so
+    a size not served for a while is priced afresh (a slow spell is forgotten). A size without a recent batch is
+    priced from the nearest recent size, scaled by the ratio of the two measured at start (`seed`: what batching
+    buys on this engine), or linearly where the start measured neither (batching never assumed to help)."""
+
+    def __init__(self, seed: Optional[Dict[int, float]] = None):
+        self.batches = 0
+        self.samples: Dict[int, Deque[Tuple[int, float]]] = {}
+        self.seed = {n: s for n, s in (seed or {}).items() if s > 0}
+        for n, seconds in self.seed.items():
+            self.observe(n, seconds)
+
+    def observe(self, n: int, seconds: float) -> None:
+        self.batches += 1
+        self.samples.setdefault(n, collections.deque()).append((self.batches, seconds))
+
+    def _quantile(self, n: int, q: float) -> Optional[float]:
+        window = self.samples.get(n)
+        while window and window[0][0] <= self.batches - WINDOW:
+            window.popleft()
+        if not window:
+            return None
+        ordered = sorted(s for _, s in window)
+        return ordered[max(0, min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1))]
+
+    def estimate(self, n: int, q: float = 0.99) -> float:
+        """The q-quantile (default the p99) of recent batches of n."""
+        own = self._quantile(n, q)
+        if own is not None:
+            return own
+        recent = {k: v for k, v in ((k, self._quantile(k, q)) for k in list(self.samples)) if v is not None}
+        if not recent:
+            return 0.0
+        smaller = [k for k in recent if k < n]
+        k = max(smaller) if smaller else min(recent)
+        if n in self.seed and k in self.seed:
+            return recent[k] * self.seed[n] / self.seed[k]
+        return recent[k] * n / k if smaller else recent[k]
+
+
+class DeadlineBatcher:
+    """Frames in (`offer`), decisions out (`decide`), outcomes back (`finished`). `periods`: each camera's frame
+    interval in seconds (1 / its fps); `budget`, `max_wait` and `margin` in seconds."""
+
+    def __init__(self, periods: Sequence[float], *, budget: float, max_batch: int, max_wait: float, margin: float,
+                 cost: Optional[CostModel] = None):
+        self.periods = list(periods)
+        self.budget, self.max_batch, self.max_wait, self.margin = budget, max_batch, max_wait, margin
+        self.cost = cost or CostModel()
+        self.limit = max_batch  # the AIMD batch limit now
+        self.slots: List[Optional[Pending]] = [None] * len(self.periods)
+        self.last_capture: List[Optional[float]] = [None] * len(self.periods)
+        self.clean = 0  # clean batches in a row
+        self.rr = 0  # the camera that wins the next tie
+        self.last_served = -math.inf  # when the last batch was handed out
+
+    @property
+    def cameras(self) -> int:
+        return len(self.periods)
+
+    def offer(self, camera: int, captured: float, now: float, item: Any = None) -> Optional[Pending]:
+        """A camera's new frame; returns the frame of that camera it replaces (superseded), if one was waiting."""
+        old = self.slots[camera]
+        self.slots[camera] = Pending(camera, captured, captured + self.budget, now, item)
+        self.last_capture[camera] = captured
+        return old
+
+    def pending(self) -> List[Pending]:
+        return [p for p in self.slots if p is not None]
+
+    def live(self, now: float) -> List[int]:
+        """Cameras that gave a frame and are not overdue by STALL_PERIODS periods."""
+        return [c for c, last in enumerate(self.last_capture)
+                if last is not None and now <= last + STALL_PERIODS * self.periods[c]]
+
+    def _key(self, p: Pending) -> Any:
+        return p.deadline, (p.camera - self.rr) % self.cameras
+
+    def decide(self, now: float) -> Decision:
+        decision = Decision()
+        self._expire(now, decision)
+        waiting = sorted(self.pending(), key=self._key)
+        if not waiting:
+            return decision
+        earliest = waiting[0].deadline
+        n = 1
+        for size in range(min(self.limit, len(waiting)), 1, -1):
+            if now + self.cost.estimate(size) + self.margin <= earliest:
+                n = size
+                break
+        full = n >= self.limit or n >= max(len(self.live(now)), len(waiting))
+        wake = None if full or n < len(waiting) else self._wait_until(now, waiting, earliest)
+        if wake is not None:
+            decision.wake_at = wake
+            return decision
+        decision.serve = waiting[:n]
+        self.last_served = now
+        for p in decision.serve:
+            self.slots[p.camera] = None
+        self.rr = (decision.serve[-1].camera + 1) % self.cameras
+        return decision
+
+    def _expire(self, now: float, decision: Decision) -> None:
+        """Drop what cannot make its deadline even alone at the typical (p50) cost. When nothing was served for
+        PROBE_S, the newest frame is served anyway: a probe, so that costs measured in a slow spell (or at start)
+        are measured again instead of starving every camera for good."""
+        alone = self.cost.estimate(1, 0.5) + self.margin
+        hopeless = [p for p in self.pending() if now + alone > p.deadline]
+        if hopeless and len(hopeless) == len(self.pending()) and now - self.last_served >= PROBE_S:
+            hopeless.remove(max(hopeless, key=lambda p: p.deadline))
+        for p in hopeless:
+            decision.expired.append(p)
+            self.slots[p.camera] = None
+
+    def _wait_until(self, now: float, waiting: List[Pending], earliest: float) -> Optional[float]:
+        """The latest time to go with one more frame, if a live camera's next frame is expected before it."""
+        latest = min(earliest - self.cost.estimate(len(waiting) + 1) - self.margin,
+                     min(p.arrived for p in waiting) + self.max_wait)
+        if latest <= now:
+            return None
+        have = {p.camera for p in waiting}
+        expected = [self.last_capture[c] + self.periods[c] for c in self.live(now) if c not in have]  # type: ignore
+        return latest if expected and min(expected) <= latest else None
+
+    def finished(self, n: int, service: float, missed: bool) -> None:
+        """A batch of `n` took `service` seconds; `missed`: one of its frames was late."""
+        self.cost.observe(n, service)
+        if missed:
+            self.limit, self.clean = max(1, int(math.floor(0.9 * self.limit))), 0
+            return
+        self.clean += 1
+        if self.clean >= RECOVER_AFTER and self.limit < self.max_batch:
+            self.limit, self.clean = self.limit + 1, 0

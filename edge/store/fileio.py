@@ -1,0 +1,236 @@
+"""Files written and read safely: every writer goes through `atomic_write`, every untrusted image through
+`read_regular` + `image_size`.
+
+A write goes to a temporary file created exclusively (O_EXCL, no link followed) beside the target, is fsynced,
+then renamed over it: a reader sees the old file or the new one, never half of one. Only a regular file (or
+nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
+
+A folder written whole (`atomic_dir`: a calibration set) is made under a temporary name, fsynced, and swapped with
+the old one in one step (edge.store.durable.exchange; where the filesystem cannot, two renames, and an old set a crash
+left aside is put back by the next writer: `recover_dir`). A temporary folder is flock'ed by its writer while it
+lives, so a sweep removes only what a killed writer left.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import shutil
+import stat
+from typing import IO, Any, Callable, Iterator, List, Optional, Set
+
+from edge.errors import EXIT_FAIL, EdgeError, first_line
+from edge.inputs import file_kind, load_json
+from edge.store.durable import exchange, fsync_path, fsync_tree, held_folder, is_abandoned, remove_path
+from edge.uri import redact
+
+NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
+
+
+
+def check_output(path: str, what: str = "output") -> None:
+    """Refuse, before any work is done, an output path that is not a regular file or cannot be written."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise EdgeError("{}: cannot write the {}: {}".format(path, what, exc.strerror)) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise EdgeError("{}: cannot write the {}: it is {}, not a regular file".format(
+            path, what, file_kind(st.st_mode)))
+    check_folder(path, what)
+
+
+def check_folder(path: str, what: str) -> None:
+    """Refuse, before any work, a `path` whose folder (or nearest existing one) this user cannot write."""
+    probe = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(path, what, probe))
+
+
+def temp_name(parent: str, prefix: str, suffix: str = "") -> str:
+    """A fresh, unused name in `parent` for temporary work. Nothing is created: the caller records the name first,
+    then creates it, so a signal between the two never leaves a file its cleanup does not know (tempfile's
+    mkstemp/mkdtemp return only after creating it)."""
+    return os.path.join(parent, prefix + secrets.token_hex(8) + suffix)
+
+
+@contextlib.contextmanager
+def temp_dir(parent: str, prefix: str) -> Iterator[str]:
+    """A new private folder in `parent` (made if missing), removed with its contents when the block ends, however
+    it ends; flock'ed meanwhile, so no sweep takes it from a living writer."""
+    os.makedirs(parent, exist_ok=True)
+    path = temp_name(parent, prefix)
+    try:
+        with held_folder(path):
+            yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "file") -> None:
+    """Write `path` through `write_fn(binary file)`; the old file (if any) stays until the new one is complete."""
+    path = os.path.abspath(path)
+    check_output(path, what)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)  # a replaced file keeps its permissions
+    except FileNotFoundError:
+        mode = 0o644
+    tmp = temp_name(parent, "." + os.path.basename(path) + ".", ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            write_fn(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        check_output(path, what)  # still a regular file (or nothing) right before the rename
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str, data: Any, what: str = "JSON file") -> None:
+    """Sorted, indented JSON, written whole or not at all (`atomic_write`)."""
+    text = redact(json.dumps(data, indent=2, sort_keys=True)) + "\n"  # no password in any stored file
+    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")), what)
+
+
+def check_replaceable(out_dir: str, manifest: str) -> None:
+    """Refuse to replace the folder `out_dir` unless it is absent, empty, or one this code wrote: its `manifest`
+    (JSON, {"files": [{"name": ...}]}) lists every file in it. Anything else may hold the user's files."""
+    if not os.path.lexists(out_dir):
+        return
+    if os.path.islink(out_dir) or not os.path.isdir(out_dir):
+        raise EdgeError("{}: exists and is not a folder; refusing to replace it".format(out_dir))
+    if not os.listdir(out_dir):
+        return
+    why = "no {} in it".format(manifest)
+    if os.path.isfile(os.path.join(out_dir, manifest)):
+        try:
+            listed = {e["name"] for e in load_json(os.path.join(out_dir, manifest), "manifest")["files"]}
+        except (EdgeError, KeyError, TypeError):
+            listed = None
+            why = "its {} is not one this tool wrote".format(manifest)
+        if listed is not None:
+            present: Set[str] = set()
+            for root, dirs, files in os.walk(out_dir):
+                names = files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+                present.update(os.path.relpath(os.path.join(root, n), out_dir).replace(os.sep, "/") for n in names)
+            extra = sorted(present - listed - {manifest})
+            why = "files not listed in its {}: {}".format(manifest, ", ".join(extra[:3])) if extra else ""
+    if why:
+        raise EdgeError("{}: refusing to replace this folder ({}); choose a new or empty output folder".format(
+            out_dir, why))
+
+
+def _check_out_dir(out_dir: str, what: str) -> None:
+    """Before any work: a folder name the filesystem takes, in a folder this user can write."""
+    name = os.path.basename(out_dir)
+    if len(os.fsencode(name)) > NAME_MAX:
+        raise EdgeError("{}: the {}'s folder name is longer than {} bytes".format(out_dir, what, NAME_MAX))
+    probe = os.path.dirname(out_dir)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(out_dir, what, probe))
+
+
+def _commit(tmp: str, out_dir: str, manifest: str) -> None:
+    """Put `tmp` at `out_dir` in one step: exchanged with the old set (one this tool wrote, then removed), or
+    renamed into place. Without RENAME_EXCHANGE the old set is first renamed aside; a crash between the two
+    renames leaves it there, and `recover_dir` puts it back."""
+    check_replaceable(out_dir, manifest)  # still true after the (long) work
+    fsync_tree(tmp)  # a power cut after the swap finds every image and the manifest whole
+    try:
+        if os.path.exists(out_dir) and exchange(tmp, out_dir):
+            shutil.rmtree(tmp, ignore_errors=True)  # now the old set
+        elif os.path.exists(out_dir):
+            _two_renames(tmp, out_dir)
+        else:
+            os.rename(tmp, out_dir)
+        fsync_path(os.path.dirname(out_dir))
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):  # another writer renamed in between
+            raise EdgeError("{}: another command wrote this folder at the same time; nothing of this run was "
+                            "kept (run it again)".format(out_dir)) from None
+        raise
+
+
+def _two_renames(tmp: str, out_dir: str) -> None:
+    old = temp_name(os.path.dirname(out_dir), _temp_prefix(out_dir, "old"))
+    with held_folder(old):
+        try:
+            os.rename(out_dir, os.path.join(old, "set"))
+            os.rename(tmp, out_dir)
+        finally:
+            if os.path.lexists(os.path.join(old, "set")) and not os.path.lexists(out_dir):
+                os.rename(os.path.join(old, "set"), out_dir)  # the new set did not land: the old one goes back
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _temp_prefix(out_dir: str, kind: str) -> str:
+    return ".{}.{}-".format(os.path.basename(out_dir)[:64], kind)  # short: the folder's own name may be 255 bytes
+
+
+def recover_dir(out_dir: str) -> List[str]:
+    """What a killed writer of the folder `out_dir` left beside it: an old set moved aside while `out_dir` is
+    missing goes back; unfinished or replaced sets are removed. Folders a living writer holds are left alone.
+    Returns what it did, one line each."""
+    out_dir = os.path.abspath(out_dir)
+    parent, done = os.path.dirname(out_dir), []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return done
+    for kind in ("old", "tmp"):  # an old set first: it may be the only copy
+        prefix = _temp_prefix(out_dir, kind)
+        for name in (n for n in names if n.startswith(prefix)):
+            path = os.path.join(parent, name)
+            if not is_abandoned(path):
+                continue
+            kept = os.path.join(path, "set")
+            if kind == "old" and os.path.isdir(kept) and not os.path.lexists(out_dir):
+                os.rename(kept, out_dir)
+                done.append("{}: restored from {} (a writer was killed between its renames)".format(out_dir, name))
+            remove_path(path)
+            done.append("{}: removed (left by a killed writer)".format(path))
+    return done
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir: str, manifest: str, what: str, keep_out: Optional[str] = None) -> Iterator[str]:
+    """Yields a temporary folder beside `out_dir`; on success it replaces `out_dir` (only a folder written here:
+    `check_replaceable`), on any error or signal it is removed. `keep_out` (the source) and `out_dir` must not
+    overlap. The name and the parent are checked first; a write that fails (a full disk, a read-only folder) is
+    one EdgeError naming the folder. What a killed earlier writer left is restored or removed first."""
+    out_dir = os.path.abspath(out_dir)
+    real = os.path.realpath(out_dir)
+    if keep_out is not None:
+        other = os.path.realpath(keep_out)
+        if other == real or other.startswith(real + os.sep) or real.startswith(other + os.sep):
+            raise EdgeError("{}: the output folder must not contain, or be inside, {}".format(out_dir, keep_out))
+    _check_out_dir(out_dir, what)
+    try:
+        recover_dir(out_dir)
+        check_replaceable(out_dir, manifest)
+        with temp_dir(os.path.dirname(out_dir), _temp_prefix(out_dir, "tmp")) as tmp:
+            yield tmp
+            os.chmod(tmp, 0o755)
+            _commit(tmp, out_dir, manifest)
+    except OSError as exc:
+        raise EdgeError("{}: cannot write the {}: {}{}".format(
+            out_dir, what, exc.strerror or first_line(exc), " ({})".format(os.path.basename(str(exc.filename)))
+            if exc.filename else ""), exit_code=EXIT_FAIL) from None
+
+
