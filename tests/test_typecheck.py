@@ -123,7 +123,7 @@ def test_misspelt_call_in_the_runner_fails(stubs: Stubs, tmp_path: Path) -> None
     """The engine runner's TensorRT calls are checked: misspell one in a copy of the package."""
     copy = tmp_path / "repo"
     shutil.copytree(str(ROOT / "edge"), str(copy / "edge"), ignore=shutil.ignore_patterns("__pycache__"))
-    backend = copy / "edge" / "frame" / "tensorrt_runner.py"
+    backend = copy / "edge" / "infer" / "tensorrt_runner.py"
     source = backend.read_text(encoding="utf-8")
     assert "engine.get_tensor_name(" in source
     backend.write_text(source.replace("engine.get_tensor_name(", "engine.get_tensor_nam("), encoding="utf-8")
@@ -139,11 +139,11 @@ def test_tensorrt_build_passes_strict_mypy(stubs: Stubs) -> None:
 
 
 def test_a_misspelt_tensorrt_call_is_caught(stubs: Stubs, tmp_path: Path) -> None:
-    pkg = tmp_path / "edge" / "build"
+    pkg = tmp_path / "edge" / "model"
     pkg.mkdir(parents=True)
     (tmp_path / "edge" / "__init__.py").write_text("", encoding="utf-8")
     (pkg / "__init__.py").write_text("", encoding="utf-8")
-    text = (ROOT / "edge" / "build" / "tensorrt_engine.py").read_text(encoding="utf-8")
+    text = (ROOT / "edge" / "model" / "tensorrt_engine.py").read_text(encoding="utf-8")
     assert "config.set_memory_pool_limit(" in text
     misspelt = text.replace("config.set_memory_pool_limit(", "config.set_memory_pool_limt(")
     (pkg / "tensorrt_engine.py").write_text(misspelt, encoding="utf-8")
