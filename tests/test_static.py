@@ -116,3 +116,45 @@ def test_text_io_names_its_encoding():
                                                                    recursive=True)]
     unnamed = [line for path in sorted(files) for line in _unnamed_encodings(path)]
     assert not unnamed, "name encoding=\"utf-8\" (and errors=\"replace\" for a tool's output): {}".format(unnamed)
+
+
+FLOORS = ("cli", "fleet", "model", "bench", "service", "sources", "infer", "store")  # then base: edge/*.py
+
+
+def _floor(module: str) -> int:
+    """A module's floor, 0 the top: edge.<room>.x is its room's, edge.x (and edge itself) the base's."""
+    parts = module.split(".")
+    return FLOORS.index(parts[1]) if len(parts) > 1 and parts[1] in FLOORS else len(FLOORS)
+
+
+def upward_imports(root: str):
+    """(importer, imported) of every import in `root`'s edge/ that reaches a floor above the importer's."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(root, "edge", "**", "*.py"), recursive=True)):
+        rel = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+        module = rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+        if module == "edge.__main__":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "edge":
+                names = [node.module + "." + a.name for a in node.names] if node.module.count(".") < 1 or (
+                    node.module.count(".") == 1 and node.module.split(".")[1] in FLOORS) else [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.split(".")[0] == "edge"]
+            else:
+                continue
+            found += [(module, name) for name in names if _floor(name) < _floor(module)]
+    return found
+
+
+def test_imports_go_down_the_floors_only(tmp_path):
+    assert upward_imports(REPO) == []
+    rooms = {d for _, dirs, _ in os.walk(os.path.join(REPO, "edge")) for d in dirs} - {"__pycache__", "cuda"}
+    assert rooms == set(FLOORS)  # and no folder named build/, which tools read as output
+    planted = tmp_path / "edge" / "store"
+    planted.mkdir(parents=True)
+    (planted / "versions.py").write_text("from edge.service.runtime import Runtime\nfrom edge import board\n",
+                                         encoding="utf-8")
+    (tmp_path / "edge" / "config.py").write_text("from edge.store import fileio\n", encoding="utf-8")
+    assert sorted(upward_imports(str(tmp_path))) == [("edge.config", "edge.store.fileio"),
+                                                     ("edge.store.versions", "edge.service.runtime")]
