@@ -397,8 +397,9 @@ def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version=
     from edge.model.tensorrt_engine import build_engine
 
     lines = []
-    info = build_engine(onnx_path, str(tmp_path / "engines" / "m.engine"), precision, 256, images, digits.preprocess,
-                        sha256_file(digits.onnx), str(tmp_path / "calibration" / "cache"), lines.append)
+    info = build_engine(onnx_path, str(tmp_path / "engines" / "m.engine"), precision=precision, workspace_mb=256,
+                        images=images, preprocess=digits.preprocess, model_sha256=sha256_file(digits.onnx),
+                        cache_dir=str(tmp_path / "calibration" / "cache"), log=lines.append)
     return info, lines
 
 

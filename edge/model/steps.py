@@ -161,9 +161,10 @@ def step_engine(plan: BuildPlan, state: BuildState, log: Log) -> None:
     b = plan.cfg.build
     staged = state.stage(plan.artifact)
     state.info["engine"] = build_engine(
-        state.candidate, staged, b.precision, b.workspace_mb, state.calibration if plan.calibrator else None,
-        plan.cfg.preprocess, sha256_file(plan.source),
-        os.path.join(os.path.dirname(os.path.abspath(b.calibration_dir)), "cache"), log,
+        state.candidate, staged, precision=b.precision, workspace_mb=b.workspace_mb,
+        images=state.calibration if plan.calibrator else None, preprocess=plan.cfg.preprocess,
+        model_sha256=sha256_file(plan.source),
+        cache_dir=os.path.join(os.path.dirname(os.path.abspath(b.calibration_dir)), "cache"), log=log,
         batch_sizes=served_sizes(plan.cfg.runtime.batching.max_batch))
     plan.fmt.verify(staged)
     state.candidate = staged

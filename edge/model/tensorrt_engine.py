@@ -176,22 +176,42 @@ def _set_precision(config: "trt.IBuilderConfig", precision: str, explicit: bool,
     return precision
 
 
-def limit_tactic_sources(trt: Any, config: Any, major: int) -> None:
-    """No cuBLAS, cuBLASLt or cuDNN tactics on TensorRT 8.x, where they are on by default (10.x turned them off):
-    an engine that may use them loads those libraries into every execution context, hundreds of MB on a Jetson,
-    twice while a reload holds two contexts (a 4 GB Orin Nano). TensorRT's own kernels cover these networks."""
+def limit_tactic_sources(trt: Any, config: Any, major: int) -> List[str]:
+    """The tactic sources an engine may use, by name (recorded in its model info). TensorRT 8.x turns on cuBLAS,
+    cuBLASLt and cuDNN by default (10.x turned them off): an engine using cuBLAS or cuDNN loads those libraries
+    into every execution context, hundreds of MB on a Jetson, twice while a reload holds two contexts (a 4 GB Orin
+    Nano); those two are left out. cuBLASLt stays: it is small, loaded lazily, and MobileNetV3's head is two
+    Gemm/MatMul layers whose TensorRT 8.x tactics include cuBLASLt kernels."""
     sources = getattr(trt, "TacticSource", None)
     if major >= 10 or sources is None:
-        return
-    keep = [getattr(sources, name, None) for name in ("EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS")]
-    config.set_tactic_sources(sum(1 << int(source) for source in keep if source is not None))
+        return ["tensorrt-default"]
+    names = [name for name in ("CUBLAS_LT", "EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS") if hasattr(sources, name)]
+    config.set_tactic_sources(sum(1 << int(getattr(sources, name)) for name in names))
+    return names
 
 
-def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: int, version: str,
+def build_workspace_mb(configured_mb: int, ram_mb: Optional[int]) -> int:
+    """The builder's workspace: `build.workspace_mb`, at most an eighth of the board's memory (ORT calibration and
+    the builder share one process; a 4 GB board gets 512 MB)."""
+    return configured_mb if not ram_mb else max(64, min(configured_mb, ram_mb // 8))
+
+
+def _ram_mb(meminfo: str = "/proc/meminfo") -> Optional[int]:
+    try:
+        with open(meminfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _build(session: CudaSession, onnx_path: str, *, precision: str, workspace_mb: int, version: str,
            images: Optional[CalibrationSet], preprocess: PreprocessConfig, calibration_cache: str,
-           timing_path: str, log: Callable[..., None], sizes: Sequence[int]) -> Tuple[bytes, bytes, str, List[int]]:
-    """(engine, timing cache, mode, batch sizes served). Every TensorRT object lives in this frame only, so it is
-    released when this returns, inside the caller's context (NVIDIA/TensorRT#2052)."""
+           timing_path: str, log: Callable[..., None], sizes: Sequence[int]) -> Tuple[bytes, bytes, Dict[str, Any]]:
+    """(engine, timing cache, what the build chose: mode, batch sizes, tactic sources). Every TensorRT object lives
+    in this frame only, so it is released when this returns, inside the caller's context (NVIDIA/TensorRT#2052)."""
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -205,7 +225,7 @@ def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: i
     explicit = any(network.get_layer(i).type == trt.LayerType.QUANTIZE for i in range(network.num_layers))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
-    limit_tactic_sources(trt, config, major)
+    tactics = limit_tactic_sources(trt, config, major)
     mode = _set_precision(config, precision, explicit, version, onnx_path, images is not None)
     served = _add_profiles(builder, network, config, sizes)
     if mode == "int8-implicit-entropy2" and images is not None:
@@ -221,16 +241,22 @@ def _build(session: CudaSession, onnx_path: str, precision: str, workspace_mb: i
     if serialized is None:
         raise EdgeError("{}: TensorRT {} could not build an engine ({}; see its log above)".format(
             onnx_path, version, mode), exit_code=EXIT_FAIL)
-    return bytes(memoryview(serialized)), bytes(memoryview(config.get_timing_cache().serialize())), mode, served
+    chosen = {"mode": mode, "batch_sizes": served, "tactic_sources": tactics}
+    return bytes(memoryview(serialized)), bytes(memoryview(config.get_timing_cache().serialize())), chosen
 
 
-def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb: int,
+def build_engine(onnx_path: str, engine_path: str, *, precision: str, workspace_mb: int,
                  images: Optional[CalibrationSet], preprocess: PreprocessConfig, model_sha256: str,
                  cache_dir: str = os.path.join("calibration", "cache"), log: Callable[..., None] = print,
                  batch_sizes: Sequence[int] = (1,)) -> Dict[str, Any]:
     """Serialize an engine for this GPU to `engine_path`. `images` selects the implicit-calibrator INT8 route;
-    `batch_sizes` the profiles of a model with a dynamic batch axis."""
+    `batch_sizes` the profiles of a model with a dynamic batch axis; `workspace_mb` is capped by the board's memory
+    (build_workspace_mb)."""
     version = require_tensorrt()
+    workspace = build_workspace_mb(workspace_mb, _ram_mb())
+    if workspace != workspace_mb:
+        log("engine: workspace {} MB (build.workspace_mb {} MB is more than an eighth of this board's memory)".format(
+            workspace, workspace_mb))
     session = CudaSession()
     try:
         with session:
@@ -238,9 +264,11 @@ def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb:
             timing_path = timing_cache_path(os.path.dirname(os.path.abspath(engine_path)), version, gpu)
             started = time.monotonic()
             try:
-                engine, timing, mode, served = _build(
-                    session, onnx_path, precision, workspace_mb, version, images, preprocess,
-                    calibration_cache_path(cache_dir, model_sha256, version, gpu), timing_path, log, batch_sizes)
+                engine, timing, chosen = _build(
+                    session, onnx_path, precision=precision, workspace_mb=workspace, version=version, images=images,
+                    preprocess=preprocess, calibration_cache=calibration_cache_path(cache_dir, model_sha256, version,
+                                                                                    gpu),
+                    timing_path=timing_path, log=log, sizes=batch_sizes)
             except BaseException as exc:
                 # The traceback holds _build's frame and so its TensorRT objects: drop it inside the context.
                 raise exc.with_traceback(None) from None
@@ -249,6 +277,6 @@ def build_engine(onnx_path: str, engine_path: str, precision: str, workspace_mb:
         session.release()
     _write_atomic(engine_path, engine)
     _write_atomic(timing_path, timing)
-    log("engine: {} ({}, TensorRT {}, {}) in {:.1f} s".format(engine_path, mode, version, gpu, seconds))
-    return {"mode": mode, "tensorrt": version, "gpu": gpu, "seconds": round(seconds, 1),
-            "workspace_mb": workspace_mb, "timing_cache": timing_path, "batch_sizes": served}
+    log("engine: {} ({}, TensorRT {}, {}) in {:.1f} s".format(engine_path, chosen["mode"], version, gpu, seconds))
+    return dict(chosen, tensorrt=version, gpu=gpu, seconds=round(seconds, 1), workspace_mb=workspace,
+                timing_cache=timing_path)

@@ -49,8 +49,9 @@ def batch_engine(dynamic_onnx: str, tmp_path_factory: Any) -> str:
 
     folder = tmp_path_factory.mktemp("batch-engine")
     path = str(folder / "model.fp16.engine")
-    built = build_engine(dynamic_onnx, path, "fp16", 1024, None, PreprocessConfig(), "0" * 64, str(folder / "cache"),
-                         lambda *a: None, batch_sizes=SIZES)
+    built = build_engine(dynamic_onnx, path, precision="fp16", workspace_mb=1024, images=None,
+                         preprocess=PreprocessConfig(), model_sha256="0" * 64, cache_dir=str(folder / "cache"),
+                         log=lambda *a: None, batch_sizes=SIZES)
     assert built["batch_sizes"] == SIZES
     write_json_atomic(info_path(path), make_manifest(path, {"trained": False}, dynamic_onnx, "tensorrt-engine",
                                                      "fp16", None, None, current_system(), {"engine": built}))

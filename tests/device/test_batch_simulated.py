@@ -45,8 +45,9 @@ def test_the_build_adds_a_profile_per_served_size(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(tensorrt_engine, "CudaSession", BuildSession)
     assert tensorrt_engine.served_sizes(4) == [1, 2, 4] and tensorrt_engine.served_sizes(6) == [1, 2, 4, 6]
     onnx = dynamic_model if dynamic else tiny_classifiers[0]
-    info = tensorrt_engine.build_engine(onnx, str(tmp_path / "m.engine"), "fp16", 64, None, PreprocessConfig(),
-                                        "0" * 64, str(tmp_path / "cache"), lambda *a: None,
+    info = tensorrt_engine.build_engine(onnx, str(tmp_path / "m.engine"), precision="fp16", workspace_mb=64,
+                                        images=None, preprocess=PreprocessConfig(), model_sha256="0" * 64,
+                                        cache_dir=str(tmp_path / "cache"), log=lambda *a: None,
                                         batch_sizes=tensorrt_engine.served_sizes(4))
     asked = [shapes["input"] for name, shapes in [c for c in trt.calls if c[0] == "profile"]]
     assert asked == [((b, 3, 224, 224),) * 3 for b in profiles]  # min = opt = max = the size
