@@ -5,6 +5,7 @@
 #
 #   sudo scripts/install_service.sh                       # prefix /opt/jetson-edge (the checkout with .venv/)
 #   sudo scripts/install_service.sh --prefix /srv/edge    # ExecStart=/srv/edge/.venv/bin/edge
+#   sudo scripts/install_service.sh --wheelhouse DIR      # pycuda from DIR's wheel (SHA256SUMS checked), no build
 #   scripts/install_service.sh --dry-run                  # print what would be done, change nothing
 #   DESTDIR=/tmp/stage scripts/install_service.sh         # stage the files under /tmp/stage only
 #                                                         # (no user, no groups, no systemctl; for packaging/tests)
@@ -18,14 +19,32 @@ dry_run=0
 enable=1
 user=jetson-edge
 groups=(video render jtop)
+wheelhouse=""
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
 say() { echo "install_service: $*"; }
 act() {  # run a command, or only print it with --dry-run
   if [ "$dry_run" = 1 ]; then echo "would run: $*"; else "$@"; fi
 }
 step() {  # a recipe step: its failure stops the install with its message, nothing after it runs
   act "$@" || { echo "install_service.sh: step failed (exit $?): $* (see above; docs/service.md)" >&2; exit 1; }
+}
+optional() {  # a recipe step the service can run without: its failure is named, with its log, and the install goes on
+  [ "$dry_run" = 1 ] && { echo "would run: $*"; return 0; }
+  local log
+  log="$(mktemp -t jetson-edge-install.XXXXXX)"
+  if "$@" > >(tee "$log") 2>&1; then return 0; fi
+  echo "install_service.sh: optional step failed: $* (log: $log); the service runs without it: edge doctor names" \
+    "what is missing and how to add it (docs/service.md)" >&2
+}
+pycuda_source() {  # pip's arguments for pycuda: a wheelhouse's checked wheel, or the sdist built here
+  if [ -n "$wheelhouse" ]; then
+    (cd "$wheelhouse" && sha256sum --quiet -c SHA256SUMS) >&2 || { echo "install_service.sh: $wheelhouse/SHA256SUMS" \
+      "does not match its wheels" >&2; return 1; }
+    echo "--no-index --find-links $wheelhouse pycuda"
+  else
+    echo "pycuda"
+  fi
 }
 
 # On a Jetson: the one install recipe (docs/service.md shows these lines per JetPack and README.md names them;
@@ -45,6 +64,8 @@ jetson_recipe() {
   step python3 -m venv --system-site-packages .venv
   step env PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/python -m pip install --upgrade 'pip>=23.1'
   step env PATH="/usr/local/cuda/bin:$PATH" PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/pip install -e '.[jetson,service,check]'
+  say "pycuda: $([ -n "$wheelhouse" ] && echo "from $wheelhouse" || echo "compiling (5-15 min on an Orin or Xavier, 20+ on a Nano; progress below)")"
+  optional env PATH="/usr/local/cuda/bin:$PATH" PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/pip install -v $(pycuda_source)
   step env PATH="/usr/local/cuda/bin:$PATH" .venv/bin/python scripts/build_kernel.py --into "$state/kernels"
 }
 has_cuda_dev() {  # pycuda's build: nvcc, cuda.h, cudaProfiler.h, curand.h and libcurand; the kernel's: nvcc
@@ -125,6 +146,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix="${2:?--prefix needs a directory}"; shift 2 ;;
     --prefix=*) prefix="${1#--prefix=}"; shift ;;
+    --wheelhouse) wheelhouse="$(cd "${2:?--wheelhouse needs a directory}" && pwd)" || exit 2; shift 2 ;;
     --dry-run|-n) dry_run=1; shift ;;
     --no-enable) enable=0; shift ;;
     -h|--help) usage; exit 0 ;;
