@@ -31,7 +31,8 @@ def installer_recipe(jetpack: str = "6") -> List[str]:
     text = INSTALL.read_text(encoding="utf-8")
     body = re.search(r"^jetson_recipe\(\) \{\n(.*?)^\}", text, re.S | re.M)
     assert body is not None, "no jetson_recipe() in scripts/install_service.sh"
-    return [normalise(line, jetpack) for line in body.group(1).splitlines() if re.search(r"(^|\| )(step|optional) ", line.strip())]
+    return [normalise(line, jetpack) for line in body.group(1).splitlines()
+            if re.search(r"(^|\| )(step|optional) ", line.strip())]
 
 
 def test_recipe_is_the_jetpack_one() -> None:
