@@ -171,6 +171,7 @@ etc="$destdir/etc/jetson-edge"
 config="$etc/config.yaml"
 record="$etc/.config.yaml.installed-sha256"  # hash of the config this script last installed
 unit="$destdir/etc/systemd/system/jetson-edge.service"
+engine_unit="$destdir/etc/systemd/system/jetson-edge-engine.service"  # builds the engine this board lacks
 state="$destdir/var/lib/jetson-edge"
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
@@ -180,7 +181,8 @@ if system_changes && [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then
   echo "install_service.sh: run as root (or use --dry-run, or DESTDIR=... to stage files)" >&2
   exit 1
 fi
-for shipped in "$shipped_unit" "$shipped_config" "$here/systemd/jtop.service.d/jetson-edge.conf" \
+for shipped in "$shipped_unit" "$here/systemd/jetson-edge-engine.service" "$shipped_config" \
+               "$here/systemd/jtop.service.d/jetson-edge.conf" \
                "$here/calibration/default" "$here/calibration/regression"; do
   [ -e "$shipped" ] || { echo "install_service.sh: missing $shipped (a partial checkout?)" >&2; exit 2; }
 done
@@ -202,7 +204,7 @@ refuse_links() {
     done
   done
 }
-refuse_links "$config" "$record" "$config.dist" "$unit" "$state/engines" "$state/kernels" "$state/calibration"
+refuse_links "$config" "$record" "$config.dist" "$unit" "$engine_unit" "$state/engines" "$state/kernels" "$state/calibration"
 
 # 1. groups and the service user
 if system_changes; then
@@ -282,13 +284,17 @@ if system_changes && [ "$dry_run" = 0 ]; then
   chown -R "$user:$user" "$state/calibration"
 fi
 
-# 5. the unit, with ExecStart under --prefix
+# 5. the units, with ExecStart under --prefix
 unit_changed=0
 if render "$shipped_unit" | write_if_changed "$unit"; then
   unit_changed=1
   say "installed $unit (ExecStart=$edge_bin)"
 else
   say "unit $unit unchanged"
+fi
+if render "$here/systemd/jetson-edge-engine.service" | write_if_changed "$engine_unit"; then
+  unit_changed=1
+  say "installed $engine_unit (builds the engine when it is missing or stale for this board)"
 fi
 
 # 6. systemd: jtop's service from the venv (on a Jetson), then the unit enabled (not started: see 7)
@@ -297,11 +303,13 @@ if system_changes; then
     if [ "$unit_changed" = 1 ]; then act systemctl daemon-reload; fi
     if [ "$on_jetson" = 1 ]; then jtop_service; fi
     if [ "$enable" = 1 ]; then
-      if systemctl is-enabled --quiet jetson-edge.service 2>/dev/null; then
-        say "jetson-edge.service already enabled"
-      else
-        act systemctl enable jetson-edge.service
-      fi
+      for name in jetson-edge.service jetson-edge-engine.service; do
+        if systemctl is-enabled --quiet "$name" 2>/dev/null; then
+          say "$name already enabled"
+        else
+          act systemctl enable "$name"
+        fi
+      done
     fi
   else
     say "systemd is not running here: run 'systemctl daemon-reload && systemctl enable --now jetson-edge' on the device"

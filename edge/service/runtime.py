@@ -160,7 +160,7 @@ class Runtime:
             self.sinks.append(self.metrics)  # closed with the others, even if serving fails
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
         self.sinks.append(FrameLogSink(self.event, recorder, cfg.runtime.budget_ms, cfg.runtime.report_every))
-        self.sinks.append(NotifySink(self.notifier, recorder))
+        self.sinks.append(NotifySink(self.notifier, recorder, degraded=lambda: self.stages.degraded))
         self.sinks.append(WarningTag(self.log.extra))
 
     def _parts(self) -> List[ServicePart]:
