@@ -7,6 +7,7 @@ cannot serve."""
 import shutil
 
 import pytest
+from service_helpers import write_config
 
 from edge.config import load_config
 from edge.errors import EdgeError
@@ -14,7 +15,6 @@ from edge.infer.select import ENGINE_UNIT, engine_fallback
 from edge.infer.stages import build_stages
 
 from conftest import edge_here
-from service_helpers import write_config
 
 
 def install_as(model, folder, name):
