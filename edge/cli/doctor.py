@@ -265,7 +265,8 @@ def check_model(cfg: Config, needed_engine: bool) -> Line:
         from edge.model.plan import source_model
 
         fp32 = source_model(path)
-        todo = "build it from {}: edge build{} --config ...".format(fp32, " --engine" if needed_engine else "") \
+        todo = "build it from {}: edge build{} --config {}".format(fp32, " --engine" if needed_engine else "",
+                                                                cfg.path or "<your config>") \
             if os.path.isfile(fp32) else "no {} to build it from either: export it on a PC and copy it over " \
             "(docs/service.md, 'The first model')".format(fp32)
         return "FAIL", "model", "{} not found (model.path); {}".format(path, todo)
@@ -273,7 +274,7 @@ def check_model(cfg: Config, needed_engine: bool) -> Line:
         return "ok", "model", "{} (ONNX, no engine to match to this board)".format(path)
     warnings: List[str] = []
     try:
-        check_engine(path, warn=warnings.append)
+        check_engine(path, warn=warnings.append, config_path=cfg.path)
     except EdgeError as exc:
         return "FAIL", "engine", str(exc)
     return ("warn" if warnings else "ok"), "engine", "; ".join(["{} matches this board".format(path)] + warnings)

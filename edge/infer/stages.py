@@ -130,7 +130,8 @@ def create_stages(cfg: Config) -> StageParts:
     from edge.infer.tensorrt_backend import TensorRTBackend
 
     session = CudaSession()
-    backend = TensorRTBackend(cfg.model.path, session, cfg.backend.cuda_graph)  # allocates nothing before load()
+    backend = TensorRTBackend(cfg.model.path, session, cfg.backend.cuda_graph,  # allocates nothing before load()
+                              config_path=cfg.path)
     try:
         preprocessor, reason = preprocessor_for_tensorrt(cfg, session, pre_device, reason)
     except BaseException:

@@ -84,8 +84,10 @@ class _GraphApi:
 class TensorRTBackend(Backend):
     name = "tensorrt"
 
-    def __init__(self, engine_path: str, session: CudaSession, cuda_graph: bool = False) -> None:
+    def __init__(self, engine_path: str, session: CudaSession, cuda_graph: bool = False, *,
+                 config_path: Optional[str] = None) -> None:
         self.engine_path = engine_path
+        self.config_path = config_path  # named in a refusal's remedy
         self.session = session  # its owner's (edge.infer.stages), released after close()
         self.cuda_graph = cuda_graph
         self.runner = EngineRunner(engine_path, session)
@@ -107,7 +109,7 @@ class TensorRTBackend(Backend):
             require_tensorrt()
             self._warnings = []
             model = model or read_set(self.engine_path, required_info=True)
-            self._info = check_engine(model, warn=self._warnings.append)
+            self._info = check_engine(model, warn=self._warnings.append, config_path=self.config_path)
             self.runner.load(model.data)
             self.sha256 = model.sha256
             self.probabilities = lookup(model.info, "output.softmax") is True

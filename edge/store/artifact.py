@@ -237,13 +237,14 @@ def is_current(model_path: str, expected: Dict[str, Any], *, rebuild: str = "edg
 
 
 def check_engine(engine: Union[str, ModelSet], system: Optional[Dict[str, Any]] = None,
-                 warn: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+                 warn: Optional[Callable[[str], None]] = None, *, config_path: Optional[str] = None) -> Dict[str, Any]:
     """The TensorRT backend's load check of an engine (a path, or its set already read): it runs only on the board
     model, SM count, compute capability, TensorRT and CUDA it was built with (ENGINE_SYSTEM_KEYS). A changed L4T
-    alone goes to `warn`. Returns its model info."""
+    alone goes to `warn`. Returns its model info. The remedy names `config_path` (the config that serves it)."""
     system = system or current_system()
     model = read_set(engine, required_info=True) if isinstance(engine, str) else engine
-    rebuild = "edge build --engine --model {}".format(lookup(model.info, "source.path") or "<fp32 .onnx>")
+    rebuild = "edge build --engine --config {}".format(config_path) if config_path else \
+        "edge build --engine --model {}".format(lookup(model.info, "source.path") or "<fp32 .onnx>")
     if "sha256" not in model.info:
         raise EdgeError("{}: its model info records no sha256; rebuild with: {}".format(model.path, rebuild))
     for key, value in sorted(engine_expectations(system).items()):
