@@ -90,8 +90,8 @@ class CudaPreprocessor(Preprocessor):
             self._module, self.kernel_source = load_kernel(drv, session.arch)
             self._kernels: Dict[np.dtype, Any] = {
                 dt: self._module.get_function(name).prepare(_ARG_FORMAT) for dt, name in _KERNELS.items()}
-            self._start: Any = drv.Event()
-            self._end: Any = drv.Event()
+            self._start: Any = session.event()
+            self._end: Any = session.event()
         self.write_as(dtype)
 
     @property

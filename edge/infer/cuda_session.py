@@ -13,6 +13,8 @@ from typing import Any
 
 from edge.errors import EdgeError, require
 
+CU_STREAM_NON_BLOCKING = 0x1  # cuda.h's; pycuda's Stream(flags) has no enum for it
+
 
 class CudaSession:
     def __init__(self, device_index: int = 0) -> None:
@@ -25,7 +27,9 @@ class CudaSession:
         # spin-then-yield costs a core of a Jetson's 6 for every synchronise of every frame)
         self.context: Any = self.device.make_context(self.drv.ctx_flags.SCHED_BLOCKING_SYNC)
         try:
-            self.stream: Any = self.drv.Stream()
+            # NON_BLOCKING: no implicit synchronisation with the legacy default stream, whose work (another
+            # library's, a synchronous copy) would otherwise serialise with ours and invalidate a CUDA graph capture
+            self.stream: Any = self.drv.Stream(CU_STREAM_NON_BLOCKING)
         finally:
             self.drv.Context.pop()
         self.released = False
@@ -41,6 +45,10 @@ class CudaSession:
     def arch(self) -> str:
         major, minor = self.device.compute_capability()
         return "sm_{}{}".format(major, minor)
+
+    def event(self) -> Any:
+        """A timing event whose wait sleeps (BLOCKING_SYNC), as the context's synchronise does, not spinning a core."""
+        return self.drv.Event(self.drv.event_flags.BLOCKING_SYNC)
 
     def gpu_name(self) -> str:
         return str(self.device.name())

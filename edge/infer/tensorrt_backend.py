@@ -122,7 +122,7 @@ class TensorRTBackend(Backend):
             check_first_output(self.runner.infer(np.zeros(self.runner.input.shape, np.float32)), self.engine_path,
                                self.runner.output.dtype)
             with self.session:
-                self._events = (self.session.drv.Event(), self.session.drv.Event())
+                self._events = (self.session.event(), self.session.event())
                 assert self.runner.output is not None
                 self.batch = batch_runner(self.runner.engine, self.session, self.runner.input, self.runner.output,
                                           self._batch_graphs())

@@ -50,6 +50,8 @@ class Sim:
     def __init__(self, host_lib: ctypes.CDLL, integrated: bool) -> None:
         self.host_lib, self.integrated = host_lib, integrated
         self.stack: List[Any] = []
+        self.stream_flags: List[int] = []  # of every Stream made, then every Event: what the code asked for
+        self.event_flags: List[int] = []
         self.loads: List[bytes] = []  # images given to module_from_buffer
         self.load_error: Optional[str] = None  # set: every module load fails with this (pycuda's LogicError)
         self.launches: List[Tuple[str, Tuple[Any, ...]]] = []
@@ -120,10 +122,18 @@ class Sim:
         class Stream:
             handle = 1234
 
+            def __init__(self, flags: int = 0) -> None:  # pycuda's: cuStreamCreate's flags, an int
+                assert isinstance(flags, int) and flags in (0, 1), flags
+                sim.stream_flags.append(flags)
+
             def synchronize(self) -> None:
                 assert sim.stack, "stream used without a current context"
 
         class Event:
+            def __init__(self, flags: int = 0) -> None:  # pycuda's: CUevent_flags
+                assert flags in (0, 1, 2, 3), flags
+                sim.event_flags.append(flags)
+
             def record(self, stream: Any = None) -> "Event":
                 assert sim.stack, "event recorded without a current context"
                 return self
@@ -173,6 +183,7 @@ class Sim:
         drv.init = lambda: None
         drv.Device, drv.Context, drv.Stream, drv.Event = Device, Context, Stream, Event
         drv.ctx_flags = types.SimpleNamespace(MAP_HOST=8, SCHED_BLOCKING_SYNC=4)
+        drv.event_flags = types.SimpleNamespace(DEFAULT=0, BLOCKING_SYNC=1, DISABLE_TIMING=2)
         drv.device_attribute = types.SimpleNamespace(INTEGRATED="INTEGRATED",
                                                      MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
         drv.host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)

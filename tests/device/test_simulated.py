@@ -196,6 +196,8 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
             assert backend.runner.input_ptr() != tensor.ptr and backend.device_ms() == {"infer_gpu": 0.25}
         assert backend.graph_status == "off (capture failed: libcuda.so.1: cannot open shared object file)"
         pre.close()
+    assert sim.stream_flags == [1]  # CU_STREAM_NON_BLOCKING: legacy-stream work cannot invalidate a graph capture
+    assert sim.event_flags == [1] * 4  # the timing events (preprocessor's, backend's) wait by sleeping: BLOCKING_SYNC
     assert not sim_gpu.Allocation.live and not sim.context.detached  # the session is its owner's
     owner.release()
     assert sim.context.detached
