@@ -21,7 +21,7 @@ SIZES = ["1x1", "7x5", "200x100", "257x256", "1280x720", "720x1280", "3840x2160"
 
 
 @pytest.fixture(scope="module")
-def session(gpu: None):
+def session(cuda: None):
     from edge.infer.cuda_session import CudaSession
 
     owner = CudaSession()
@@ -113,3 +113,21 @@ def test_kernel_loads_from_each_source(session, tmp_path, monkeypatch, photo: Ca
         assert float(np.abs(pre(frame).download() - CpuPreprocessor(PreprocessConfig())(frame)).max()) <= 1e-4
     finally:
         pre.close()
+
+
+def test_doctor_names_this_gpu_and_loads_the_kernel(session, tmp_path) -> None:
+    """The doctor's gpu line names device 0 as pycuda sees it; its kernel line loads one (or names the build that
+    would make one), and never says there is no device."""
+    import re
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "edge", "doctor", "--source", "synthetic"], capture_output=True,
+                          encoding="utf-8", errors="replace", cwd=REPO, timeout=120)
+    print(proc.stdout)
+    gpu = re.search(r"^ok\s+gpu\s+(.*)$", proc.stdout, re.M)
+    assert gpu and gpu.group(1).startswith(session.gpu_name()) and "pycuda absent" not in gpu.group(1), proc.stdout
+    assert re.search(r"^(ok\s+kernel\s+loads from |warn\s+kernel\s+.*scripts/build_kernel.py)", proc.stdout, re.M)
+    assert "no CUDA device" not in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
