@@ -54,6 +54,11 @@ class DeviceTensor:
             session.stream.synchronize()
         return out
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """np.asarray(tensor): the download, for a host backend (ONNX Runtime beside `preprocess.device cuda`)."""
+        out = self.download()
+        return out if dtype is None else out.astype(dtype)
+
 
 class _Staging:
     """Page-locked host buffer for one frame size and the device buffer it is copied into."""

@@ -9,6 +9,7 @@ which only tests/device on a GPU can.
 """
 
 import ctypes
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -43,6 +44,9 @@ def host_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 def install(monkeypatch: pytest.MonkeyPatch, sim: sim_gpu.Sim, trt: Any = None) -> None:
     pycuda = types.ModuleType("pycuda")
     pycuda.driver = sim.driver
+    for module in (pycuda, sim.driver):  # importable as real code for edge.infer.select's probe
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+        module.__file__ = sim_gpu.__file__
     for name, module in (("pycuda", pycuda), ("pycuda.driver", sim.driver), ("tensorrt", trt)):
         if module is not None:
             monkeypatch.setitem(sys.modules, name, module)
@@ -445,3 +449,21 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
                        ("compute_capability", "11.0"), ("tensorrt", "10.7.0")):
         with pytest.raises(EdgeError, match="built for system.{} .*; rebuild with: edge build --engine".format(key)):
             artifact.check_engine(engine, dict(built, **{key: other}))
+
+
+def test_cuda_preprocessing_beside_onnxruntime_downloads_the_tensor(sim: sim_gpu.Sim, small_model: str) -> None:
+    """`edge run --preprocess cuda` with an ONNX model (the GPU check on a machine without TensorRT): the CUDA
+    preprocessor's tensor reaches ONNX Runtime through the host, with the CPU path's logits."""
+    from edge.config import load_config
+    from edge.infer.stages import build_stages
+
+    stages = build_stages(load_config(None, {"model.path": small_model, "preprocess.device": "cuda"}))
+    try:
+        assert (stages.preprocess_name, stages.backend.name) == ("cuda", "onnxruntime") and stages.session
+        assert "copied back to the host" in stages.reason
+        f = frame(720, 1280)
+        expected = stages.backend.infer(CpuPreprocessor(PreprocessConfig())(f))
+        np.testing.assert_allclose(stages.backend.infer(stages.preprocess(f)), expected, atol=1e-4, rtol=1e-4)
+    finally:
+        stages.close()
+    assert not sim_gpu.Allocation.live and sim.context.detached
