@@ -467,3 +467,27 @@ def test_cuda_preprocessing_beside_onnxruntime_downloads_the_tensor(sim: sim_gpu
     finally:
         stages.close()
     assert not sim_gpu.Allocation.live and sim.context.detached
+
+
+def test_a_frame_read_into_a_staging_buffer_goes_to_the_device_from_there(sim: sim_gpu.Sim) -> None:
+    """The pinned-buffer path: a frame a reader put in one of the preprocessor's registered buffers is copied to the
+    device from it (no host copy); any other frame takes the fallback copy; close() unregisters, the memory stays."""
+    from edge.infer.cuda_preprocess import READER_BUFFERS, CudaPreprocessor
+
+    owner = session()
+    pre = CudaPreprocessor(PreprocessConfig(), owner)
+    buffers = pre.staging_buffers(720, 1280)
+    assert len(buffers) == READER_BUFFERS == len(sim.registered) and pre.staging_buffers(720, 1280) is buffers
+    assert {b.ctypes.data for b in buffers} == sim.registered
+    cpu = CpuPreprocessor(PreprocessConfig())
+    for seed, buffer in enumerate(buffers):
+        np.copyto(buffer, frame(720, 1280, seed))
+        np.testing.assert_allclose(pre(buffer).download(), cpu(buffer), atol=2e-5)
+    assert pre.copied == 0
+    elsewhere = frame(720, 1280, 7)
+    np.testing.assert_allclose(pre(elsewhere).download(), cpu(elsewhere), atol=2e-5)
+    np.testing.assert_allclose(pre(buffers[0][:, :640]).download(), cpu(buffers[0][:, :640]), atol=2e-5)
+    assert pre.copied == 2  # another frame, and a view of a staging buffer that is not the whole of it
+    pre.close()
+    assert not sim.registered and buffers[0].sum() > 0  # unregistered, still the reader's memory
+    owner.release()
