@@ -119,6 +119,20 @@ def test_a_check_that_raises_anything_is_one_fail_line() -> None:
     assert _safe("gpu", broken) == ("FAIL", "gpu", "the check itself failed: RuntimeError: driver exploded")
 
 
+def test_a_pycuda_without_version_metadata_is_named_by_its_version_text(monkeypatch) -> None:
+    """A pycuda built from its sdist (tools/pycuda_kit.sh) has no __version__: the gpu line still names it."""
+    import types
+
+    from edge.cli import doctor
+
+    fake = types.ModuleType("pycuda")
+    fake.VERSION_TEXT = "2026.1"
+    monkeypatch.setitem(sys.modules, "pycuda", fake)
+    assert doctor._version("pycuda") == "2026.1"
+    monkeypatch.delattr(fake, "VERSION_TEXT")
+    assert doctor._version("pycuda") == "absent"
+
+
 def test_opencv_built_for_numpy_1_is_named_as_an_abi_mismatch(tmp_path, monkeypatch) -> None:
     from edge.cli.doctor import check_opencv
 
