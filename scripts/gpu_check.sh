@@ -30,7 +30,12 @@ prepare() {
     [ -n "$tool" ] || { [ -x "$candidate" ] && tool=$candidate; }
   done
   [ -n "$tool" ] || die "no pycuda_kit.sh beside the checkout (../shared/tools/): set PYCUDA_KIT=PATH"
-  "$tool" "$kit" || die "pycuda_kit.sh failed (its message is above)"
+  local py312=${PYTHON312:-}  # the GPU machine's Python is 3.12: pyenv's, or one on PATH that runs
+  for candidate in "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python3.12 python3.12; do
+    [ -n "$py312" ] || { "$candidate" -c '' 2>/dev/null && py312=$candidate; }
+  done
+  [ -n "$py312" ] || die "no Python 3.12 here (the GPU machine's version) to build pycuda with: set PYTHON312=PATH"
+  "$tool" "$kit" "$(command -v "$py312")" || die "pycuda_kit.sh failed (its message is above)"
   py=$repo/.venv/bin/python; [ -x "$py" ] || py=python3
   "$py" -m edge export --arch mobilenet_v3_small --weights random --force \
     --out "$kit/model/mobilenet_v3_small.onnx" >/dev/null || die "edge export of the check's model failed"
