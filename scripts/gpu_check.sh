@@ -150,11 +150,12 @@ run() {
   step kernel_build 180 "$py" scripts/build_kernel.py --into "$EDGE_KERNEL_DIR"
   step doctor 120 "$0" _doctor
   step device_cuda_tier 300 "$py" -m pytest -p no:cacheprovider -q -rs tests/device -m "jetson and not tensorrt"
-  if [ -n "$dry" ] || "$py" -c 'import tensorrt' 2>/dev/null; then
+  if [ -n "$dry" ] || "$py" -c 'from edge.board import tensorrt_probe; assert tensorrt_probe().problem is None' \
+      2>/dev/null; then
     step device_tensorrt_tier 420 "$py" -m pytest -p no:cacheprovider -q -rs tests/device \
       -m "jetson and tensorrt"
   else
-    printf 'device_tensorrt_tier\tskipped\t0\ttensorrt does not import here\n' >>"$steps"
+    printf 'device_tensorrt_tier\tskipped\t0\tno TensorRT runtime here\n' >>"$steps"
   fi
   step suite_with_a_gpu 300 "$py" -m pytest -p no:cacheprovider -q -n 4 tests/test_doctor.py tests/test_kernel_aot.py \
     tests/test_gpu_check.py \
