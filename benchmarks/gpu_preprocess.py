@@ -6,10 +6,11 @@ torchvision's resize(256, antialias=True), center crop, normalize). Each call is
 
     python benchmarks/gpu_preprocess.py [--frames 300] [--sizes 1280x720,1920x1080,3840x2160] [--json out.json]
 
-Per method: the call's p50 / p99 (ms), split for the CUDA ones into the staging copy (np.copyto into pinned
-memory), launch (the call's host time, copy excluded), sync (waiting for the GPU) and copy+kernel (CUDA events);
-at 1280x720 the max and mean |GPU - CpuPreprocessor| on a photograph. Needs pycuda, a CUDA device and the kernel
-(scripts/build_kernel.py); without them it prints one line naming what is missing and exits 1.
+Per method: the call's p50 / p99 (ms), split for the CUDA ones into the staging copy (copy_frame into pinned
+memory, on the threads the fallback uses), launch (the call's host time, copy excluded), sync (waiting for the
+GPU) and copy+kernel (CUDA events); at 1280x720 the max and mean |GPU - CpuPreprocessor| on a photograph.
+Needs pycuda, a CUDA device and the kernel (scripts/build_kernel.py); without them it prints one line naming
+what is missing and exits 1.
 Goal on an H200 (issue 45): ahead of the PyTorch peer, 720p p50 <= 0.2 ms, 1080p p50 <= 0.3 ms.
 """
 
@@ -46,6 +47,8 @@ def stats(times_ms: List[float]) -> Dict[str, float]:
 
 def time_cuda(pre: Any, frame: np.ndarray, frames: int, staged: bool) -> Dict[str, Any]:
     """The call (launch + sync) with the frame in a staging buffer or through the fallback copy, split."""
+    from edge.infer.cuda_preprocess import copy_frame
+
     source = frame
     if staged:
         source = pre.staging_buffers(*frame.shape[:2])[0]
@@ -57,7 +60,7 @@ def time_cuda(pre: Any, frame: np.ndarray, frames: int, staged: bool) -> Dict[st
     for i in range(frames + 20):
         t0 = time.perf_counter()
         if not staged:
-            np.copyto(scratch, frame)  # what the fallback's copy costs, timed alone
+            copy_frame(scratch, frame)  # what the fallback's copy costs, timed alone
         t1 = time.perf_counter()
         pre(source)
         t2 = time.perf_counter()

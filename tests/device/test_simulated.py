@@ -491,3 +491,14 @@ def test_a_frame_read_into_a_staging_buffer_goes_to_the_device_from_there(sim: s
     pre.close()
     assert not sim.registered and buffers[0].sum() > 0  # unregistered, still the reader's memory
     owner.release()
+
+
+@pytest.mark.parametrize("height,width", [(5, 7), (720, 1280), (2160, 3840)])
+def test_the_fallback_copy_in_bands_is_the_whole_frame(height: int, width: int) -> None:
+    from edge.infer.cuda_preprocess import copy_frame
+
+    wide = frame(height, width + 64)
+    for src in (wide[:, :width].copy(), wide[:, 32:32 + width]):  # contiguous, and rows of a wider buffer
+        dst = np.zeros((height, width, 3), np.uint8)
+        copy_frame(dst, src)
+        assert np.array_equal(dst, src)
