@@ -38,7 +38,9 @@ def test_no_gpu_is_a_machine_without_a_device_in_this_process_and_in_its_childre
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
-def test_cpu_path_can_run(small_model: str, no_gpu: None) -> None:
+def test_cpu_path_can_run(small_model: str, no_gpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    for setting in ("EDGE_KERNEL_DIR", "STATE_DIRECTORY"):  # the default kernel dir, whatever this shell has set
+        monkeypatch.delenv(setting, raising=False)
     proc = run_edge("doctor", "--model", small_model, "--source", "synthetic")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = status(proc.stdout)
