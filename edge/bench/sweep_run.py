@@ -55,7 +55,7 @@ class SweepCamera(Capture):
         if wait > 0:
             time.sleep(wait)
 
-    def read(self) -> Optional[np.ndarray]:
+    def read(self, into: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         self.reads.append(time.monotonic())
         return self.frames[len(self.reads) % len(self.frames)]
 

@@ -55,7 +55,11 @@ def _account() -> str:
 
 
 def _version(module: str) -> str:
-    return package_version(module) or "absent"
+    """Its __version__; else pycuda's own VERSION_TEXT (a pycuda built here has no __version__), else absent."""
+    found = package_version(module)
+    if found is None and module in sys.modules:
+        found = getattr(sys.modules[module], "VERSION_TEXT", None)
+    return str(found or "absent")
 
 
 def _not_ok(needed: bool) -> str:

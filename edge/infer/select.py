@@ -54,8 +54,6 @@ def select_devices(cfg: Config) -> Tuple[str, str, str]:
     is_engine = cfg.model.path.endswith(".engine")
     if kind == "tensorrt" and not is_engine:
         raise EdgeError("backend.kind tensorrt needs a TensorRT .engine model, got '{}'".format(cfg.model.path))
-    if kind == "onnxruntime" and pre == "cuda":
-        raise EdgeError("preprocess.device cuda needs backend.kind tensorrt (it writes into the engine's input)")
     problem = None if kind == "onnxruntime" or (kind == "auto" and not is_engine) else gpu_unavailable()
     if kind == "tensorrt" and problem is not None:
         raise EdgeError("backend.kind tensorrt is not available: " + problem)
@@ -72,7 +70,11 @@ def select_devices(cfg: Config) -> Tuple[str, str, str]:
     if pre == "auto":
         pre = "cuda" if kind == "tensorrt" else "cpu"
     elif pre == "cuda" and kind != "tensorrt":
-        raise EdgeError("preprocess.device cuda needs backend.kind tensorrt, but auto chose onnxruntime: " + reason)
+        problem = cuda_unavailable()
+        if problem is not None:
+            raise EdgeError("preprocess.device cuda beside backend onnxruntime ({}) needs pycuda and a CUDA device: "
+                            "{}".format(reason, problem))
+        reason += "; preprocess.device cuda: its tensor is copied back to the host for ONNX Runtime"
     return pre, kind, reason
 
 

@@ -125,23 +125,27 @@ def create_stages(cfg: Config) -> StageParts:
         from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
         from edge.infer.preprocess import cpu_preprocessor
 
-        return StageParts(cpu_preprocessor(cfg.preprocess), OnnxRuntimeBackend(
-            cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning), reason)
-    from edge.infer.tensorrt_backend import TensorRTBackend
+        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
+        if pre_device != "cuda":
+            return StageParts(cpu_preprocessor(cfg.preprocess), backend, reason)
+        session = CudaSession()  # explicit CUDA preprocessing beside ONNX Runtime: a GPU check, the tensor downloaded
+    else:
+        from edge.infer.tensorrt_backend import TensorRTBackend
 
-    session = CudaSession()
-    backend = TensorRTBackend(cfg.model.path, session, cfg.backend.cuda_graph,  # allocates nothing before load()
-                              config_path=cfg.path)
+        session = CudaSession()
+        backend = TensorRTBackend(cfg.model.path, session, cfg.backend.cuda_graph,  # allocates nothing before load()
+                                  config_path=cfg.path)
     try:
-        preprocessor, reason = preprocessor_for_tensorrt(cfg, session, pre_device, reason)
+        preprocessor, reason = preprocessor_on_session(cfg, session, pre_device, reason)
     except BaseException:
         session.release()
         raise
     return StageParts(preprocessor, backend, reason, session)
 
 
-def preprocessor_for_tensorrt(cfg: Config, session: CudaSession, device: str, reason: str) -> Tuple[Any, str]:
-    """(preprocessor, reason) beside a TensorRT backend: CUDA when chosen and its kernel loads, else the CPU."""
+def preprocessor_on_session(cfg: Config, session: CudaSession, device: str, reason: str) -> Tuple[Any, str]:
+    """(preprocessor, reason) for stages holding a CUDA session: CUDA when chosen and its kernel loads, else the
+    CPU."""
     from edge.infer.preprocess import cpu_preprocessor
 
     if device == "cuda":

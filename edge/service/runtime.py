@@ -167,6 +167,8 @@ class Runtime:
         return [sink for sink in self.sinks if isinstance(sink, ServicePart)]
 
     def _serving(self, stages: Stages) -> None:
+        if isinstance(self.source, SourceSupervisor):  # the GPU preprocessor's staging buffers, read into
+            self.source.reader.staging = getattr(stages.preprocess, "staging_buffers", None)
         for part in self._parts():
             part.serving(stages)
 

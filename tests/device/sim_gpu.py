@@ -11,7 +11,7 @@ stack and live allocations.
 import ctypes
 import os
 import types
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -56,6 +56,7 @@ class Sim:
         self.load_error: Optional[str] = None  # set: every module load fails with this (pycuda's LogicError)
         self.launches: List[Tuple[str, Tuple[Any, ...]]] = []
         self.context_flags: Optional[int] = None
+        self.registered: Set[int] = set()  # addresses of host memory registered with CUDA
         Allocation.live.clear()
         self.driver = self._driver()
 
@@ -176,6 +177,20 @@ class Sim:
         def pagelocked_empty(shape: Sequence[int], dtype: Any, order: str = "C", mem_flags: int = 0) -> np.ndarray:
             return np.ndarray(shape, dtype, buffer=Allocation(int(np.prod(shape)) * np.dtype(dtype).itemsize))
 
+        class Registered:  # pycuda's RegisteredHostMemory: the base of what register_host_memory returns
+            def __init__(self, ary: np.ndarray) -> None:
+                assert sim.stack, "register without a current context"
+                assert ary.ctypes.data % 4096 == 0, "cuMemHostRegister wants page-aligned memory here"
+                self.address = ary.ctypes.data
+                sim.registered.add(self.address)
+
+            def unregister(self) -> None:
+                assert sim.stack, "unregister without a current context"
+                sim.registered.remove(self.address)
+
+        def register_host_memory(ary: np.ndarray, flags: int = 0) -> Any:
+            return types.SimpleNamespace(base=Registered(ary))
+
         def memcpy(dst: int, src: int, size: int) -> None:
             assert sim.stack, "copy without a current context"
             ctypes.memmove(dst, src, size)
@@ -192,6 +207,7 @@ class Sim:
         drv.module_from_buffer = Module
         drv.mem_alloc = Allocation
         drv.pagelocked_empty = pagelocked_empty
+        drv.register_host_memory = register_host_memory
         drv.memcpy_htod_async = lambda dst, src, stream=None: memcpy(int(dst), src.ctypes.data, src.nbytes)
         drv.memcpy_dtoh_async = lambda dst, src, stream=None: memcpy(dst.ctypes.data, int(src), dst.nbytes)
         drv.memcpy_dtod_async = lambda dst, src, size, stream=None: memcpy(int(dst), int(src), size)

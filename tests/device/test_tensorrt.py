@@ -13,7 +13,7 @@ from edge.config import PreprocessConfig, RuntimeConfig
 from edge.errors import EdgeError
 from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
 
-pytestmark = pytest.mark.jetson
+pytestmark = [pytest.mark.jetson, pytest.mark.tensorrt]
 
 # precision -> (atol, rtol), per element: |trt - ort| <= atol + rtol * |ort| (polygraphy run --atol --rtol).
 # Starting values, not yet calibrated on a device; INT8 is judged by cosine (and by edge.model.gate on labelled images).
