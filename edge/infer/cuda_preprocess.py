@@ -135,7 +135,8 @@ class CudaPreprocessor(Preprocessor):
             self._start: Any = session.event()
             self._end: Any = session.event()
         self._pools: Dict[Tuple[int, int], List[np.ndarray]] = {}  # (height, width) -> buffers readers fill
-        self._registered: List[Any] = []
+        self._registered: List[np.ndarray] = []  # pinned buffers, unpinned by close()
+        self.pin_failed: Optional[str] = None  # why reader buffers could not be page-locked (fallback copies)
         self._pool_lock = threading.Lock()
         self.copied = 0  # frames that took the fallback host copy (they arrived outside the staging buffers)
         self.write_as(dtype)
@@ -177,7 +178,11 @@ class CudaPreprocessor(Preprocessor):
                     raise EdgeError("the CUDA preprocessor is closed")
                 pool = [page_aligned((height, width, 3)) for _ in range(READER_BUFFERS)]
                 with self.session:
-                    self._registered += [self.session.drv.register_host_memory(b) for b in pool]
+                    outcomes = [(b, self.session.pin(b)) for b in pool]
+                self._registered += [b for b, why in outcomes if why is None]
+                failed = next((why for _, why in outcomes if why), None)
+                if failed:  # frames then arrive in the reader's own arrays and take the fallback copy
+                    self.pin_failed, pool = failed, []
                 self._pools[(height, width)] = pool
             return pool
 
@@ -228,8 +233,8 @@ class CudaPreprocessor(Preprocessor):
             if self._staging is not None:
                 self._staging.free()
             with self._pool_lock:
-                for registered in self._registered:
-                    registered.base.unregister()  # the buffers stay valid NumPy memory, no longer page-locked
+                for buffer in self._registered:
+                    self.session.unpin(buffer)  # the buffers stay valid NumPy memory, no longer page-locked
                 self._registered, self._pools = [], {}
             self._output.free()
             self._start = self._end = self._module = None

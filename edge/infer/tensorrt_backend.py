@@ -28,7 +28,7 @@ import numpy as np
 from edge.errors import EdgeError, first_line
 from edge.infer.backend import Backend
 from edge.infer.cuda_preprocess import DeviceTensor
-from edge.infer.cuda_session import CudaSession
+from edge.infer.cuda_session import CudaSession, driver_library
 from edge.infer.postprocess import check_first_output
 from edge.infer.tensorrt_batch import BatchRunner, batch_runner
 from edge.infer.tensorrt_runner import EngineRunner, require_tensorrt
@@ -44,7 +44,7 @@ class _GraphApi:
     CAPTURE_THREAD_LOCAL = 1
 
     def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib = driver_library()
         vp = ctypes.c_void_p
         for name, args in (("cuStreamBeginCapture_v2", [vp, ctypes.c_int]),
                            ("cuStreamEndCapture", [vp, ctypes.POINTER(vp)]),

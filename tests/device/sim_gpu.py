@@ -177,19 +177,20 @@ class Sim:
         def pagelocked_empty(shape: Sequence[int], dtype: Any, order: str = "C", mem_flags: int = 0) -> np.ndarray:
             return np.ndarray(shape, dtype, buffer=Allocation(int(np.prod(shape)) * np.dtype(dtype).itemsize))
 
-        class Registered:  # pycuda's RegisteredHostMemory: the base of what register_host_memory returns
-            def __init__(self, ary: np.ndarray) -> None:
-                assert sim.stack, "register without a current context"
-                assert ary.ctypes.data % 4096 == 0, "cuMemHostRegister wants page-aligned memory here"
-                self.address = ary.ctypes.data
-                sim.registered.add(self.address)
+        def host_register(address: ctypes.c_void_p, size: ctypes.c_size_t, flags: ctypes.c_uint) -> int:
+            assert sim.stack, "register without a current context"
+            assert address.value % 4096 == 0, "cuMemHostRegister wants page-aligned memory here"
+            sim.registered.add(address.value)
+            return 0
 
-            def unregister(self) -> None:
-                assert sim.stack, "unregister without a current context"
-                sim.registered.remove(self.address)
+        def host_unregister(address: ctypes.c_void_p) -> int:
+            assert sim.stack, "unregister without a current context"
+            sim.registered.remove(address.value)
+            return 0
 
-        def register_host_memory(ary: np.ndarray, flags: int = 0) -> Any:
-            return types.SimpleNamespace(base=Registered(ary))
+        # libcuda's entry points the code calls through ctypes (edge.infer.cuda_session.driver_library)
+        self.driver_library = types.SimpleNamespace(cuMemHostRegister_v2=host_register,
+                                                    cuMemHostUnregister=host_unregister)
 
         def memcpy(dst: int, src: int, size: int) -> None:
             assert sim.stack, "copy without a current context"
@@ -207,7 +208,6 @@ class Sim:
         drv.module_from_buffer = Module
         drv.mem_alloc = Allocation
         drv.pagelocked_empty = pagelocked_empty
-        drv.register_host_memory = register_host_memory
         drv.memcpy_htod_async = lambda dst, src, stream=None: memcpy(int(dst), src.ctypes.data, src.nbytes)
         drv.memcpy_dtoh_async = lambda dst, src, stream=None: memcpy(dst.ctypes.data, int(src), dst.nbytes)
         drv.memcpy_dtod_async = lambda dst, src, size, stream=None: memcpy(int(dst), int(src), size)

@@ -50,6 +50,7 @@ def install(monkeypatch: pytest.MonkeyPatch, sim: sim_gpu.Sim, trt: Any = None) 
     for name, module in (("pycuda", pycuda), ("pycuda.driver", sim.driver), ("tensorrt", trt)):
         if module is not None:
             monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr("edge.infer.cuda_session.driver_library", lambda: sim.driver_library)
 
 
 @pytest.fixture(params=[True, False], ids=["integrated", "discrete"])
@@ -504,3 +505,20 @@ def test_the_fallback_copy_in_bands_is_the_whole_frame(height: int, width: int) 
         dst = np.zeros((height, width, 3), np.uint8)
         copy_frame(dst, src)
         assert np.array_equal(dst, src)
+
+
+def test_memory_the_driver_will_not_pin_leaves_frames_on_the_fallback_copy(sim: sim_gpu.Sim,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuMemHostRegister refused (a driver or board that cannot register host memory): no staging buffers, so the
+    reader reads into its own arrays and every frame takes the fallback copy; the reason is kept."""
+    from edge.infer.cuda_preprocess import CudaPreprocessor
+
+    monkeypatch.setattr(sim.driver_library, "cuMemHostRegister_v2", lambda address, size, flags: 801)
+    owner = session()
+    pre = CudaPreprocessor(PreprocessConfig(), owner)
+    assert pre.staging_buffers(720, 1280) == [] and pre.pin_failed == "cuMemHostRegister failed with CUDA error 801"
+    f = frame(720, 1280)
+    np.testing.assert_allclose(pre(f).download(), CpuPreprocessor(PreprocessConfig())(f), atol=2e-5)
+    assert pre.copied == 1
+    pre.close()
+    owner.release()
