@@ -7,6 +7,7 @@ one line and exit code 2. Defaults make an empty file (or no file) a working con
 """
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -16,7 +17,7 @@ import yaml
 from edge.errors import EdgeError
 from edge.fields import APPLY, OFFLINE, build, example, section, setting, show, validate
 from edge.inputs import read_text
-from edge.uri import parse_source
+from edge.uri import parse_source, redact
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -209,14 +210,33 @@ def check_preprocess(pre: PreprocessConfig, where: str) -> None:
 
 
 def check_sources(cameras: List[CameraConfig], where: str) -> None:
+    """Each camera's declared checks; no name twice, and no device, stream or file twice (synthetic may repeat)."""
     if len(cameras) > MAX_CAMERAS:
         raise EdgeError("{}: 'sources' lists {} cameras, at most {}".format(where, len(cameras), MAX_CAMERAS))
-    seen = set()
+    names: Dict[str, int] = {}
+    opened: Dict[Any, int] = {}
     for i, camera in enumerate(cameras):
         validate(camera, where, "sources[{}].".format(i))
-        if camera.name in seen:
+        if camera.name in names:
             raise EdgeError("{}: 'sources[{}].name' {} names another camera too".format(where, i, show(camera.name)))
-        seen.add(camera.name)
+        names[camera.name] = i
+        same = _opens(camera.uri)
+        if same in opened:
+            raise EdgeError("{}: 'sources[{}].uri' {} is also 'sources[{}].uri': one camera, opened once".format(
+                where, i, show(redact(camera.uri)), opened[same]))
+        if same is not None:
+            opened[same] = i
+
+
+def _opens(uri: str) -> Any:
+    """What opening `uri` takes hold of (/dev/video0 and v4l2://0 are one device), or None for synthetic frames."""
+    resource = parse_source(uri)
+    if resource.protocol == "synthetic":
+        return None
+    if resource.protocol == "file":
+        return "file", os.path.normpath(resource.location)
+    return resource.protocol, resource.location, resource.port, resource.device, \
+        resource.text if resource.protocol == "rtsp" else ""
 
 
 def cameras(cfg: Config) -> List[CameraConfig]:
@@ -315,15 +335,28 @@ def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where:
                 raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, ".".join(parts[:i + 1]),
                                                                               show(node)))
         node[parts[-1]] = value
-    cameras = data.get("sources")
-    if isinstance(cameras, list) and isinstance(data.get("source") or {}, dict):
-        data["sources"] = [dict(data.get("source") or {}, **c) if isinstance(c, dict) else c for c in cameras]
+    data["sources"] = _with_source(data, where)
     cfg = build(Config, data, where)
     validate(cfg, where)
     check_sources(cfg.sources, where)
     check_preprocess(cfg.preprocess, where)
     cfg.path = path
     return cfg
+
+
+def _with_source(data: Dict[str, Any], where: str) -> Any:
+    """`sources` with each camera's left-out keys taken from `source`; a key that is no name (`1:`, `null:`) is
+    refused naming its camera."""
+    cameras, source = data.get("sources", []), data.get("source") or {}
+    if not isinstance(cameras, list) or not isinstance(source, dict):
+        return cameras  # build() names the wrong type
+    for i, camera in enumerate(cameras):
+        bad = [key for key in camera if not isinstance(key, str)] if isinstance(camera, dict) else []
+        if bad:
+            raise EdgeError("{}: 'sources[{}]' has a key that is not a name: {} (expected: {})".format(
+                where, i, "null" if bad[0] is None else show(bad[0]),
+                ", ".join(f.name for f in dataclasses.fields(CameraConfig))))
+    return [dict(source, **c) if isinstance(c, dict) else c for c in cameras]
 
 
 def example_yaml() -> str:
