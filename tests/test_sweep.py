@@ -116,6 +116,9 @@ def test_compare_flags_a_cell_that_got_worse():
     (["--fps", "nan"], ["--fps"]),
     (["--windows", "4", "--max-windows", "3"], ["--windows"]),
     (["--json", "same.out", "--csv", "same.out"], ["different files"]),
+    (["--plot", "sw.png", "--csv", "./sw.png"], ["different files", "./sw.png"]),  # one file, two spellings
+    (["--batch", ","], ["--batch", "got none"]),
+    (["--seed", "-1"], ["--seed"]),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, monkeypatch, args, names):
     monkeypatch.chdir(tmp_path)
@@ -143,3 +146,64 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only():
         bar.step("2 cameras x batch 2")
         bar.close()
         assert ("\r[#######" in stream.getvalue()) == drawn and ("1/4 windows" in stream.getvalue()) == drawn
+
+
+@pytest.mark.parametrize("cell, names", [
+    ({"streams": 1, "batch": 1, "p99_ms": [1, 2]}, ["cells[0].p99_ms", "[1, 2]"]),
+    ({"streams": 1, "batch": 1, "goodput_fps": {"a": 1}}, ["cells[0].goodput_fps"]),
+    ({"streams": [1], "batch": 1}, ["cells[0].streams"]),
+    ({"streams": 1, "batch": True}, ["cells[0].batch"]),
+    ([1, 2], ["cells[0]", "mapping"]),
+])
+def test_a_previous_sweep_is_checked_cell_by_cell_before_any_cell_runs(tmp_path, monkeypatch, cell, names):
+    """The cells of --compare are read at the end: a list or object where a number belongs was a traceback after
+    the whole sweep, and no JSON or CSV. The model is missing here: the check comes first."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.json").write_text(json.dumps({"schema_version": 1, "cells": [cell]}), encoding="utf-8")
+    proc = edge_here("sweep", "--model", tmp_path / "none.onnx", "--compare", "old.json", "--plot", "")
+    assert_refused(proc, "old.json", *names)
+    assert not (tmp_path / "sweep.json").exists()
+
+
+def test_an_output_that_fails_at_write_time_costs_no_other(tmp_path):
+    """The JSON is written first; a figure that fails only when written (/proc/x.png; a disk filling during a long
+    sweep) is named, and the JSON and CSV are kept, the JSON saying the figure is missing."""
+    from edge.bench.sweep_options import SweepOptions
+    from edge.bench.sweep_run import write_outputs
+
+    cells = [cell_figures([window(60, 10)] * 3, streams=2, batch=2, fps=30.0, budget_ms=30.0, stable=True,
+                          all_windows=3)]
+    settings = {"budget_ms": 30.0, "drop_budget_pct": 0.1, "load": "open", "fps": 30.0}
+    report = build_report(cells, settings, {}, {})
+    options = SweepOptions(json=str(tmp_path / "s.json"), csv=str(tmp_path / "s.csv"), plot="/proc/x.png")
+    write_outputs(report, options)
+    assert len(report["output_errors"]) == 1 and report["output_errors"][0].startswith("figure /proc/x.png")
+    saved = json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
+    assert saved["output_errors"] == report["output_errors"] and saved["figure"] is None
+    assert len(list(csv.DictReader(open(str(tmp_path / "s.csv"), encoding="utf-8")))) == 1
+
+
+def test_check_and_sweep_share_one_regression_declaration():
+    from edge.bench.check import CheckOptions
+    from edge.bench.sweep_options import SweepOptions
+    from edge.fields import leaves
+
+    shared = ("regression_pct", "regression_ms")
+    sweep, check = ({d: f for d, f, _ in leaves(cls) if d in shared} for cls in (SweepOptions, CheckOptions))
+    assert all(sweep[d] is check[d] for d in shared)  # one declaration, one default
+    assert SweepOptions().regression_ms == CheckOptions().regression_ms == 0.2
+
+
+def test_the_sweep_options_the_command_line_gives_are_the_declared_ones():
+    import argparse
+
+    from edge.bench.sweep_options import SweepOptions
+    from edge.cli import sweep
+    from edge.fields import as_argv, options_from
+
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser)
+    assert options_from(parser.parse_args([]), SweepOptions) == SweepOptions()
+    wanted = SweepOptions(batch=[1, 8], streams=[3], load="closed", fail_on_regression=True, compare="old.json",
+                          plot="", seed=7, regression_ms=0.0)
+    assert options_from(parser.parse_args(as_argv(wanted)), SweepOptions) == wanted

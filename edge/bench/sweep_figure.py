@@ -15,7 +15,7 @@ FIGURE_DPI = 100
 STAGE_COLOURS = ("#c8c8c8", "#dd8452", "#4c72b0", "#55a868")
 
 
-def plot(path: str, report: Dict[str, Any]) -> Dict[str, Any]:
+def plot(path: str, report: Dict[str, Any]) -> None:
     require("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -39,6 +39,10 @@ def plot(path: str, report: Dict[str, Any]) -> Dict[str, Any]:
     _stages(fig.add_subplot(grid[1, 0]), best, s["budget_ms"])
     _batches(fig.add_subplot(grid[1, 1]), best)
     atomic_write(path, lambda fh: fig.savefig(fh, dpi=FIGURE_DPI, format="png"), "figure")
+
+
+def figure_facts(path: str) -> Dict[str, Any]:
+    """What the report says of the figure `plot` writes to `path`."""
     return {"path": path, "width_px": int(FIGURE_SIZE_IN[0] * FIGURE_DPI),
             "height_px": int(FIGURE_SIZE_IN[1] * FIGURE_DPI)}
 

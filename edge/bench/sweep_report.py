@@ -18,6 +18,7 @@ import numpy as np
 
 from edge import __version__
 from edge.errors import EdgeError
+from edge.fields import show
 from edge.inputs import load_json
 
 SCHEMA_VERSION = 1
@@ -159,7 +160,7 @@ def build_report(cells: List[Dict[str, Any]], settings: Dict[str, Any], facts: D
         "knee": None if best is None else {"streams": best["streams"], "batch": best["batch"]},
         "max_cameras_within_budget": cameras, "left_out": reasons,
         "settings": settings, "facts": facts, "system": system, "cells": cells, "comparison": None,
-        "figure": None,
+        "figure": None, "output_errors": [],
     }
 
 
@@ -212,13 +213,30 @@ def to_csv(report: Dict[str, Any]) -> str:
     return out.getvalue()
 
 
+COMPARED = ("goodput_fps", "p99_ms")  # what `compare` reads of a previous cell, beside its streams and batch
+
+
 def load_previous(path: str) -> Dict[str, Any]:
+    """A previous sweep, every cell `compare` reads checked here, before any cell runs: one line naming the cell and
+    key, never a traceback after the sweep."""
     data = load_json(path, "previous sweep")
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise EdgeError("{}: not an edge sweep report (no 'cells')".format(path))
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise EdgeError("{}: schema_version {!r}, this edge sweep reads {}".format(
-            path, data.get("schema_version"), SCHEMA_VERSION))
+        raise EdgeError("{}: schema_version {}, this edge sweep reads {}".format(
+            path, show(data.get("schema_version")), SCHEMA_VERSION))
+    for i, cell in enumerate(data["cells"]):
+        if not isinstance(cell, dict):
+            raise EdgeError("{}: 'cells[{}]' must be a mapping, got {}".format(path, i, show(cell)))
+        for key in ("streams", "batch"):
+            value = cell.get(key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise EdgeError("{}: 'cells[{}].{}' must be a whole number, got {}".format(path, i, key, show(value)))
+        for key in COMPARED:
+            value = cell.get(key)
+            if value is not None and _number(value) is None:
+                raise EdgeError("{}: 'cells[{}].{}' must be a finite number or null, got {}".format(
+                    path, i, key, show(value)))
     return data
 
 
@@ -239,7 +257,7 @@ def compare(cells: List[Dict[str, Any]], previous: Dict[str, Any], path: str, pc
         if old is None:
             continue
         row = {"streams": c["streams"], "batch": c["batch"]}
-        for key in ("goodput_fps", "p99_ms"):
+        for key in COMPARED:
             was, now = _number(old.get(key)), _number(c[key])
             row[key] = {"previous": was, "current": now}
             if was is None or now is None or was <= 0:

@@ -4,7 +4,6 @@ interleaved round by round until each cell's last windows agree; then the report
 the figure (edge/bench/sweep_figure.py), the CSV and the JSON.
 """
 
-import argparse
 import io
 import random
 import sys
@@ -13,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from edge.bench.sweep_options import SweepOptions, check_sweep
 from edge.bench.sweep_report import (
     Window,
     agree,
@@ -24,7 +24,7 @@ from edge.bench.sweep_report import (
     to_csv,
 )
 from edge.config import Config, with_overrides
-from edge.errors import EdgeError
+from edge.errors import EdgeError, first_line
 from edge.infer.pipeline import Result, Sink
 from edge.sources.capture import Capture, SyntheticCapture
 from edge.store.fileio import atomic_write, write_json_atomic
@@ -183,7 +183,7 @@ class Progress:
             self.stream.flush()
 
 
-def sweep_cells(cfg: Config, stages: Any, cells: List[Tuple[int, int]], options: argparse.Namespace,
+def sweep_cells(cfg: Config, stages: Any, cells: List[Tuple[int, int]], options: SweepOptions,
                 progress: Progress) -> List[Dict[str, Any]]:
     """Every cell's windows, round by round, until each agrees or has --max-windows; their figures."""
     frames = synthetic_frames(cfg)
@@ -221,13 +221,14 @@ def synthetic_frames(cfg: Config) -> List[np.ndarray]:
     return capture.frames
 
 
-def run_sweep(cfg: Config, options: argparse.Namespace, out: Callable[[str], None] = print,
+def run_sweep(cfg: Config, options: SweepOptions, out: Callable[[str], None] = print,
               progress_stream: Any = None) -> Dict[str, Any]:
     """The sweep `options` describe with config `cfg`; returns the report (its verdict in report['verdict'])."""
     from edge.board import clock_state, system_info
     from edge.infer.stages import build_stages
 
-    previous = load_previous(options.compare) if options.compare else None
+    check_sweep(options)
+    previous = load_previous(options.compare) if options.compare else None  # refused before any cell runs
     cfg = with_overrides(cfg, {"runtime.latency_window": max(cfg.runtime.latency_window, 100000)})
     stages = build_stages(cfg)
     try:
@@ -260,13 +261,26 @@ def run_sweep(cfg: Config, options: argparse.Namespace, out: Callable[[str], Non
     return report
 
 
-def write_outputs(report: Dict[str, Any], options: argparse.Namespace) -> None:
-    if options.plot:
-        from edge.bench.sweep_figure import plot
+def write_outputs(report: Dict[str, Any], options: SweepOptions) -> None:
+    """The JSON report first, then the CSV and the figure: an output that fails (a full disk, /proc/x.png) is named
+    in report['output_errors'] (and the JSON written again to say so) without costing the others."""
+    from edge.bench.sweep_figure import figure_facts, plot
 
-        report["figure"] = plot(options.plot, report)
-    if options.csv:
-        text = to_csv(report)
-        atomic_write(options.csv, lambda fh: fh.write(text.encode("utf-8")), "CSV")
-    if options.json:
-        write_json_atomic(options.json, report, "JSON report")
+    if options.plot:
+        report["figure"] = figure_facts(options.plot)
+    writers = {"JSON report": lambda path: write_json_atomic(path, report, "JSON report"),
+               "CSV": lambda path: atomic_write(path, lambda fh: fh.write(to_csv(report).encode("utf-8")), "CSV"),
+               "figure": lambda path: plot(path, report)}
+    failed = report["output_errors"] = []
+    for path, what in options.outputs():
+        try:
+            writers[what](path)
+        except Exception as exc:  # any output's failure is reported; the others are kept
+            failed.append("{} {}: not written: {}".format(what, path, first_line(exc)))
+    if failed and options.json and not failed[0].startswith("JSON report"):
+        if options.plot and any(f.startswith("figure") for f in failed):
+            report["figure"] = None
+        try:
+            write_json_atomic(options.json, report, "JSON report")
+        except Exception as exc:  # the first JSON stands
+            failed.append("JSON report {}: not updated: {}".format(options.json, first_line(exc)))
