@@ -113,6 +113,14 @@ def test_synthetic_cameras_may_repeat(tmp_path):
     assert [c.uri for c in load_config(str(path)).sources] == ["synthetic", "synthetic"]
 
 
+@pytest.mark.parametrize("command", ["run", "check", "demo", "doctor"])
+def test_source_flag_with_a_config_that_lists_cameras_is_refused(tmp_path, command):
+    """`sources:` is what these commands serve; --source would have been ignored without a word."""
+    path = tmp_path / "multi.yaml"
+    path.write_text("sources:\n  - {name: a}\n  - {name: b}\n", encoding="utf-8")
+    assert_refused(edge_here(command, "--config", path, "--source", "x.mp4"), "--source", str(path), "2 cameras")
+
+
 def test_cli_missing_config_file(tmp_path):
     assert_refused(edge_here("run", "--config", tmp_path / "nope.yaml"), "nope.yaml: config file not found")
 
