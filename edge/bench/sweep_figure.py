@@ -26,7 +26,7 @@ def plot(path: str, report: Dict[str, Any]) -> None:
     cells, s = report["cells"], report["settings"]
     passed = report["verdict"] == "pass"
     fig.suptitle("edge sweep: {} - {}".format(report["verdict"].upper(), report["verdict_reason"]), fontsize=12,
-                 color="#1a7f37" if passed else "#cf222e", y=0.975)
+                 color="#1a7f37" if passed else "#9a6700" if report["verdict"] == "unsettled" else "#cf222e", y=0.975)
     facts = report["facts"]
     fig.text(0.5, 0.925, "{} {} {} - {} load, {} - budget {:g} ms (p99 end to end), drops <= {:g}% - {}".format(
         facts.get("backend", "?"), facts.get("precision", "?"), facts.get("model", "?").rsplit("/", 1)[-1],

@@ -5,6 +5,7 @@ the figure (edge/bench/sweep_figure.py), the CSV and the JSON.
 """
 
 import io
+import os
 import random
 import sys
 import time
@@ -60,6 +61,35 @@ class SweepCamera(Capture):
         return self.frames[len(self.reads) % len(self.frames)]
 
 
+class PeakMemory:
+    """The process's peak resident memory over a stretch of time: Linux's high-water mark (VmHWM), reset at the
+    start by writing 5 to /proc/self/clear_refs; where that cannot be done, the peak since the process started."""
+
+    def __init__(self, proc: str = "/proc/self"):
+        self.proc = proc
+
+    def reset(self) -> None:
+        try:
+            with open(os.path.join(self.proc, "clear_refs"), "w", encoding="utf-8") as fh:
+                fh.write("5")
+        except OSError:  # not Linux, or a kernel before 4.0: the lifetime peak it is
+            pass
+
+    def peak_mb(self) -> Optional[float]:
+        try:
+            with open(os.path.join(self.proc, "status"), encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024.0
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            import resource
+        except ImportError:
+            return None
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1024)
+
+
 class WindowSink(Sink):
     """Keeps what each timed frame of a window did; asks the loop to stop `seconds` after the first one."""
 
@@ -112,6 +142,8 @@ class WindowSink(Sink):
                 w.dropped += settled - len(served[name])
         w.cpu_s = time.process_time() - self.cpu0
         snap = self.results[-1].telemetry
+        if snap is not None:
+            w.ram_fraction = getattr(snap, "ram_fraction", None)  # a Jetson's (jtop) is the RAM CPU and GPU share
         if snap is not None and getattr(snap, "source", "") == "jtop":
             w.gpu_load, w.emc_mhz = getattr(snap, "gpu_load", None), getattr(snap, "emc_freq_mhz", None)
         return w
@@ -135,13 +167,19 @@ def open_window(cfg: Config, stages: Any, frames: List[np.ndarray], *, streams: 
     sink = WindowSink(seconds, stop, cameras)
     runtime = Runtime(window_cfg, [sink], JsonLog(stream=io.StringIO()),
                       capture_factory=lambda camera: cameras[getattr(camera, "name", "cam0")], stages=stages)
+    memory = PeakMemory()
+    memory.reset()
     run(runtime, stop)
-    return sink.finish()
+    window = sink.finish()
+    window.peak_rss_mb = memory.peak_mb()
+    return window
 
 
 def closed_window(stages: Any, image: np.ndarray, *, batch: int, seconds: float, budget_ms: float) -> Window:
     """One window of a closed-loop cell: batches of `batch` back to back, nothing waiting (engine capacity)."""
     w = Window(seconds)
+    memory = PeakMemory()
+    memory.reset()
     for _ in range(2):  # warm: the first runs of a size allocate
         stages.classify_batch([image] * batch, {})
     t0, cpu0 = time.monotonic(), time.process_time()
@@ -157,7 +195,7 @@ def closed_window(stages: Any, image: np.ndarray, *, batch: int, seconds: float,
             w.camera.append("closed")
             w.ok.append(stage_ms["end_to_end"] <= budget_ms)
     w.seconds, w.cpu_s = time.monotonic() - t0, time.process_time() - cpu0
-    w.produced = w.frames
+    w.produced, w.peak_rss_mb = w.frames, memory.peak_mb()
     return w
 
 
@@ -211,7 +249,8 @@ def sweep_cells(cfg: Config, stages: Any, cells: List[Tuple[int, int]], options:
         stable = agree(windows, options.windows, options.agree_pct)
         fps = options.fps if options.load == "open" else None
         out.append(cell_figures(windows[-options.windows:], streams=streams, batch=batch, fps=fps,
-                                budget_ms=cfg.runtime.budget_ms, stable=stable, all_windows=len(windows)))
+                                budget_ms=cfg.runtime.budget_ms, stable=stable, all_windows=len(windows),
+                                context_memory_mb=stages.facts().get("context_memory_mb")))
     return out
 
 

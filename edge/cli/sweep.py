@@ -9,9 +9,11 @@ measured from each frame's capture, so a late batch shows in every frame it dela
 
 Each cell runs in windows of --duration / --windows seconds, the cells interleaved round by round (a noisy machine
 hits them alike), until its last --windows windows agree within --agree-pct on throughput and p99, at most
---max-windows. The verdict is the knee (edge/bench/sweep_report.py): exit 0 when a stable cell meets the budget
-and the drop budget, 1 when none does, 2 when it could not run. Writes JSON, CSV and a PNG; `--compare old.json`
-flags cells whose goodput fell or whose p99 rose.
+--max-windows. The verdict is the knee (edge/bench/sweep_report.py): exit 0 when a cell meets the budget and the
+drop budget (UNSETTLED when none of those cells' windows agreed: the spread, and the --duration that would settle
+it), 1 when none does, 2 when it could not run. Each cell has its peak process RSS (and, with TensorRT, the engine
+contexts' device memory). Writes the JSON, then the CSV and a PNG; `--compare old.json` flags cells whose goodput
+fell or whose p99 rose.
 """
 
 import argparse
