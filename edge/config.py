@@ -62,6 +62,7 @@ class CameraConfig(SourceConfig):
     """One camera of `sources`: a name, and any `source` key (those left out are the `source` section's)."""
 
     name: str = setting("", "the camera in logs, reports and metrics", check=check_camera_name)
+    key: str = dataclasses.field(default="source", compare=False)  # its place in the file, for errors: sources[1]
 
 
 @dataclass
@@ -318,9 +319,7 @@ def _check_nodes(root: yaml.Node, path: str) -> None:
 
 def with_overrides(cfg: Config, overrides: Dict[str, Any]) -> Config:
     """A new, validated Config: `cfg` with dotted overrides applied. `cfg` itself is never changed."""
-    data = dataclasses.asdict(cfg)
-    data.pop("path", None)
-    return _from_data(data, overrides, cfg.path or "<defaults>", cfg.path)
+    return _from_data(as_dict(cfg), overrides, cfg.path or "<defaults>", cfg.path)
 
 
 def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where: str, path: Optional[str]) -> Config:
@@ -337,6 +336,8 @@ def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where:
         node[parts[-1]] = value
     data["sources"] = _with_source(data, where)
     cfg = build(Config, data, where)
+    for i, camera in enumerate(cfg.sources):
+        camera.key = "sources[{}]".format(i)
     validate(cfg, where)
     check_sources(cfg.sources, where)
     check_preprocess(cfg.preprocess, where)
@@ -365,7 +366,10 @@ def example_yaml() -> str:
 
 
 def as_dict(cfg: Config) -> Dict[str, Any]:
+    """The YAML keys of `cfg` (not where it was loaded from, nor each camera's place in the file)."""
     out = dataclasses.asdict(cfg)
     out.pop("path", None)
+    for camera in out["sources"]:
+        camera.pop("key", None)
     return out
 

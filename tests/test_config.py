@@ -121,6 +121,16 @@ def test_source_flag_with_a_config_that_lists_cameras_is_refused(tmp_path, comma
     assert_refused(edge_here(command, "--config", path, "--source", "x.mp4"), "--source", str(path), "2 cameras")
 
 
+def test_a_cameras_error_names_its_key_in_the_file(tmp_path, small_model):
+    """The second camera's missing file is `sources[1].uri`, not `source.uri` (or a bare path)."""
+    path = tmp_path / "cameras.yaml"
+    path.write_text("sources:\n  - {name: a}\n  - {name: b, uri: %s}\n" % (tmp_path / "gone.mp4"), encoding="utf-8")
+    assert_refused(edge_here("run", "--config", path, "--model", small_model, "--frames", 1),
+                   "sources[1].uri", "gone.mp4: video file or image folder not found")
+    assert load_config(str(path)).sources[1].key == "sources[1]" and "key" not in as_dict(load_config(str(path)))[
+        "sources"][1]  # its place in the file is no YAML key
+
+
 def test_cli_missing_config_file(tmp_path):
     assert_refused(edge_here("run", "--config", tmp_path / "nope.yaml"), "nope.yaml: config file not found")
 

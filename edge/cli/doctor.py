@@ -286,12 +286,11 @@ def check_cameras(cfg: Config) -> Line:
     from edge.sources.source import open_capture
 
     served = cameras(cfg)
-    for i, camera in enumerate(served):
+    for camera in served:
         try:
             open_capture(camera)
-        except EdgeError as exc:
-            key = "sources[{}].uri ({})".format(i, camera.name) if cfg.sources else "source.uri"
-            return "FAIL", "cameras", "{}: {}".format(key, exc)
+        except EdgeError as exc:  # names the camera's key
+            return "FAIL", "cameras", str(exc) + (" (camera {})".format(camera.name) if cfg.sources else "")
     return "ok", "cameras", ", ".join("{} {}".format(c.name, redact(c.uri)) for c in served) if cfg.sources \
         else redact(cfg.source.uri)
 
