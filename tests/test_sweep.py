@@ -116,6 +116,8 @@ def test_windows_that_never_agree_give_an_unsettled_knee_with_the_duration_that_
     assert "30.0% apart" in report["verdict_reason"] and "--duration {:g}".format(expected) in \
         report["verdict_reason"]
     assert report["left_out"] == [] and report["max_cameras_within_budget"] == 4
+    hopeless = build_report([noisy(4, 1, 119)], dict(settings, agree_pct=0.01), {}, {})
+    assert "no --duration up to 86400 s would likely settle it" in hopeless["verdict_reason"]
     assert format_report(dict(report, settings=dict(settings, load="open", fps=30.0))).count("UNSETTLED") == 1
     assert "batches back to back" in format_report(dict(report, settings=dict(settings, load="closed", fps=None)))
     # a stable cell within the budgets is still preferred to a busier unstable one

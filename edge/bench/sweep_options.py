@@ -11,6 +11,8 @@ from edge.errors import EdgeError, require
 from edge.fields import check_options, setting
 from edge.store.fileio import check_output
 
+MAX_DURATION_S = 86400.0  # --duration's most
+
 
 def _not_empty(values: Any, label: str) -> None:
     if not values:
@@ -24,7 +26,7 @@ class SweepOptions(RegressionOptions):
     streams: List[int] = setting([1, 2, 4], "cameras per cell", low=1, high=MAX_CAMERAS, check=_not_empty,
                                  flag="--streams")
     fps: float = setting(30.0, "each camera's frame rate", low=0.01, high=1000.0, flag="--fps")
-    duration: float = setting(20.0, "seconds per cell, in --windows windows", low=0.1, high=86400.0,
+    duration: float = setting(20.0, "seconds per cell, in --windows windows", low=0.1, high=MAX_DURATION_S,
                               flag="--duration")
     windows: int = setting(3, "windows that must agree", low=1, high=1000, flag="--windows")
     max_windows: int = setting(6, "windows per cell at most", low=1, high=1000, flag="--max-windows")

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edge import __version__
+from edge.bench.sweep_options import MAX_DURATION_S
 from edge.errors import EdgeError
 from edge.fields import show
 from edge.inputs import load_json
@@ -170,6 +171,15 @@ def settle_s(cell: Dict[str, Any], settings: Dict[str, Any]) -> Optional[float]:
     return float(math.ceil(window_s * (spread / agree_pct) ** 2 * settings.get("windows", 1)))
 
 
+def _settle_note(duration_s: Optional[float]) -> str:
+    if duration_s is None:
+        return ""
+    if duration_s > MAX_DURATION_S:
+        return "; no --duration up to {:g} s would likely settle it: measure on a quieter machine".format(
+            MAX_DURATION_S)
+    return "; about --duration {:g} would settle it".format(duration_s)
+
+
 def build_report(cells: List[Dict[str, Any]], settings: Dict[str, Any], facts: Dict[str, Any],
                  system: Dict[str, Any]) -> Dict[str, Any]:
     budget, drop_budget = settings["budget_ms"], settings["drop_budget_pct"]
@@ -184,8 +194,7 @@ def build_report(cells: List[Dict[str, Any]], settings: Dict[str, Any], facts: D
             best["settle_duration_s"] = settle_s(best, settings)
             reason += "; its windows were {}% apart, not within {:g}% after {} windows{}".format(
                 best["window_spread_pct"], settings.get("agree_pct", 0), best["windows"],
-                "" if best["settle_duration_s"] is None else
-                "; about --duration {:g} would settle it".format(best["settle_duration_s"]))
+                _settle_note(best["settle_duration_s"]))
     return {
         "schema_version": SCHEMA_VERSION, "tool": "edge sweep " + __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
