@@ -195,7 +195,8 @@ def add_flags(parser: Any, cls: Any, *keys: str) -> None:
         text = "{} (default {})".format(meta["help"], _flag_value(default))
         text = ("{}: {}".format(dotted, text) if _config_key(dotted) else text).replace("%", "%%")
         if f.type is bool:
-            parser.add_argument(meta["flag"], dest=dotted, action="store_true", default=None, help=meta["help"])
+            parser.add_argument(meta["flag"], dest=dotted, action="store_true", default=None,
+                                help=meta["help"].replace("%", "%%"))
             continue
         item = f.type.__args__[0] if getattr(f.type, "__origin__", None) in (list, List) else None
         parser.add_argument(meta["flag"], dest=dotted, type=_comma_list(item) if item else f.type,
