@@ -45,7 +45,7 @@ def test_cpu_path_can_run(small_model: str, no_gpu: None, monkeypatch: pytest.Mo
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = status(proc.stdout)
     assert list(lines) == ["python", "numpy", "onnxrt", "tensorrt", "nvcc", "gpu", "kernel", "opencv", "argus", "jtop",
-                           "power", "model", "pipeline"]
+                           "power", "cameras", "model", "pipeline"]
     assert lines["python"] == lines["model"] == lines["pipeline"] == "ok"
     assert "FAIL" not in lines.values()
     assert re.search(r"^ok\s+pipeline\s+loads: backend onnxruntime, preprocess cpu \(model is not a \.engine",
@@ -67,6 +67,30 @@ def test_gpu_config_cannot_run_here(tmp_path, no_gpu) -> None:
                      proc.stdout, re.M)
     assert re.search(r"^FAIL\s+pipeline\s+backend.kind tensorrt is not available: ", proc.stdout, re.M)
     assert "edge doctor: the configured path cannot run (FAIL: tensorrt, gpu, kernel, model, pipeline)" in proc.stdout
+
+
+def test_every_configured_camera_is_checked(small_model: str, tmp_path) -> None:
+    """`sources:` is what `edge run` serves: a camera file that is missing fails doctor, naming its key (it passed
+    as "the configured path can run"); so does the one `source`."""
+    (tmp_path / "frames").mkdir()
+    config = tmp_path / "cameras.yaml"
+    config.write_text("sources:\n  - {name: a, uri: synthetic}\n  - {name: b, uri: %s}\n" % (tmp_path / "gone.mp4"),
+                      encoding="utf-8")
+    out: List[str] = []
+    code = _doctor_here(["--config", str(config), "--model", small_model], out)
+    assert code == 1 and "edge doctor: the configured path cannot run (FAIL: cameras)" in out[-1]
+    assert re.search(r"^FAIL\s+cameras\s+sources\[1\]\.uri .*gone.mp4: video file or image folder not found "
+                     r"\(camera b\)", "\n".join(out), re.M)
+    code = _doctor_here(["--model", small_model, "--source", str(tmp_path / "gone.mp4")], out)
+    assert code == 1 and re.search(r"^FAIL\s+cameras\s+source\.uri .*gone.mp4", "\n".join(out), re.M)
+
+
+def _doctor_here(argv: List[str], out: List[str]) -> int:
+    from edge.cli import doctor
+    from edge.cli.main import build_parser
+
+    del out[:]
+    return doctor.cmd_doctor(build_parser().parse_args(["doctor"] + argv), out=out.append)
 
 
 def test_bad_config_is_exit_2(tmp_path) -> None:

@@ -182,7 +182,7 @@ def test_software_pipelines_are_the_same_builders_with_software_elements():
     assert "! parsebin ! decodebin ! videoconvert ! " in rtsp_pipeline("rtsp://x", "auto", False, SOFTWARE)
     assert "! image/jpeg,width=640,height=480,framerate=15/1 ! jpegdec ! videoconvert ! " in usb_pipelines(
         "/dev/video0", 640, 480, 15, SOFTWARE)[0][1]
-    with pytest.raises(EdgeError, match=r"source.uri csi://0: a CSI camera needs a Jetson"):
+    with pytest.raises(EdgeError, match=r"^csi://0: a CSI camera needs a Jetson"):
         csi_pipeline(0, 640, 480, 15, SOFTWARE)
 
 
@@ -213,7 +213,7 @@ def test_the_uri_is_parsed_once_and_its_resource_reaches_the_camera_path(monkeyp
 
     parsed, seen = [], []
     real = sources.parse_source
-    monkeypatch.setattr(sources, "parse_source", lambda uri: parsed.append(uri) or real(uri))
+    monkeypatch.setattr(sources, "parse_source", lambda uri, field: parsed.append(uri) or real(uri, field))
     monkeypatch.setattr(sources, "camera_capture", lambda resource, cfg: seen.append(resource))
     open_capture(SourceConfig(uri="v4l2://57"))
     assert parsed == ["v4l2://57"] and [(r.protocol, r.location, r.device) for r in seen] == [

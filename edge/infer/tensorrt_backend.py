@@ -269,8 +269,17 @@ class TensorRTBackend(Backend):
             "tensorrt": trt.__version__,
             "gpu": self.session.gpu_name(),
             "cuda_graph": self.graph_status,
+            "context_memory_mb": self._context_memory_mb(),
             **({"engine_warning": "; ".join(self._warnings)} if self._warnings else {}),
         }
+
+    def _context_memory_mb(self) -> Optional[float]:
+        """The device memory the engine's execution contexts hold (one per batch size): on a Jetson, shared RAM."""
+        engine = self.runner.engine
+        if engine is None:
+            return None
+        contexts = 1 + (len(self.batch.contexts) if self.batch is not None else 0)
+        return round(engine.device_memory_size * contexts / 2 ** 20, 1)
 
     def close(self) -> None:
         """Free the CUDA graph, the events and the engine; safe to call twice. The session stays its owner's."""
