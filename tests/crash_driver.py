@@ -1,6 +1,6 @@
 """The real CLI, killed by SIGKILL right after its K-th filesystem step: `python crash_driver.py K KIND ARGS...`.
 
-KIND `rename` counts renames only (os.replace, os.rename, edge.store.fileio.exchange: the moments a set changes); `any`
+KIND `rename` counts renames only (os.replace, os.rename, edge.store.durable.exchange: the moments a set changes); `any`
 counts every step that changes the disk (renames, links, unlinks, folders, fsyncs), for kill points spread over
 the whole command. K = 0 never kills and prints on stderr how many steps the command took
 ("crash_driver: N steps"). With EDGE_TEST_NO_EXCHANGE=1 the filesystem seems to lack RENAME_EXCHANGE (the
@@ -26,11 +26,11 @@ def counted(fn):
     return step
 
 
-import edge.store.fileio  # noqa: E402  (patched before any command module imports its names)
+import edge.store.durable  # noqa: E402  (edge.store.versions calls durable.exchange through the module)
 
 if os.environ.get("EDGE_TEST_NO_EXCHANGE") == "1":
-    edge.store.fileio.exchange = lambda a, b: False
-edge.store.fileio.exchange = counted(edge.store.fileio.exchange)  # calibration sets swap through edge.store.fileio
+    edge.store.durable.exchange = lambda a, b: False
+edge.store.durable.exchange = counted(edge.store.durable.exchange)  # folders replaced in place swap through it
 for name in ("replace", "rename") + (("symlink", "link", "unlink", "mkdir", "fsync", "rmdir") if kind == "any" else ()):
     setattr(os, name, counted(getattr(os, name)))
 

@@ -22,7 +22,7 @@ from edge.model import engine_cache
 from edge.model.calibration import import_calibration_set, load_calibration_set
 from edge.model.plan import check_inputs
 from edge.store import artifact as af
-from edge.store.fileio import recover_dir
+from edge.store.versions import recover_folder
 
 from conftest import HERE, REPO
 
@@ -207,7 +207,7 @@ def test_calibrate_import_killed_at_any_moment_leaves_the_old_or_the_new_set(tmp
         for kind, k in kill_points("import" + no_exchange, *argv, env=env, prepare=prepare):
             prepare()
             killed(k, kind, *argv, env=env)
-            recover_dir(out)  # what the next import, capture or build does first
+            recover_folder(out)  # what the next import, capture or build does first
             assert load_calibration_set(out).sha256 in (old, new), (no_exchange, kind, k)
             assert debris(str(tmp_path)) == [], (no_exchange, kind, k)
             held += 1
