@@ -170,7 +170,7 @@ def recover_sets(job: RebuildJob, plan: BuildPlan, log: Log) -> None:
 
     match = next((p for p in left + [kept] if os.path.isdir(p) and sha(p) == recorded), None)
     if match is not None and (not os.path.exists(dest) or sha(dest) != recorded):
-        if match != kept:
+        if match != kept and os.path.lexists(dest):
             remove_path(kept)  # an older set: the one `dest` holds now becomes the previous
         replace_folder(match, dest, previous=kept)
         log("rebuild: {} holds the set {} records again (a rebuild was killed mid-install)".format(

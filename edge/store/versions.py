@@ -310,8 +310,8 @@ def collect(sets: str) -> List[str]:
     for number in kept:
         removed += [os.path.join(number, t) for t in sorted(os.listdir(os.path.join(sets, number)))
                     if t.startswith(".")]  # a link a killed rollback was about to flip
-    removed = [n for n in removed if not any(r == g or r.startswith(g + os.sep) for r in real
-                                             for g in [os.path.realpath(os.path.join(sets, n))])]
+    removed = [n for n in removed if os.path.islink(os.path.join(sets, n)) or not any(  # a link: only itself goes
+        r == g or r.startswith(g + os.sep) for r in real for g in [os.path.realpath(os.path.join(sets, n))])]
     for name in removed:
         remove_path(os.path.join(sets, name))
     return removed
