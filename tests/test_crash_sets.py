@@ -22,7 +22,7 @@ from edge.model import engine_cache
 from edge.model.calibration import import_calibration_set, load_calibration_set
 from edge.model.plan import check_inputs
 from edge.store import artifact as af
-from edge.store.versions import recover_folder
+from edge.store.versions import recover_folder, temp_prefix
 
 from conftest import HERE, REPO
 
@@ -242,8 +242,9 @@ def test_cache_fetch_killed_at_any_moment_installs_whole_or_nothing(tiny_classif
 
 
 def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_next(tmp_path):
-    """The rebuild installs the artifact, then swaps the captured set in (exchange, or two renames); killed in
-    between, its next run puts the set the installed artifact records back in build.calibration_dir."""
+    """The rebuild installs the artifact, then swaps the captured set in (edge.store.versions.replace_folder:
+    exchange, or the old set renamed aside first); killed in between, its next run puts the set the installed
+    artifact records in build.calibration_dir and the old one in `.previous`."""
     from types import SimpleNamespace
 
     from edge.config import with_overrides
@@ -254,7 +255,9 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
     job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
     artifact = str(tmp_path / "engines" / "m.int8.onnx")
     lines = []
-    for killed_at in ("between the two renames", "after the exchange", "before the swap"):
+    aside = os.path.join(str(tmp_path), temp_prefix(cal, "old") + "0123456789abcdef")  # replace_folder's, no exchange
+    for killed_at in ("between the two renames", "after the exchange", "before the swap", "with the old set aside",
+                      "after the new set landed, the old one aside"):
         shutil.rmtree(str(tmp_path / "engines"), ignore_errors=True)
         for path in (cal, staged, job.previous_set):
             shutil.rmtree(path, ignore_errors=True)
@@ -273,7 +276,13 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
             os.rename(cal, cal + ".x")
             os.rename(staged, cal)
             os.rename(cal + ".x", staged)
+        elif killed_at.endswith("aside"):
+            os.mkdir(aside)
+            os.rename(cal, os.path.join(aside, "set"))
+            if killed_at.startswith("after the new set landed"):
+                os.rename(staged, cal)
         recover_sets(job, SimpleNamespace(artifact=artifact), lines.append)
         assert load_calibration_set(cal).sha256 == new, killed_at
         assert load_calibration_set(job.previous_set).sha256 == old, killed_at
-        assert sorted(n for n in os.listdir(str(tmp_path)) if n.startswith("cal")) == ["cal", "cal.previous"]
+        assert sorted(n for n in os.listdir(str(tmp_path)) if n.lstrip(".").startswith("cal")) == \
+            ["cal", "cal.previous"], killed_at

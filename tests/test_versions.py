@@ -74,25 +74,22 @@ def refused_in_one_line(act, *names):
 SPELLINGS = ("0002/", "./0002", "ABSOLUTE", "current", "LOOP")  # LOOP: current -> loop -> current
 
 
-def test_a_current_link_the_store_did_not_write_is_refused_and_nothing_is_removed(tiny_classifiers, tmp_path):
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_current_link_the_store_did_not_write_is_refused_and_nothing_is_removed(tiny_classifiers, tmp_path,
+                                                                                  spelling):
     """`ln -sfn 0002/ current` (tab completion) was served, then the next writer removed both sets."""
-    held = 0
-    for n, spelling in enumerate(SPELLINGS):
-        dest, sets = two_sets(tmp_path / str(n), tiny_classifiers)
-        current = os.path.join(sets, "current")
-        target = {"ABSOLUTE": os.path.join(sets, "0002"), "LOOP": "loop"}.get(spelling, spelling)
-        if spelling == "LOOP":
-            os.symlink("current", os.path.join(sets, "loop"))
-        relink(current, target)
-        before = tree(tmp_path / str(n))
-        refused_in_one_line(lambda: af.read_set(dest), current)  # a reader: served before
-        refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), current)
-        refused_in_one_line(lambda: af.rollback(dest, log=quiet), current)
-        refused_in_one_line(lambda: af.writable_set(dest, "artifact"), current)  # a build's preflight
-        assert_refused(run_edge("rollback", "--artifact", dest), current)
-        assert tree(tmp_path / str(n)) == before, spelling  # nothing removed, nothing written
-        held += 1
-    assert held == len(SPELLINGS)
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    current = os.path.join(sets, "current")
+    if spelling == "LOOP":
+        os.symlink("current", os.path.join(sets, "loop"))
+    relink(current, {"ABSOLUTE": os.path.join(sets, "0002"), "LOOP": "loop"}.get(spelling, spelling))
+    before = tree(tmp_path)
+    refused_in_one_line(lambda: af.read_set(dest), current)  # a reader: served before
+    refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), current)
+    refused_in_one_line(lambda: af.rollback(dest, log=quiet), current)
+    refused_in_one_line(lambda: af.writable_set(dest, "artifact"), current)  # a build's preflight
+    assert_refused(run_edge("rollback", "--artifact", dest), current)
+    assert tree(tmp_path) == before  # nothing removed, nothing written
 
 
 def test_a_previous_link_the_store_did_not_write_is_refused_and_nothing_is_removed(tiny_classifiers, tmp_path):
