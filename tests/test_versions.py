@@ -119,6 +119,22 @@ def test_a_flat_copy_beside_a_foreign_link_never_costs_the_sets_folder(tiny_clas
     assert tree(tmp_path) == before
 
 
+def test_a_copy_that_resolved_the_links_migrates_as_its_plain_files(tiny_classifiers, tmp_path):
+    dest, _ = two_sets(tmp_path / "a", tiny_classifiers)
+    shutil.copytree(str(tmp_path / "a" / "engines"), str(tmp_path / "copy"))  # links followed: files and folders
+    copy = str(tmp_path / "copy" / "m.int8.onnx")
+    served = af.read_set(copy).labels
+    with af.writing(str(tmp_path / "copy"), "test"):
+        af.rollback(copy, log=quiet)
+        af.rollback(copy, log=quiet)
+    assert os.path.islink(copy) and af.read_set(copy).labels == served
+    shutil.copytree(str(tmp_path / "a" / "engines"), str(tmp_path / "copy2"))
+    with open(str(tmp_path / "copy2" / "m.int8.sets" / "current" / "m.int8.labels.txt"), "a", encoding="utf-8") as fh:
+        fh.write("edited\n")  # a resolved `current` that is not the files beside it: not the store's
+    refused_in_one_line(lambda: install(str(tmp_path / "copy2" / "m.int8.onnx"), tiny_classifiers[0], "c"),
+                        os.path.join(str(tmp_path / "copy2"), "m.int8.sets", "current"))
+
+
 def test_a_set_folder_that_is_a_symlink_loop_is_named_as_one(tiny_classifiers, tmp_path):
     dest, sets = two_sets(tmp_path, tiny_classifiers)
     shutil.rmtree(os.path.join(sets, "0002"))
@@ -246,6 +262,7 @@ def test_a_planted_lock_file_is_refused_naming_it(tiny_classifiers, tmp_path):
         pass
     os.chmod(lock, 0o644)  # readable by others: not the 0600 lock a writer makes
     assert_refused(run_edge("rollback", "--artifact", dest), lock, "mode 644")
+    assert os.path.isfile(lock)  # refused, not removed
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")

@@ -88,7 +88,20 @@ def check_names(dest: str, names: Sequence[str], what: Sequence[str]) -> None:
     sets = sets_dir(dest)
     if os.path.lexists(sets) and (os.path.islink(sets) or not os.path.isdir(sets)):
         raise EdgeError("{}: is not a folder (a symlink?); refusing to write through it (remove it)".format(sets))
-    previous_set(dest, current_set(dest))
+    if not _resolved_copy(dest, names):
+        previous_set(dest, current_set(dest))
+
+
+def _resolved_copy(dest: str, names: Sequence[str]) -> bool:
+    """True for a copy that resolved the links (cp -rL, scp -r, shutil.copytree): `current` a folder whose files
+    are byte for byte the plain files beside `dest`, so migrating those loses nothing."""
+    folder, current = os.path.dirname(os.path.abspath(dest)), os.path.join(sets_dir(dest), CURRENT)
+    if os.path.islink(current) or not os.path.isdir(current):
+        return False
+    present = [n for n in names if os.path.lexists(os.path.join(current, n))]
+    return bool(present) and all(os.path.isfile(os.path.join(folder, n)) and not os.path.islink(
+        os.path.join(folder, n)) and filecmp.cmp(os.path.join(folder, n), os.path.join(current, n), shallow=False)
+        for n in present)
 
 
 def commit(dest: str, files: Dict[str, str], *, keep_previous: bool) -> str:
@@ -172,12 +185,15 @@ def migrate(dest: str, names: Sequence[str]) -> bool:
     """Under the lock: today's flat layout at `dest` (its files, and a previous set in previous/) becomes two set
     folders and the links; every step leaves the same bytes at the same names, and a crash is finished by the
     next writer (sets a killed migration numbered but never flipped to are collected after the flip; a sets
-    folder is never removed whole). Returns True when there was something to migrate."""
+    folder is never removed whole). A copy that resolved the links migrates as the plain files it holds.
+    Returns True when there was something to migrate."""
     folder = os.path.dirname(os.path.abspath(dest))
     backup = os.path.join(folder, PREVIOUS)
     flat = [os.path.join(base, n) for base in (folder, backup) for n in names]
     if not any(os.path.isfile(p) and not os.path.islink(p) for p in flat):
         return False
+    if _resolved_copy(dest, names):
+        remove_path(os.path.join(sets_dir(dest), CURRENT))  # its bytes are the plain files migrated below
     if current_set(dest) is None:
 
         def files(base: str) -> Dict[str, str]:

@@ -165,13 +165,20 @@ def lock(folder: str, command: str) -> Iterator[None]:
                 del _held[key]
         return
     fd = _take(os.path.join(folder, LOCK), command)
-    _held[key] = [fd, 1]
     try:
+        _held[key] = [fd, 1]
         yield
     finally:
-        del _held[key]
-        remove_path(os.path.join(folder, LOCK))  # before the flock goes: a waiter that opened it takes a new one
-        os.close(fd)
+        _held.pop(key, None)
+        _release(os.path.join(folder, LOCK), fd)
+
+
+def _release(path: str, fd: int) -> None:
+    """Unlink the lock file while still holding it (a waiter that opened it takes a new one), then let it go."""
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.samestat(os.fstat(fd), os.lstat(path)):
+            os.unlink(path)
+    os.close(fd)
 
 
 def _take(path: str, command: str) -> int:
@@ -180,26 +187,46 @@ def _take(path: str, command: str) -> int:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as exc:
             raise EdgeError("{}: cannot take the lock ({})".format(path, exc.strerror)) from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            os.close(fd)
-            raise EdgeError("{}: a lock file of uid {} with mode {:o}, not this user's 0600 one; refusing it (remove "
-                            "it)".format(path, st.st_uid, stat.S_IMODE(st.st_mode)))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
-                os.close(fd)
-                raise EdgeError("{}: in use by another edge command (pid {}: a build, rebuild, rollback, cache fetch "
-                                "or export); {} waits for none: try again once it has ended".format(
-                                    os.path.dirname(path), holder, command)) from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.path.samestat(st, os.lstat(path)):  # not unlinked by its last holder meanwhile
-                os.ftruncate(fd, 0)
-                os.write(fd, "{}\n".format(os.getpid()).encode("ascii"))
+            if _locked(path, fd, command):
                 return fd
+        except EdgeError:
+            os.close(fd)
+            raise
+        except BaseException:  # a signal: the file goes, unless another writer holds it
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+            else:
+                _release(path, fd)
+            raise
         os.close(fd)
+
+
+def _locked(path: str, fd: int, command: str) -> bool:
+    """Take the flock on `fd` (the lock file at `path`): True, with this pid written in it, or False when its
+    last holder unlinked it meanwhile; held by another: one line naming its pid."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise EdgeError("{}: a lock file of uid {} with mode {:o}, not this user's 0600 one; refusing it (remove it)"
+                        .format(path, st.st_uid, stat.S_IMODE(st.st_mode)))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            raise EdgeError("{}: in use by another edge command (pid {}: a build, rebuild, rollback, cache fetch or "
+                            "export); {} waits for none: try again once it has ended".format(
+                                os.path.dirname(path), holder, command)) from None
+    try:
+        if not os.path.samestat(st, os.lstat(path)):
+            return False
+    except FileNotFoundError:
+        return False
+    os.ftruncate(fd, 0)
+    os.write(fd, "{}\n".format(os.getpid()).encode("ascii"))
+    return True
 
 
 def require_lock(folder: str) -> None:
