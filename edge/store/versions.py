@@ -12,11 +12,12 @@ Link-switched sets (artifact sets; fleet releases can adopt `flip`, `read_link`,
 A set folder is written complete under a temporary name, renamed to its number, then `current` is flipped: a crash
 at any instant leaves `current` naming a whole set, old or new. A rollback points the previous set's `previous`
 at the current set, then flips `current` to it. A reader resolves `current` once and reads every file from that
-folder (`resolve`). A link spelled otherwise than the store writes it (`0001/`, `./0001`, an absolute path, a loop)
-is refused in one line naming it, by readers and writers alike, before anything is removed; sets `current` no
-longer reaches are removed by the next writer, never one `current` or its previous resolves to (by real path).
-Today's flat layout (files at those names, previous/ a folder of files) is read as it is; the first writer turns
-it into sets (`migrate`), each step leaving the same bytes at the same names.
+folder (edge.store.layout.resolve: an artifact's names on these sets). A link spelled otherwise than the store
+writes it (`0001/`, `./0001`, an absolute path, a loop) is refused in one line naming it, by readers and writers
+alike, before anything is removed; sets `current` no longer reaches are removed by the next writer (`collect`),
+never one `current` or its previous resolves to (by real path). Today's flat layout (files at those names,
+previous/ a folder of files) is read as it is; the first writer turns it into sets (layout.migrate), each step
+leaving the same bytes at the same names.
 
 Folders replaced in place (calibration sets: a path users configure, ship and copy, read only by builds): the new
 folder is exchanged with the old one (renameat2), or, where the filesystem cannot, the old one is renamed into a
