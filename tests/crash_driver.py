@@ -5,7 +5,8 @@ counts every step that changes the disk (renames, links, unlinks, folders, fsync
 the whole command. K = 0 never kills and prints on stderr how many steps the command took
 ("crash_driver: N steps"). With EDGE_TEST_NO_EXCHANGE=1 the filesystem seems to lack RENAME_EXCHANGE (the
 two-rename path runs). The kill comes from the process itself, after the step returned: as a power cut there, with
-nothing flushed or cleaned up.
+nothing flushed or cleaned up. `replace-folder NEW DEST PREVIOUS` runs the rebuild's calibration-set swap alone
+(edge.store.versions.replace_folder), which no CLI command runs by itself.
 """
 
 import os
@@ -36,8 +37,17 @@ for name in ("replace", "rename") + (("symlink", "link", "unlink", "mkdir", "fsy
 
 from edge.cli.main import main  # noqa: E402
 
+
+def replace_folder(new, dest, previous):
+    """The rebuild's set swap alone (edge.model.rebuild.step_install_set, after the artifact's install)."""
+    from edge.store.versions import replace_folder
+
+    replace_folder(new, dest, previous=previous)
+    return 0
+
+
 try:
-    code = main(argv)
+    code = replace_folder(*argv[1:]) if argv[0] == "replace-folder" else main(argv)
 finally:
     print("crash_driver: {} steps".format(steps[0]), file=sys.stderr)
 sys.exit(code)

@@ -1,6 +1,7 @@
 """SIGKILL at chosen moments of every writer of a set (issue 32): rollback, the build's install, calibrate import and
-cache fetch, each the real CLI in its own process (tests/crash_driver.py) killed right after each of its renames
-and after a few seeded random steps of any kind. Afterwards a reader gets a whole set, old or new, never an
+cache fetch, each the real CLI in its own process (tests/crash_driver.py), and the rebuild's calibration-set swap
+(edge.store.versions.replace_folder, settled by the next rebuild's recover_sets), killed right after each of its
+renames and after a few seeded random steps of any kind. Afterwards a reader gets a whole set, old or new, never an
 artifact with another set's labels; what was installed with a previous one can still be rolled back (and back);
 and the next writer leaves no temporary file behind.
 
@@ -286,3 +287,45 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
         assert load_calibration_set(job.previous_set).sha256 == old, killed_at
         assert sorted(n for n in os.listdir(str(tmp_path)) if n.lstrip(".").startswith("cal")) == \
             ["cal", "cal.previous"], killed_at
+
+
+def test_the_rebuilds_set_swap_killed_at_any_moment_is_settled_by_the_next(tmp_path):
+    """The rebuild's swap (replace_folder with the old set kept as `.previous`) killed after each rename and at
+    seeded random steps, with and without RENAME_EXCHANGE: the next rebuild's `recover_sets` leaves the set the
+    installed artifact records in build.calibration_dir, the old one in `.previous`, and nothing else."""
+    from types import SimpleNamespace
+
+    from edge.config import with_overrides
+    from edge.model.rebuild import RebuildJob, recover_sets
+
+    raws = old_and_new_images(tmp_path)
+    work = tmp_path / "work"
+    cal, staged = str(work / "cal"), str(work / "cal.rebuild-20261201T000000Z")
+    job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
+    artifact = str(tmp_path / "engines" / "m.int8.onnx")
+    held = 0
+
+    def prepare():
+        shutil.rmtree(str(work), ignore_errors=True)
+        import_calibration_set(str(raws[0]), cal, 1, log=quiet)
+        import_calibration_set(str(raws[1]), staged, 1, log=quiet)
+
+    prepare()
+    old, new = load_calibration_set(cal).sha256, load_calibration_set(staged).sha256
+    staged_artifact = af.staging_path(artifact)
+    with open(staged_artifact, "wb") as fh:
+        fh.write(b"the rebuilt artifact")
+    af.install(artifact, artifact=staged_artifact, info={"trained": False, "calibration": {"sha256": new}}, log=quiet)
+    af.remove_quietly([staged_artifact])  # installed first: its model info records the captured set
+    for no_exchange in ("0", "1"):
+        env = {"EDGE_TEST_NO_EXCHANGE": no_exchange}
+        argv = ("replace-folder", staged, cal, job.previous_set)
+        for kind, k in kill_points("swap" + no_exchange, *argv, env=env, prepare=prepare):
+            prepare()
+            killed(k, kind, *argv, env=env)
+            recover_sets(job, SimpleNamespace(artifact=artifact), quiet)
+            assert load_calibration_set(cal).sha256 == new, (no_exchange, kind, k)
+            assert load_calibration_set(job.previous_set).sha256 == old, (no_exchange, kind, k)
+            assert sorted(os.listdir(str(work))) == ["cal", "cal.previous"], (no_exchange, kind, k)
+            held += 1
+    assert held >= 6
