@@ -92,6 +92,18 @@ def test_a_current_link_the_store_did_not_write_is_refused_and_nothing_is_remove
     assert tree(tmp_path) == before  # nothing removed, nothing written
 
 
+def test_doctor_no_longer_says_a_foreign_current_can_run(tiny_classifiers, tmp_path):
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {{path: {}}}\nsource: {{uri: synthetic}}\n".format(dest), encoding="utf-8")
+    current = os.path.join(sets, "current")
+    proc = run_edge("doctor", "--config", config)
+    assert current not in proc.stdout + proc.stderr, proc.stdout
+    relink(current, "0002/")  # served, and doctor said the path could run
+    proc = run_edge("doctor", "--config", config)
+    assert proc.returncode == 1 and current in proc.stdout + proc.stderr, proc.stdout
+
+
 def test_a_previous_link_the_store_did_not_write_is_refused_and_nothing_is_removed(tiny_classifiers, tmp_path):
     dest, sets = two_sets(tmp_path, tiny_classifiers)
     previous = os.path.join(sets, "0002", "previous")
