@@ -256,7 +256,7 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
     job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
     artifact = str(tmp_path / "engines" / "m.int8.onnx")
     lines = []
-    aside = os.path.join(str(tmp_path), temp_prefix(cal, "old") + "0123456789abcdef")  # replace_folder's, no exchange
+    aside = os.path.join(str(tmp_path), temp_prefix(cal, "keep") + "0123456789abcdef")  # a previous to keep
     for killed_at in ("between the two renames", "after the exchange", "before the swap", "with the old set aside",
                       "after the new set landed, the old one aside"):
         shutil.rmtree(str(tmp_path / "engines"), ignore_errors=True)
@@ -323,6 +323,7 @@ def test_the_rebuilds_set_swap_killed_at_any_moment_is_settled_by_the_next(tmp_p
         for kind, k in kill_points("swap" + no_exchange, *argv, env=env, prepare=prepare):
             prepare()
             killed(k, kind, *argv, env=env)
+            recover_folder(cal)  # a plain `edge build` first (what its check_inputs does): nothing of this is its own
             recover_sets(job, SimpleNamespace(artifact=artifact), quiet)
             assert load_calibration_set(cal).sha256 == new, (no_exchange, kind, k)
             assert load_calibration_set(job.previous_set).sha256 == old, (no_exchange, kind, k)

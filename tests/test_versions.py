@@ -227,19 +227,29 @@ def test_every_flip_and_rename_is_followed_by_an_fsync_of_its_folder(tiny_classi
     assert unsynced(events) == []
 
 
-def test_a_folder_left_aside_by_a_killed_writer_goes_back_or_becomes_the_previous(tmp_path):
+ASIDE = [  # (the aside's kind, `dest` there, `previous` given, where the old folder ends: a name or None)
+    ("old", False, False, "cal"), ("keep", False, True, "cal"),  # killed before the new one landed: it goes back
+    ("keep", True, True, "cal.previous"),  # after: kept as the previous its writer meant
+    ("keep", True, False, "aside"),  # ... left for that writer's own recovery (a plain build's does not know it)
+    ("old", True, True, None),  # a replaced folder its writer meant to drop (calibrate import)
+]
+
+
+@pytest.mark.parametrize("kind,dest_there,with_previous,ends", ASIDE)
+def test_a_folder_left_aside_by_a_killed_writer_is_settled_as_its_writer_meant(tmp_path, kind, dest_there,
+                                                                              with_previous, ends):
     cal, previous = str(tmp_path / "cal"), str(tmp_path / "cal.previous")
-    for dest_there, expected in ((False, "cal"), (True, "cal.previous")):
-        for path in (cal, previous):
-            shutil.rmtree(path, ignore_errors=True)
-        aside = os.path.join(str(tmp_path), versions.temp_prefix(cal, "old") + "0123456789abcdef")
-        os.makedirs(os.path.join(aside, "set"))
-        (tmp_path / os.path.relpath(aside, str(tmp_path)) / "set" / "x").write_text("old", encoding="utf-8")
-        if dest_there:
-            os.makedirs(cal)
-        lines = versions.recover_folder(cal, previous=previous)
-        assert (tmp_path / expected / "x").read_text(encoding="utf-8") == "old", lines
-        assert not os.path.lexists(aside)
+    aside = os.path.join(str(tmp_path), versions.temp_prefix(cal, kind) + "0123456789abcdef")
+    os.makedirs(os.path.join(aside, "set"))
+    with open(os.path.join(aside, "set", "x"), "w", encoding="utf-8") as fh:
+        fh.write("old")
+    if dest_there:
+        os.makedirs(cal)
+    versions.recover_folder(cal, previous=previous if with_previous else None)
+    found = [p for p in (cal, previous, os.path.join(aside, "set")) if os.path.isfile(os.path.join(p, "x"))]
+    assert found == ([] if ends is None else [os.path.join(aside, "set") if ends == "aside" else
+                                              str(tmp_path / ends)])
+    assert os.path.lexists(aside) == (ends == "aside")
 
 
 def test_the_lock_file_is_the_writers_own_and_a_refusal_names_its_holder(tiny_classifiers, tmp_path):

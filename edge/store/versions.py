@@ -88,21 +88,23 @@ def move(src: str, dest: str) -> None:
 
 
 def temp_prefix(dest: str, kind: str) -> str:
-    """The names a writer of the folder `dest` uses beside it ("tmp": the new folder, "old": the old one aside)."""
+    """The names a writer of the folder `dest` uses beside it ("tmp": the new folder; "old", "keep": the old one
+    aside, to drop or to keep as the previous)."""
     return ".{}.{}-".format(os.path.basename(dest)[:64], kind)  # short: the folder's own name may be 255 bytes
 
 
 def replace_folder(new: str, dest: str, *, previous: Optional[str] = None) -> None:
     """The folder `new` becomes `dest` in one step; the folder `dest` held goes to `previous` (absent) or is removed.
-    Exchanged where the filesystem can; else the old one is renamed into a held folder aside first (a crash then
-    leaves it there and `recover_folder` puts it back)."""
+    Exchanged where the filesystem can; else the old one is renamed into a held folder aside first, named for what
+    becomes of it (a crash then leaves it there and `recover_folder` settles it)."""
     if not os.path.lexists(dest):
         move(new, dest)
     elif durable.exchange(new, dest):
         fsync_path(os.path.dirname(os.path.abspath(dest)))
         _retire(new, previous)
     else:
-        aside = temp_name(os.path.dirname(os.path.abspath(dest)), temp_prefix(dest, "old"))
+        kind = "old" if previous is None else "keep"
+        aside = temp_name(os.path.dirname(os.path.abspath(dest)), temp_prefix(dest, kind))
         with held_folder(aside):
             move(dest, os.path.join(aside, "set"))
             try:
@@ -123,24 +125,26 @@ def _retire(old: str, previous: Optional[str]) -> None:
 
 def recover_folder(dest: str, *, previous: Optional[str] = None) -> List[str]:
     """What a killed `replace_folder` of `dest` left beside it: an old folder aside goes back to `dest` when it is
-    missing, else to `previous` (absent) or away; unfinished new folders are removed. Folders a living writer holds
-    are left alone. Returns what it did, one line each."""
+    missing; else one its writer meant to keep goes to `previous` (given and absent; not given: left for the
+    writer's own recovery), and one it meant to drop is removed, as are unfinished new folders. Folders a living
+    writer holds are left alone. Returns what it did, one line each."""
     dest = os.path.abspath(dest)
     parent, done = os.path.dirname(dest), []
     try:
         names = sorted(os.listdir(parent))
     except OSError:
         return done
-    for kind in ("old", "tmp"):  # an old folder first: it may be the only copy
+    for kind in ("keep", "old", "tmp"):  # an old folder first: it may be the only copy
         for name in (n for n in names if n.startswith(temp_prefix(dest, kind))):
             path, home = os.path.join(parent, name), dest
             if not is_abandoned(path):
                 continue
-            kept = os.path.join(path, "set")
-            if kind == "old" and os.path.lexists(dest):
-                home = previous if previous is not None and not os.path.lexists(previous) else ""
-            if kind == "old" and os.path.isdir(kept) and home:
-                move(kept, home)
+            if os.path.lexists(dest):
+                if kind == "keep" and previous is None:
+                    continue
+                home = previous if kind == "keep" and not os.path.lexists(previous or dest) else ""
+            if kind != "tmp" and os.path.isdir(os.path.join(path, "set")) and home:
+                move(os.path.join(path, "set"), home)
                 done.append("{}: restored from {} (a writer was killed between its renames)".format(home, name))
             remove_path(path)
             done.append("{}: removed (left by a killed writer)".format(path))
