@@ -5,8 +5,9 @@ counts every step that changes the disk (renames, links, unlinks, folders, fsync
 the whole command. K = 0 never kills and prints on stderr how many steps the command took
 ("crash_driver: N steps"). With EDGE_TEST_NO_EXCHANGE=1 the filesystem seems to lack RENAME_EXCHANGE (the
 two-rename path runs). The kill comes from the process itself, after the step returned: as a power cut there, with
-nothing flushed or cleaned up. `replace-folder NEW DEST PREVIOUS` runs the rebuild's calibration-set swap alone
-(edge.store.versions.replace_folder), which no CLI command runs by itself.
+nothing flushed or cleaned up. `install-set NEW DEST PREVIOUS` runs the rebuild's calibration-set swap alone
+(edge.store.versions.discard and replace_folder, as edge.model.rebuild.step_install_set), which no command runs
+by itself.
 """
 
 import os
@@ -38,16 +39,17 @@ for name in ("replace", "rename") + (("symlink", "link", "unlink", "mkdir", "fsy
 from edge.cli.main import main  # noqa: E402
 
 
-def replace_folder(new, dest, previous):
+def install_set(new, dest, previous):
     """The rebuild's set swap alone (edge.model.rebuild.step_install_set, after the artifact's install)."""
-    from edge.store.versions import replace_folder
+    from edge.store.versions import discard, replace_folder
 
+    discard(previous, dest)
     replace_folder(new, dest, previous=previous)
     return 0
 
 
 try:
-    code = replace_folder(*argv[1:]) if argv[0] == "replace-folder" else main(argv)
+    code = install_set(*argv[1:]) if argv[0] == "install-set" else main(argv)
 finally:
     print("crash_driver: {} steps".format(steps[0]), file=sys.stderr)
 sys.exit(code)

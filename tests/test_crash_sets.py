@@ -290,15 +290,20 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
 
 
 def test_the_rebuilds_set_swap_killed_at_any_moment_is_settled_by_the_next(tmp_path):
-    """The rebuild's swap (replace_folder with the old set kept as `.previous`) killed after each rename and at
-    seeded random steps, with and without RENAME_EXCHANGE: the next rebuild's `recover_sets` leaves the set the
-    installed artifact records in build.calibration_dir, the old one in `.previous`, and nothing else."""
+    """The rebuild's swap (an older `.previous` discarded, then replace_folder with the old set kept as
+    `.previous`) killed after each rename and at seeded random steps, with and without RENAME_EXCHANGE: the next
+    rebuild's `recover_sets` leaves the set the installed artifact records in build.calibration_dir, the old one in
+    `.previous`, and nothing else."""
     from types import SimpleNamespace
 
     from edge.config import with_overrides
     from edge.model.rebuild import RebuildJob, recover_sets
 
     raws = old_and_new_images(tmp_path)
+    older = tmp_path / "raw-older"  # the `.previous` of an earlier rebuild, replaced by this one
+    older.mkdir()
+    shipped = os.path.join(REPO, "calibration", "default")
+    shutil.copy(os.path.join(shipped, sorted(f for f in os.listdir(shipped) if f.endswith(".jpg"))[5]), str(older))
     work = tmp_path / "work"
     cal, staged = str(work / "cal"), str(work / "cal.rebuild-20261201T000000Z")
     job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
@@ -309,6 +314,7 @@ def test_the_rebuilds_set_swap_killed_at_any_moment_is_settled_by_the_next(tmp_p
         shutil.rmtree(str(work), ignore_errors=True)
         import_calibration_set(str(raws[0]), cal, 1, log=quiet)
         import_calibration_set(str(raws[1]), staged, 1, log=quiet)
+        import_calibration_set(str(older), job.previous_set, 1, log=quiet)
 
     prepare()
     old, new = load_calibration_set(cal).sha256, load_calibration_set(staged).sha256
@@ -319,7 +325,7 @@ def test_the_rebuilds_set_swap_killed_at_any_moment_is_settled_by_the_next(tmp_p
     af.remove_quietly([staged_artifact])  # installed first: its model info records the captured set
     for no_exchange in ("0", "1"):
         env = {"EDGE_TEST_NO_EXCHANGE": no_exchange}
-        argv = ("replace-folder", staged, cal, job.previous_set)
+        argv = ("install-set", staged, cal, job.previous_set)
         for kind, k in kill_points("swap" + no_exchange, *argv, env=env, prepare=prepare):
             prepare()
             killed(k, kind, *argv, env=env)

@@ -29,9 +29,8 @@ from edge.model.rebuild_options import RebuildOptions
 from edge.model.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.sources.source import open_capture
 from edge.store.artifact import install, labels_file, lookup, read_model_info, served_note
-from edge.store.durable import remove_path
 from edge.store.fileio import check_output, check_replaceable, temp_dir
-from edge.store.versions import move, recover_folder, replace_folder
+from edge.store.versions import discard, move, recover_folder, replace_folder
 from edge.uri import redact
 
 
@@ -133,7 +132,7 @@ def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: L
     `.previous` (edge.store.versions.replace_folder; undone on a failed reload)."""
     step_install(plan, state, log)
     check_replaceable(job.previous_set, MANIFEST)  # still only a set this tool wrote
-    remove_path(job.previous_set)
+    discard(job.previous_set, job.calibration_dir)
     had_set = os.path.lexists(job.calibration_dir)
     replace_folder(job.staged_set, job.calibration_dir, previous=job.previous_set)
 
@@ -171,7 +170,7 @@ def recover_sets(job: RebuildJob, plan: BuildPlan, log: Log) -> None:
     match = next((p for p in left + [kept] if os.path.isdir(p) and sha(p) == recorded), None)
     if match is not None and (not os.path.exists(dest) or sha(dest) != recorded):
         if match != kept and os.path.lexists(dest):
-            remove_path(kept)  # an older set: the one `dest` holds now becomes the previous
+            discard(kept, dest)  # an older set: the one `dest` holds now becomes the previous
         replace_folder(match, dest, previous=kept)
         log("rebuild: {} holds the set {} records again (a rebuild was killed mid-install)".format(
             dest, plan.artifact))
@@ -180,7 +179,7 @@ def recover_sets(job: RebuildJob, plan: BuildPlan, log: Log) -> None:
             move(path, kept)
             log("rebuild: {} (left by a killed rebuild) kept as {}".format(path, kept))
         else:
-            remove_path(path)
+            discard(path, dest)
             log("rebuild: {} (left by a killed rebuild) removed".format(path))
 
 

@@ -123,6 +123,15 @@ def _retire(old: str, previous: Optional[str]) -> None:
         move(old, previous)
 
 
+def discard(path: str, dest: str) -> None:
+    """Remove the folder `path` (a previous of `dest`) so that a crash cannot leave half of it under its name:
+    renamed to one of `dest`'s temporary names first (what `recover_folder(dest)` removes), then removed."""
+    if os.path.lexists(path):
+        gone = temp_name(os.path.dirname(os.path.abspath(dest)), temp_prefix(dest, "tmp"))
+        move(path, gone)
+        remove_path(gone)
+
+
 def recover_folder(dest: str, *, previous: Optional[str] = None) -> List[str]:
     """What a killed `replace_folder` of `dest` left beside it: an old folder aside goes back to `dest` when it is
     missing; else one its writer meant to keep goes to `previous` (given and absent; not given: left for the
