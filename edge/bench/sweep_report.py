@@ -19,12 +19,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edge import __version__
+from edge.bench import report
 from edge.bench.sweep_options import MAX_DURATION_S
 from edge.errors import EdgeError
 from edge.fields import show
-from edge.inputs import load_json
 
-SCHEMA_VERSION = 1
 STACKED = ("frame_age", "preprocess", "infer", "postprocess")  # a frame's end to end, in order
 COLUMNS = ("streams", "batch", "fps_each", "offered_fps", "achieved_fps", "goodput_fps", "mean_batch", "batch_hist",
            "p50_ms", "p90_ms", "p99_ms", "max_ms", "queue_p99_ms", "infer_p99_ms", "miss_pct", "drop_pct",
@@ -196,7 +195,7 @@ def build_report(cells: List[Dict[str, Any]], settings: Dict[str, Any], facts: D
                 best["window_spread_pct"], settings.get("agree_pct", 0), best["windows"],
                 _settle_note(best["settle_duration_s"]))
     return {
-        "schema_version": SCHEMA_VERSION, "tool": "edge sweep " + __version__,
+        "schema_version": report.SCHEMA_VERSION, "tool": "edge sweep " + __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "verdict": verdict, "verdict_reason": reason,
         "knee": None if best is None else {"streams": best["streams"], "batch": best["batch"], "settled": settled},
@@ -264,39 +263,28 @@ COMPARED = ("goodput_fps", "p99_ms")  # what `compare` reads of a previous cell,
 
 
 def load_previous(path: str) -> Dict[str, Any]:
-    """A previous sweep, every cell `compare` reads checked here, before any cell runs: one line naming the cell and
-    key, never a traceback after the sweep."""
-    data = load_json(path, "previous sweep")
-    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
-        raise EdgeError("{}: not an edge sweep report (no 'cells')".format(path))
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise EdgeError("{}: schema_version {}, this edge sweep reads {}".format(
-            path, show(data.get("schema_version")), SCHEMA_VERSION))
-    for i, cell in enumerate(data["cells"]):
-        if not isinstance(cell, dict):
-            raise EdgeError("{}: 'cells[{}]' must be a mapping, got {}".format(path, i, show(cell)))
-        for key in ("streams", "batch"):
-            value = cell.get(key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise EdgeError("{}: 'cells[{}].{}' must be a whole number, got {}".format(path, i, key, show(value)))
-        for key in COMPARED:
-            value = cell.get(key)
-            if value is not None and _number(value) is None:
-                raise EdgeError("{}: 'cells[{}].{}' must be a finite number or null, got {}".format(
-                    path, i, key, show(value)))
-    return data
+    """A previous sweep, every cell `compare` reads checked here, before any cell runs."""
+    return report.load_previous(path, tool="edge sweep", rows="cells", check_row=_check_cell)
 
 
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(float(value)) else None
+def _check_cell(path: str, where: str, cell: Any) -> None:
+    if not isinstance(cell, dict):
+        raise EdgeError("{}: '{}' must be a mapping, got {}".format(path, where, show(cell)))
+    for key in ("streams", "batch"):
+        value = cell.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise EdgeError("{}: '{}.{}' must be a whole number, got {}".format(path, where, key, show(value)))
+    for key in COMPARED:
+        value = cell.get(key)
+        if value is not None and report.finite(value) is None:
+            raise EdgeError("{}: '{}.{}' must be a finite number or null, got {}".format(path, where, key,
+                                                                                         show(value)))
 
 
 def compare(cells: List[Dict[str, Any]], previous: Dict[str, Any], path: str, pct: float,
             ms: float) -> Dict[str, Any]:
-    """Cell by cell (same cameras and batch): goodput lower by more than `pct` percent, or p99 higher by more than
-    `pct` percent and `ms` ms, is a regression."""
+    """Cell by cell (same cameras and batch), by edge.bench.report.judge: goodput lower by more than `pct` percent,
+    or p99 higher by more than `pct` percent and `ms` ms, is a regression."""
     before = {(c.get("streams"), c.get("batch")): c for c in previous["cells"] if isinstance(c, dict)}
     rows, regressions = [], []
     for c in cells:
@@ -305,16 +293,13 @@ def compare(cells: List[Dict[str, Any]], previous: Dict[str, Any], path: str, pc
             continue
         row = {"streams": c["streams"], "batch": c["batch"]}
         for key in COMPARED:
-            was, now = _number(old.get(key)), _number(c[key])
-            row[key] = {"previous": was, "current": now}
-            if was is None or now is None or was <= 0:
-                continue
-            change = 100.0 * (now - was) / was
-            worse = change < -pct if key == "goodput_fps" else change > pct and now - was > ms
-            row[key].update(delta_pct=round(change, 1), regressed=worse)
-            if worse:
-                regressions.append("{}x{} {} {:.2f} -> {:.2f} ({:+.1f}%)".format(c["streams"], c["batch"], key, was,
-                                                                                now, change))
+            judged = report.judge(old.get(key), c[key], pct=pct, ms=ms, higher_is_worse=key != "goodput_fps")
+            row[key] = judged[0] if judged else {"previous": report.finite(old.get(key)),
+                                                  "current": report.finite(c[key])}
+            if judged and judged[1]:
+                e = judged[0]
+                regressions.append("{}x{} {} {:.2f} -> {:.2f} ({:+.1f}%)".format(
+                    c["streams"], c["batch"], key, e["previous"], e["current"], e["delta_pct"]))
         rows.append(row)
     return {"previous": path, "thresholds": {"pct": pct, "ms": ms}, "cells": rows, "regressions": regressions}
 
