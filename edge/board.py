@@ -10,6 +10,7 @@ import platform
 import re
 import socket
 import subprocess
+import sys
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from edge.errors import first_line
@@ -62,6 +63,9 @@ def tensorrt_probe() -> TensorRTProbe:
     except Exception as exc:  # a broken install raises anything from ImportError to OSError
         return TensorRTProbe(None, "tensorrt not importable: {}".format(first_line(exc)))
     if not hasattr(module, "Runtime"):
+        # not left imported: a namespace module with no file breaks whatever later walks sys.modules for source
+        # files (torch's import does, through inspect.getmodule)
+        sys.modules.pop("tensorrt", None)
         return TensorRTProbe(None, "tensorrt not importable: only type stubs are installed, no TensorRT runtime")
     version = getattr(module, "__version__", None)
     parts = (str(version or "0").split(".") + ["0"])[:2]

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import os
 import re
+import sys
 from typing import Optional, Tuple
 
 from edge.board import tensorrt_probe
@@ -24,7 +25,8 @@ def _importable(module: str) -> Optional[str]:
         imported = importlib.import_module(module)
     except Exception as exc:  # a broken install raises anything from ImportError to OSError
         return "{} not importable: {}".format(module, first_line(exc))
-    if getattr(imported, "__file__", None) is None:  # e.g. tensorrt-stubs' .pyi files alone
+    if getattr(imported, "__file__", None) is None:  # e.g. tensorrt-stubs' .pyi files alone: not left imported
+        sys.modules.pop(module, None)
         return "{} not importable: only a namespace package (type stubs?) is installed".format(module)
     return None
 

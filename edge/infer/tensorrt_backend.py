@@ -278,8 +278,11 @@ class TensorRTBackend(Backend):
         engine = self.runner.engine
         if engine is None:
             return None
+        size = getattr(engine, "device_memory_size_v2", None) or getattr(engine, "device_memory_size", None)
+        if size is None:  # TensorRT 8.5 through 10.x have one of the two; anything else: not reported
+            return None
         contexts = 1 + (len(self.batch.contexts) if self.batch is not None else 0)
-        return round(engine.device_memory_size * contexts / 2 ** 20, 1)
+        return round(int(size) * contexts / 2 ** 20, 1)
 
     def close(self) -> None:
         """Free the CUDA graph, the events and the engine; safe to call twice. The session stays its owner's."""
