@@ -384,6 +384,62 @@ def test_a_private_tmp_with_the_socket_file_bound_keeps_the_dead_socket(tmp_path
     assert before == "daemon 1" and after.startswith("error")
 
 
+JTOP_PIN = "7.2.2"
+
+
+def jtop_unit_template():
+    """jetson-stats' own jtop.service, as `jtop --install-service` installs it, from the venv's jetson-stats."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("jetson-stats")
+    except metadata.PackageNotFoundError:
+        pytest.skip("jetson-stats not installed (pip install -e '.[jetson]' -c constraints/jetpack6.txt)")
+    assert dist.version == JTOP_PIN, "the venv's jetson-stats is {}, the constraints pin {}".format(
+        dist.version, JTOP_PIN)
+    unit, = [f for f in dist.files if f.name == "jtop.service"]
+    return open(str(dist.locate_file(unit)), encoding="utf-8").read()
+
+
+def boot_order(tmp_path, jtop_unit):
+    """systemd-analyze verify of multi-user.target with jetson-edge.service and `jtop_unit` installed and enabled
+    (its .wants links) under a unit path of their own, the jtop drop-in applied: what systemd says at boot."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed (Debian package systemd; scripts/bootstrap.sh --dev as root)")
+    units = tmp_path / "units"
+    (units / "multi-user.target.wants").mkdir(parents=True)
+    (units / "jtop.service.d").mkdir()
+    ours = open(UNIT, encoding="utf-8").read().replace("/opt/jetson-edge/.venv/bin/edge", "/bin/true")
+    (units / "jetson-edge.service").write_text(ours, encoding="utf-8")
+    (units / "jtop.service").write_text(jtop_unit, encoding="utf-8")
+    dropin = open(os.path.join(REPO, "systemd", "jtop.service.d", "jetson-edge.conf"), encoding="utf-8").read()
+    (units / "jtop.service.d" / "jetson-edge.conf").write_text(
+        dropin.replace("/opt/jetson-edge/.venv/bin/jtop", "/bin/true"), encoding="utf-8")
+    for name in ("jetson-edge.service", "jtop.service"):
+        os.symlink(os.path.join("..", name), str(units / "multi-user.target.wants" / name))
+    proc = subprocess.run([analyze, "verify", "multi-user.target", "jetson-edge.service"], capture_output=True,
+                          encoding="utf-8", errors="replace", cwd=str(tmp_path),
+                          env=dict(os.environ, SYSTEMD_UNIT_PATH=str(units) + ":"))
+    return proc.stdout + proc.stderr
+
+
+def test_the_pinned_jtop_unit_and_ours_boot_without_an_ordering_cycle(tmp_path):
+    """Issue 42 item 7: jetson-stats 7.2.2 (pinned in every constraints file) orders jtop.service after
+    systemd-modules-load.service; a jtop.service ordered After=multi-user.target (other versions) makes a cycle
+    with our After=jtop.service, and systemd deletes a start job at boot: the same check finds it."""
+    for jetpack in ("jetpack5", "jetpack6", "jetpack7"):
+        lines = open(os.path.join(REPO, "constraints", jetpack + ".txt"), encoding="utf-8").read().splitlines()
+        assert "jetson-stats==" + JTOP_PIN in lines, jetpack
+    template = jtop_unit_template()
+    out = boot_order(tmp_path / "pinned", template)
+    assert "ordering cycle" not in out and "jetson-edge" not in out and "jtop" not in out, out
+    cyclic = re.sub(r"^After=.*$", "After=multi-user.target", template, flags=re.M)
+    assert cyclic != template
+    out = boot_order(tmp_path / "other", cyclic)
+    assert "Found ordering cycle" in out and "deleted to break ordering cycle" in out, out
+
+
 def test_jtop_service_runs_the_venvs_jtop_and_the_container_default_matches_it():
     """The drop-in replaces jetson-stats' ExecStart=/usr/local/bin/jtop (never installed by the recipe, or another
     version) with the venv's jtop, under --prefix; the container's default jetson-stats satisfies setup.py's pin, so
