@@ -69,7 +69,9 @@ def test_unit_is_a_hardened_notify_service_that_keeps_devices_visible():
     assert get("Type") == "notify" and get("NotifyAccess") == "main"
     assert get("Restart") == "on-failure" and get("RestartSec") and get("WatchdogSec") == "10s"
     assert get("RestartPreventExitStatus") == "2"  # a config error or a missing model: stop at once
-    assert get("StartLimitIntervalSec", "Unit") and get("StartLimitBurst", "Unit")
+    # never gives up for good (issue 42 item 8): no start limit, exit 2 alone stops it
+    assert get("StartLimitIntervalSec", "Unit") == "0" and "StartLimitBurst" not in {k for _, k, _ in unit_settings()}
+    assert get("LimitCORE") == "0"  # no core dump of a watchdog SIGABRT on the SD card
     assert get("User") == "jetson-edge"
     assert set(get("SupplementaryGroups").split()) == {"video", "render", "jtop"}
     assert get("NoNewPrivileges") == "yes" and get("ProtectSystem") == "strict" and get("ProtectHome") == "yes"
@@ -80,11 +82,13 @@ def test_unit_is_a_hardened_notify_service_that_keeps_devices_visible():
     text = open(UNIT, encoding="utf-8").read()
     assert "PrivateDevices" in text and "/dev/nvhost" in text  # the reason is written down
     assert {"jtop.service", "nvargus-daemon.service"} <= set(get("After", "Unit").split())
+    # no boot waits for the network (issue 42 item 9): a network source is retried; the drop-in is documented
+    assert "network-online.target" not in get("After", "Unit") + get("Wants", "Unit")
     assert get("Environment") == ["PYTHONUNBUFFERED=1", "TMPDIR=/run/jetson-edge"]
     assert get("RuntimeDirectory") == "jetson-edge"  # TMPDIR: the host's /tmp is read-only (ProtectSystem=strict)
     assert get("ExecStart") == "/opt/jetson-edge/.venv/bin/edge run --config /etc/jetson-edge/config.yaml"
     assert get("ExecReload") == "/bin/kill -HUP $MAINPID"
-    assert "#ExecStartPre=+/usr/sbin/nvpmodel -m 0" in text and "#ExecStartPre=+/usr/bin/jetson_clocks" in text
+    assert "nvpmodel -m" not in text and "#ExecStartPre=+/usr/bin/jetson_clocks" in text  # mode 0 is not the max
     assert get("WantedBy", "Install") == "multi-user.target"
 
 
