@@ -459,3 +459,49 @@ def test_jtop_service_runs_the_venvs_jtop_and_the_container_default_matches_it()
     dockerfile = open(os.path.join(REPO, "deploy", "container", "Dockerfile"), encoding="utf-8").read()
     default = re.search(r"^ARG JTOP_VERSION=(\S+)$", dockerfile, re.M).group(1)
     assert Version(default) in SpecifierSet(spec), (default, spec)
+
+
+def power_mode_run(tmp_path, conf, want, current):
+    """install_service.sh's set_power_mode (sourced, as tests/test_install_recipe.py runs the recipe's parts) for
+    `--power-mode want` on a board's own nvpmodel.conf, with an `nvpmodel` on PATH that answers `-q` with `current`
+    and logs each call and what it read on stdin."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "nvpmodel.log"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvpmodel"
+    fake.write_text('#!/bin/sh\nif [ "$1" = -q ]; then echo "NV Power Mode: X"; echo {}; exit 0; fi\n'
+                    'read answer; echo "$* <$answer" >> {}\n'.format(current, log), encoding="utf-8")
+    fake.chmod(0o755)
+    conf_path = os.path.join(REPO, "tests", "nvpmodel", conf)
+    proc = subprocess.run(["bash", "-c", 'source "$1"; power_mode="$2"; set_power_mode "$3" "$4"', "bash", INSTALL,
+                           want, sys.executable, conf_path], capture_output=True, encoding="utf-8", errors="replace",
+                          env=dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"])), timeout=60)
+    calls = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+    return proc, calls
+
+
+@pytest.mark.parametrize("conf, want, expected", [
+    ("xavier_nx_r35.conf", "max", "-m 8 <NO"),  # MODE_20W_6CORE, not mode 0 (MODE_15W_2CORE)
+    ("orin_nano_8gb_super_r36.conf", "max", "-m 2 <NO"),  # MAXN_SUPER
+    ("agx_orin_64gb_r36.conf", "max", "-m 0 <NO"),  # MAXN
+    ("xavier_nx_r35.conf", "7", "-m 7 <NO"),
+])
+def test_installer_sets_the_power_mode_once_and_never_reboots(tmp_path, conf, want, expected):
+    """Issue 42 item 5: `--power-mode max` is the board's maximum as edge.board judges it; nvpmodel's reboot
+    question is answered no; a board already in that mode is left alone."""
+    proc, calls = power_mode_run(tmp_path, conf, want, current=1)
+    assert proc.returncode == 0 and calls == [expected], proc.stdout + proc.stderr
+    assert "if nvpmodel asks for a reboot, reboot to apply it" in proc.stdout
+    (tmp_path / "again").mkdir()
+    again, calls = power_mode_run(tmp_path / "again", conf, want, current=expected.split()[1])
+    assert again.returncode == 0 and calls == [] and "already set" in again.stdout, again.stdout + again.stderr
+
+
+def test_installer_refuses_a_power_mode_the_board_does_not_have(tmp_path):
+    proc, calls = power_mode_run(tmp_path, "xavier_nx_r35.conf", "9", current=2)
+    assert proc.returncode == 2 and calls == []
+    assert "--power-mode 9: no such mode in " in proc.stderr and "MODE_20W_6CORE (8)" in proc.stderr
+    refused = run_install("--power-mode", "fast", destdir=tmp_path / "stage")
+    assert refused.returncode == 2 and "--power-mode is max or a mode ID" in refused.stderr
+    assert not (tmp_path / "stage").exists()  # refused before anything is written
+    staged = run_install("--power-mode", "max", destdir=tmp_path / "stage")
+    assert staged.returncode == 0 and "staged: --power-mode max is set on the device itself" in staged.stdout
