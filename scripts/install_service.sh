@@ -9,6 +9,7 @@
 #   DESTDIR=/tmp/stage scripts/install_service.sh         # stage the files under /tmp/stage only
 #                                                         # (no user, no groups, no systemctl; for packaging/tests)
 #   sudo scripts/install_service.sh --power-mode max      # also set nvpmodel's mode once (max or an ID; it persists)
+#   sudo scripts/install_service.sh --clocks              # also pin the clocks at boot (jetson-edge-clocks.service)
 #
 # Then: sudo systemctl start jetson-edge; journalctl -u jetson-edge -f   (see docs/service.md)
 set -euo pipefail
@@ -21,7 +22,8 @@ user=jetson-edge
 groups=(video render jtop)
 
 power_mode=""  # --power-mode max|ID
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+clocks=0       # --clocks: jetson-edge-clocks.service installed and enabled
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 say() { echo "install_service: $*"; }
 act() {  # run a command, or only print it with --dry-run
   if [ "$dry_run" = 1 ]; then echo "would run: $*"; else "$@"; fi
@@ -163,6 +165,7 @@ while [ $# -gt 0 ]; do
     --no-enable) enable=0; shift ;;
     --power-mode) power_mode="${2:?--power-mode needs max or a mode ID}"; shift 2 ;;
     --power-mode=*) power_mode="${1#--power-mode=}"; shift ;;
+    --clocks) clocks=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install_service.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -189,6 +192,7 @@ etc="$destdir/etc/jetson-edge"
 config="$etc/config.yaml"
 record="$etc/.config.yaml.installed-sha256"  # hash of the config this script last installed
 unit="$destdir/etc/systemd/system/jetson-edge.service"
+clocks_unit="$destdir/etc/systemd/system/jetson-edge-clocks.service"
 state="$destdir/var/lib/jetson-edge"
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
@@ -199,7 +203,7 @@ if system_changes && [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 for shipped in "$shipped_unit" "$shipped_config" "$here/systemd/jtop.service.d/jetson-edge.conf" \
-               "$here/calibration/default" "$here/calibration/regression"; do
+               "$here/systemd/jetson-edge-clocks.service" "$here/calibration/default" "$here/calibration/regression"; do
   [ -e "$shipped" ] || { echo "install_service.sh: missing $shipped (a partial checkout?)" >&2; exit 2; }
 done
 if [ ! -x "$edge_bin" ]; then
@@ -220,7 +224,7 @@ refuse_links() {
     done
   done
 }
-refuse_links "$config" "$record" "$config.dist" "$unit" "$state/engines" "$state/kernels" "$state/calibration"
+refuse_links "$config" "$record" "$config.dist" "$unit" "$clocks_unit" "$state/engines" "$state/kernels" "$state/calibration"
 
 # 1. groups and the service user
 if system_changes; then
@@ -308,6 +312,14 @@ if render "$shipped_unit" | write_if_changed "$unit"; then
 else
   say "unit $unit unchanged"
 fi
+if [ "$clocks" = 1 ]; then
+  if render "$here/systemd/jetson-edge-clocks.service" | write_if_changed "$clocks_unit"; then
+    unit_changed=1
+    say "installed $clocks_unit (jetson_clocks once a boot, before the service)"
+  else
+    say "unit $clocks_unit unchanged"
+  fi
+fi
 
 # 6. systemd: jtop's service from the venv (on a Jetson), then the unit enabled (not started: see 8)
 if system_changes; then
@@ -320,6 +332,9 @@ if system_changes; then
       else
         act systemctl enable jetson-edge.service
       fi
+    fi
+    if [ "$clocks" = 1 ] && ! systemctl is-enabled --quiet jetson-edge-clocks.service 2>/dev/null; then
+      act systemctl enable jetson-edge-clocks.service
     fi
   else
     say "systemd is not running here: run 'systemctl daemon-reload && systemctl enable --now jetson-edge' on the device"

@@ -88,7 +88,8 @@ def test_unit_is_a_hardened_notify_service_that_keeps_devices_visible():
     assert get("RuntimeDirectory") == "jetson-edge"  # TMPDIR: the host's /tmp is read-only (ProtectSystem=strict)
     assert get("ExecStart") == "/opt/jetson-edge/.venv/bin/edge run --config /etc/jetson-edge/config.yaml"
     assert get("ExecReload") == "/bin/kill -HUP $MAINPID"
-    assert "nvpmodel -m" not in text and "#ExecStartPre=+/usr/bin/jetson_clocks" in text  # mode 0 is not the max
+    # power mode and clocks are set outside the unit (issue 42 item 5): no `nvpmodel -m 0` (not the max everywhere)
+    assert "nvpmodel -m" not in text and "ExecStartPre" not in keys
     assert get("WantedBy", "Install") == "multi-user.target"
 
 
@@ -405,7 +406,7 @@ def jtop_unit_template():
     return open(str(dist.locate_file(unit)), encoding="utf-8").read()
 
 
-def boot_order(tmp_path, jtop_unit):
+def boot_order(tmp_path, jtop_unit, extra=None):
     """systemd-analyze verify of multi-user.target with jetson-edge.service and `jtop_unit` installed and enabled
     (its .wants links) under a unit path of their own, the jtop drop-in applied: what systemd says at boot."""
     analyze = shutil.which("systemd-analyze")
@@ -420,7 +421,9 @@ def boot_order(tmp_path, jtop_unit):
     dropin = open(os.path.join(REPO, "systemd", "jtop.service.d", "jetson-edge.conf"), encoding="utf-8").read()
     (units / "jtop.service.d" / "jetson-edge.conf").write_text(
         dropin.replace("/opt/jetson-edge/.venv/bin/jtop", "/bin/true"), encoding="utf-8")
-    for name in ("jetson-edge.service", "jtop.service"):
+    for name, text in (extra or {}).items():
+        (units / name).write_text(text, encoding="utf-8")
+    for name in ["jetson-edge.service", "jtop.service"] + list(extra or {}):
         os.symlink(os.path.join("..", name), str(units / "multi-user.target.wants" / name))
     proc = subprocess.run([analyze, "verify", "multi-user.target", "jetson-edge.service"], capture_output=True,
                           encoding="utf-8", errors="replace", cwd=str(tmp_path),
@@ -505,3 +508,24 @@ def test_installer_refuses_a_power_mode_the_board_does_not_have(tmp_path):
     assert not (tmp_path / "stage").exists()  # refused before anything is written
     staged = run_install("--power-mode", "max", destdir=tmp_path / "stage")
     assert staged.returncode == 0 and "staged: --power-mode max is set on the device itself" in staged.stdout
+
+
+def test_the_clocks_unit_pins_clocks_once_between_jtop_and_the_service(tmp_path):
+    """jetson-edge-clocks.service (--clocks): a oneshot after nvpmodel.service and jtop.service, before
+    jetson-edge.service; systemd-analyze verifies it, and booting with it, ours and jtop's enabled has no cycle."""
+    clocks = os.path.join(REPO, "systemd", "jetson-edge-clocks.service")
+    settings = {(s, k): v for s, k, v in unit_settings(clocks)}
+    assert settings[("Service", "Type")] == "oneshot" and settings[("Service", "RemainAfterExit")] == "yes"
+    assert set(settings[("Unit", "After")].split()) == {"nvpmodel.service", "jtop.service"}
+    assert settings[("Unit", "Before")] == "jetson-edge.service"
+    assert settings[("Service", "ExecStart")] == "/usr/bin/jetson_clocks"
+    out = boot_order(tmp_path, jtop_unit_template(), extra={"jetson-edge-clocks.service": open(
+        clocks, encoding="utf-8").read().replace("/usr/bin/jetson_clocks", "/bin/true")})
+    assert "ordering cycle" not in out and "jetson-edge" not in out, out
+    plain = run_install(destdir=tmp_path / "plain")  # optional: not installed without --clocks
+    assert plain.returncode == 0
+    assert not (tmp_path / "plain" / "etc" / "systemd" / "system" / "jetson-edge-clocks.service").exists()
+    staged = run_install("--clocks", destdir=tmp_path / "stage")
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    installed = tmp_path / "stage" / "etc" / "systemd" / "system" / "jetson-edge-clocks.service"
+    assert installed.read_text(encoding="utf-8") == open(clocks, encoding="utf-8").read()
