@@ -7,6 +7,7 @@ one line and exit code 2. Defaults make an empty file (or no file) a working con
 """
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -16,7 +17,7 @@ import yaml
 from edge.errors import EdgeError
 from edge.fields import APPLY, OFFLINE, build, example, section, setting, show, validate
 from edge.inputs import read_text
-from edge.uri import parse_source
+from edge.uri import parse_source, redact
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -61,6 +62,7 @@ class CameraConfig(SourceConfig):
     """One camera of `sources`: a name, and any `source` key (those left out are the `source` section's)."""
 
     name: str = setting("", "the camera in logs, reports and metrics", check=check_camera_name)
+    key: str = dataclasses.field(default="source", compare=False)  # its place in the file, for errors: sources[1]
 
 
 @dataclass
@@ -209,14 +211,33 @@ def check_preprocess(pre: PreprocessConfig, where: str) -> None:
 
 
 def check_sources(cameras: List[CameraConfig], where: str) -> None:
+    """Each camera's declared checks; no name twice, and no device, stream or file twice (synthetic may repeat)."""
     if len(cameras) > MAX_CAMERAS:
         raise EdgeError("{}: 'sources' lists {} cameras, at most {}".format(where, len(cameras), MAX_CAMERAS))
-    seen = set()
+    names: Dict[str, int] = {}
+    opened: Dict[Any, int] = {}
     for i, camera in enumerate(cameras):
         validate(camera, where, "sources[{}].".format(i))
-        if camera.name in seen:
+        if camera.name in names:
             raise EdgeError("{}: 'sources[{}].name' {} names another camera too".format(where, i, show(camera.name)))
-        seen.add(camera.name)
+        names[camera.name] = i
+        same = _opens(camera.uri)
+        if same in opened:
+            raise EdgeError("{}: 'sources[{}].uri' {} is also 'sources[{}].uri': one camera, opened once".format(
+                where, i, show(redact(camera.uri)), opened[same]))
+        if same is not None:
+            opened[same] = i
+
+
+def _opens(uri: str) -> Any:
+    """What opening `uri` takes hold of (/dev/video0 and v4l2://0 are one device), or None for synthetic frames."""
+    resource = parse_source(uri)
+    if resource.protocol == "synthetic":
+        return None
+    if resource.protocol == "file":
+        return "file", os.path.normpath(resource.location)
+    return resource.protocol, resource.location, resource.port, resource.device, \
+        resource.text if resource.protocol == "rtsp" else ""
 
 
 def cameras(cfg: Config) -> List[CameraConfig]:
@@ -298,9 +319,7 @@ def _check_nodes(root: yaml.Node, path: str) -> None:
 
 def with_overrides(cfg: Config, overrides: Dict[str, Any]) -> Config:
     """A new, validated Config: `cfg` with dotted overrides applied. `cfg` itself is never changed."""
-    data = dataclasses.asdict(cfg)
-    data.pop("path", None)
-    return _from_data(data, overrides, cfg.path or "<defaults>", cfg.path)
+    return _from_data(as_dict(cfg), overrides, cfg.path or "<defaults>", cfg.path)
 
 
 def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where: str, path: Optional[str]) -> Config:
@@ -315,15 +334,30 @@ def _from_data(data: Dict[str, Any], overrides: Optional[Dict[str, Any]], where:
                 raise EdgeError("{}: '{}' must be a mapping, got {}".format(where, ".".join(parts[:i + 1]),
                                                                               show(node)))
         node[parts[-1]] = value
-    cameras = data.get("sources")
-    if isinstance(cameras, list) and isinstance(data.get("source") or {}, dict):
-        data["sources"] = [dict(data.get("source") or {}, **c) if isinstance(c, dict) else c for c in cameras]
+    data["sources"] = _with_source(data, where)
     cfg = build(Config, data, where)
+    for i, camera in enumerate(cfg.sources):
+        camera.key = "sources[{}]".format(i)
     validate(cfg, where)
     check_sources(cfg.sources, where)
     check_preprocess(cfg.preprocess, where)
     cfg.path = path
     return cfg
+
+
+def _with_source(data: Dict[str, Any], where: str) -> Any:
+    """`sources` with each camera's left-out keys taken from `source`; a key that is no name (`1:`, `null:`) is
+    refused naming its camera."""
+    cameras, source = data.get("sources", []), data.get("source") or {}
+    if not isinstance(cameras, list) or not isinstance(source, dict):
+        return cameras  # build() names the wrong type
+    for i, camera in enumerate(cameras):
+        bad = [key for key in camera if not isinstance(key, str)] if isinstance(camera, dict) else []
+        if bad:
+            raise EdgeError("{}: 'sources[{}]' has a key that is not a name: {} (expected: {})".format(
+                where, i, "null" if bad[0] is None else show(bad[0]),
+                ", ".join(f.name for f in dataclasses.fields(CameraConfig))))
+    return [dict(source, **c) if isinstance(c, dict) else c for c in cameras]
 
 
 def example_yaml() -> str:
@@ -332,7 +366,10 @@ def example_yaml() -> str:
 
 
 def as_dict(cfg: Config) -> Dict[str, Any]:
+    """The YAML keys of `cfg` (not where it was loaded from, nor each camera's place in the file)."""
     out = dataclasses.asdict(cfg)
     out.pop("path", None)
+    for camera in out["sources"]:
+        camera.pop("key", None)
     return out
 

@@ -25,7 +25,8 @@ _INSTALL_HINTS = {
     "torch": "pip install 'jetson-edge[export]'",
     "torchvision": "pip install 'jetson-edge[export]'",
     "tensorrt": "apt install python3-libnvinfer (JetPack ships TensorRT)",
-    "pycuda": "pip install 'jetson-edge[jetson]'",
+    "pycuda": "pip install 'jetson-edge[cuda]' (compiles for minutes on a Jetson; or scripts/install_service.sh "
+              "--wheelhouse DIR: docs/service.md)",
     "jtop": "pip install 'jetson-edge[jetson]' (jetson-stats)",
     "prometheus_client": "pip install 'jetson-edge[service]'",
     "sdnotify": "pip install 'jetson-edge[service]'",

@@ -185,16 +185,36 @@ def replace_keys(obj: Any, values: Dict[str, Any]) -> Any:
 
 def add_flags(parser: Any, cls: Any, *keys: str) -> None:
     """The declared flag of each dotted key (type, choices and help from its declaration); dest is the key.
+    A list of numbers is spelled comma-separated (`--batch 1,2,4`); a true-or-false option is a switch.
     `parser`: an ArgumentParser or one of its argument groups."""
     declared = {dotted: f for dotted, f, _ in leaves(cls)}
     for dotted in keys:
         f = declared[dotted]
-        meta, default = f.metadata, f.default
-        text = "{} (default {})".format(meta["help"], _yaml_value(default)) if default is not dataclasses.MISSING \
-            else meta["help"]
-        parser.add_argument(meta["flag"], dest=dotted, type=f.type, choices=meta["choices"] or None,
-                            metavar=None if meta["choices"] else dotted.rsplit(".", 1)[-1].upper(),
-                            help=("{}: {}".format(dotted, text) if _config_key(dotted) else text).replace("%", "%%"))
+        meta = f.metadata
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore
+        text = "{} (default {})".format(meta["help"], _flag_value(default))
+        text = ("{}: {}".format(dotted, text) if _config_key(dotted) else text).replace("%", "%%")
+        if f.type is bool:
+            parser.add_argument(meta["flag"], dest=dotted, action="store_true", default=None,
+                                help=meta["help"].replace("%", "%%"))
+            continue
+        item = f.type.__args__[0] if getattr(f.type, "__origin__", None) in (list, List) else None
+        parser.add_argument(meta["flag"], dest=dotted, type=_comma_list(item) if item else f.type,
+                            choices=meta["choices"] or None,
+                            metavar=None if meta["choices"] else dotted.rsplit(".", 1)[-1].upper(), help=text)
+
+
+def _comma_list(item: Any) -> Callable[[str], List[Any]]:
+    def parse(text: str) -> List[Any]:
+        try:
+            return sorted({item(v) for v in text.split(",") if v.strip()})
+        except ValueError:
+            raise argparse.ArgumentTypeError("a comma-separated list of numbers, e.g. 1,2,4") from None
+    return parse
+
+
+def _flag_value(value: Any) -> str:
+    return ",".join(str(v) for v in value) if isinstance(value, list) else _yaml_value(value)
 
 
 def flag_values(args: argparse.Namespace, cls: Any) -> Dict[str, Any]:
@@ -228,7 +248,11 @@ def as_argv(options: Any) -> List[str]:
     """The flags that give every option of `options` its value (what `options_from` reads back)."""
     argv: List[str] = []
     for dotted, f, _ in leaves(type(options)):
-        argv += [f.metadata["flag"], str(lookup(options, dotted))]
+        value = lookup(options, dotted)
+        if f.type is bool:
+            argv += [f.metadata["flag"]] if value else []
+        else:
+            argv += [f.metadata["flag"], _flag_value(value) if isinstance(value, list) else str(value)]
     return argv
 
 

@@ -5,6 +5,9 @@ that config validation, the sources' dispatch and the GStreamer pipelines all re
 the parts, so a space, `!` or quote would be pipeline syntax). The real URI is kept only to open the source;
 everything shown or stored uses `SourceURI.shown`, and `redact` masks credentials in any text at the output
 chokepoints (log lines, error lines, JSON files, HTTP pages) in case one got through another way.
+
+`metrics_url` is the one builder of the daemon's /metrics URL (its start line, the rebuild's and the release bake's
+scrapes).
 """
 
 import os
@@ -116,3 +119,14 @@ def _rtsp(uri: str, field: str) -> SourceURI:
     if not _HOST.match(parts.hostname or "") or port == 0:
         raise _refuse(uri, "expected rtsp://[user:password@]host[:port]/path", field)
     return SourceURI("rtsp", uri, location=parts.hostname or "", port=port or 554)
+
+
+WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}  # a bind to every interface, and its loopback
+
+
+def metrics_url(host: str, port: int, *, local_client: bool) -> str:
+    """The daemon's /metrics on `host`:`port` (config service.metrics), an IPv6 address in brackets.
+    `local_client`: the URL a program on this machine scrapes, where a bind to every interface ("", 0.0.0.0, ::) is
+    reached on loopback; else the address the daemon listens on, as its start line shows it ("" is 0.0.0.0)."""
+    host = WILDCARDS.get(host, host) if local_client else host or "0.0.0.0"
+    return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, port)

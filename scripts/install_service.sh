@@ -5,6 +5,7 @@
 #
 #   sudo scripts/install_service.sh                       # prefix /opt/jetson-edge (the checkout with .venv/)
 #   sudo scripts/install_service.sh --prefix /srv/edge    # ExecStart=/srv/edge/.venv/bin/edge
+#   sudo scripts/install_service.sh --wheelhouse DIR      # pycuda from DIR's wheel (SHA256SUMS checked), no build
 #   scripts/install_service.sh --dry-run                  # print what would be done, change nothing
 #   DESTDIR=/tmp/stage scripts/install_service.sh         # stage the files under /tmp/stage only
 #                                                         # (no user, no groups, no systemctl; for packaging/tests)
@@ -20,16 +21,35 @@ dry_run=0
 enable=1
 user=jetson-edge
 groups=(video render jtop)
+wheelhouse=""
 
 power_mode=""  # --power-mode max|ID
 clocks=0       # --clocks: jetson-edge-clocks.service installed and enabled
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 say() { echo "install_service: $*"; }
 act() {  # run a command, or only print it with --dry-run
   if [ "$dry_run" = 1 ]; then echo "would run: $*"; else "$@"; fi
 }
 step() {  # a recipe step: its failure stops the install with its message, nothing after it runs
   act "$@" || { echo "install_service.sh: step failed (exit $?): $* (see above; docs/service.md)" >&2; exit 1; }
+}
+optional() {  # a recipe step the service can run without: its failure is named, with its log, and the install goes on
+  [ "$dry_run" = 1 ] && { echo "would run: $*"; return 0; }
+  local log
+  log="$(mktemp -t jetson-edge-install.XXXXXX)"
+  if "$@" > >(tee "$log") 2>&1; then return 0; fi
+  echo "install_service.sh: optional step failed: $* (log: $log); the service runs without it: edge doctor names" \
+    "what is missing and how to add it (docs/service.md)" >&2
+}
+pycuda_source() {  # pip's arguments for pycuda: a wheelhouse's checked wheel, or the sdist built here
+  if [ -n "$wheelhouse" ]; then
+    (cd "$wheelhouse" && sha256sum --quiet -c SHA256SUMS) >&2 || { echo "install_service.sh: $wheelhouse/SHA256SUMS" \
+      "does not match its wheels" >&2; return 1; }
+    echo "--no-index --find-links $wheelhouse pycuda"
+  else
+    echo "pycuda"
+  fi
 }
 
 # On a Jetson: the one install recipe (docs/service.md shows these lines per JetPack and README.md names them;
@@ -49,6 +69,8 @@ jetson_recipe() {
   step python3 -m venv --system-site-packages .venv
   step env PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/python -m pip install --upgrade 'pip>=23.1'
   step env PATH="/usr/local/cuda/bin:$PATH" PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/pip install -e '.[jetson,service,check]'
+  say "pycuda: $([ -n "$wheelhouse" ] && echo "from $wheelhouse" || echo "compiling (5-15 min on an Orin or Xavier, 20+ on a Nano; progress below)")"
+  optional env PATH="/usr/local/cuda/bin:$PATH" PIP_CONSTRAINT="constraints/$jp.txt" .venv/bin/pip install -v $(pycuda_source)
   step env PATH="/usr/local/cuda/bin:$PATH" .venv/bin/python scripts/build_kernel.py --into "$state/kernels"
 }
 has_cuda_dev() {  # pycuda's build: nvcc, cuda.h, cudaProfiler.h, curand.h and libcurand; the kernel's: nvcc
@@ -161,6 +183,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix="${2:?--prefix needs a directory}"; shift 2 ;;
     --prefix=*) prefix="${1#--prefix=}"; shift ;;
+    --wheelhouse) wheelhouse="$(cd "${2:?--wheelhouse needs a directory}" && pwd)" || exit 2; shift 2 ;;
     --dry-run|-n) dry_run=1; shift ;;
     --no-enable) enable=0; shift ;;
     --power-mode) power_mode="${2:?--power-mode needs max or a mode ID}"; shift 2 ;;
@@ -192,7 +215,8 @@ etc="$destdir/etc/jetson-edge"
 config="$etc/config.yaml"
 record="$etc/.config.yaml.installed-sha256"  # hash of the config this script last installed
 unit="$destdir/etc/systemd/system/jetson-edge.service"
-clocks_unit="$destdir/etc/systemd/system/jetson-edge-clocks.service"
+engine_unit="$destdir/etc/systemd/system/jetson-edge-engine.service"  # builds the engine this board lacks
+clocks_unit="$destdir/etc/systemd/system/jetson-edge-clocks.service"  # --clocks
 state="$destdir/var/lib/jetson-edge"
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
@@ -202,8 +226,9 @@ if system_changes && [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then
   echo "install_service.sh: run as root (or use --dry-run, or DESTDIR=... to stage files)" >&2
   exit 1
 fi
-for shipped in "$shipped_unit" "$shipped_config" "$here/systemd/jtop.service.d/jetson-edge.conf" \
-               "$here/systemd/jetson-edge-clocks.service" "$here/calibration/default" "$here/calibration/regression"; do
+for shipped in "$shipped_unit" "$here/systemd/jetson-edge-engine.service" "$shipped_config" \
+               "$here/systemd/jtop.service.d/jetson-edge.conf" "$here/systemd/jetson-edge-clocks.service" \
+               "$here/calibration/default" "$here/calibration/regression"; do
   [ -e "$shipped" ] || { echo "install_service.sh: missing $shipped (a partial checkout?)" >&2; exit 2; }
 done
 if [ ! -x "$edge_bin" ]; then
@@ -224,7 +249,8 @@ refuse_links() {
     done
   done
 }
-refuse_links "$config" "$record" "$config.dist" "$unit" "$clocks_unit" "$state/engines" "$state/kernels" "$state/calibration"
+refuse_links "$config" "$record" "$config.dist" "$unit" "$engine_unit" "$clocks_unit" "$state/engines" "$state/kernels" \
+  "$state/calibration"
 
 # 1. groups and the service user
 if system_changes; then
@@ -304,13 +330,17 @@ if system_changes && [ "$dry_run" = 0 ]; then
   chown -R "$user:$user" "$state/calibration"
 fi
 
-# 5. the unit, with ExecStart under --prefix
+# 5. the units, with ExecStart under --prefix
 unit_changed=0
 if render "$shipped_unit" | write_if_changed "$unit"; then
   unit_changed=1
   say "installed $unit (ExecStart=$edge_bin)"
 else
   say "unit $unit unchanged"
+fi
+if render "$here/systemd/jetson-edge-engine.service" | write_if_changed "$engine_unit"; then
+  unit_changed=1
+  say "installed $engine_unit (builds the engine when it is missing or stale for this board)"
 fi
 if [ "$clocks" = 1 ]; then
   if render "$here/systemd/jetson-edge-clocks.service" | write_if_changed "$clocks_unit"; then
@@ -327,14 +357,15 @@ if system_changes; then
     if [ "$unit_changed" = 1 ]; then act systemctl daemon-reload; fi
     if [ "$on_jetson" = 1 ]; then jtop_service; fi
     if [ "$enable" = 1 ]; then
-      if systemctl is-enabled --quiet jetson-edge.service 2>/dev/null; then
-        say "jetson-edge.service already enabled"
-      else
-        act systemctl enable jetson-edge.service
-      fi
-    fi
-    if [ "$clocks" = 1 ] && ! systemctl is-enabled --quiet jetson-edge-clocks.service 2>/dev/null; then
-      act systemctl enable jetson-edge-clocks.service
+      names=(jetson-edge.service jetson-edge-engine.service)
+      if [ "$clocks" = 1 ]; then names+=(jetson-edge-clocks.service); fi
+      for name in "${names[@]}"; do
+        if systemctl is-enabled --quiet "$name" 2>/dev/null; then
+          say "$name already enabled"
+        else
+          act systemctl enable "$name"
+        fi
+      done
     fi
   else
     say "systemd is not running here: run 'systemctl daemon-reload && systemctl enable --now jetson-edge' on the device"

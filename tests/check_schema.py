@@ -3,7 +3,8 @@
 
 from typing import Any, Callable, Dict, List
 
-from edge.bench.check_report import SCHEMA_VERSION, TELEMETRY_METRICS
+from edge.bench.check_report import TELEMETRY_METRICS
+from edge.bench.report import SCHEMA_VERSION
 from edge.infer.latency import STAGES
 
 _NUM = {"type": "number"}

@@ -292,3 +292,33 @@ def jtop_service():
         finally:
             service.cleanup()
     assert not os.path.exists(sj.SOCKET)
+
+
+NO_DEVICE = "cuInit failed: no CUDA-capable device is detected"
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A machine without a CUDA device, whatever this one has. A subprocess gets `CUDA_VISIBLE_DEVICES=` (empty),
+    which hides every device from the real driver (on a Jetson too); in this process `pycuda` and `pycuda.driver`
+    are a stand-in whose init fails as the real one's does where the driver sees no device."""
+    import importlib.machinery
+    import types
+
+    class NoDeviceError(Exception):  # pycuda._driver.Error's place
+        pass
+
+    def init(flags=0):
+        raise NoDeviceError(NO_DEVICE)
+
+    package, driver = types.ModuleType("pycuda"), types.ModuleType("pycuda.driver")
+    for module in (package, driver):
+        module.__file__ = os.path.join(HERE, "conftest.py")
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+    package.__path__ = []
+    driver.init, driver.Error = init, NoDeviceError
+    driver.Device = types.SimpleNamespace(count=lambda: init())
+    package.driver = driver
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setitem(sys.modules, "pycuda", package)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)

@@ -70,6 +70,9 @@ USER = {
     "test_kernel_aot.py::test_build_as_nobody_with_unwritable_tmp":
         "the checkout is bound to /mnt in a private mount namespace (readable whatever its parent folder), and "
         "an interpreter nobody can run is looked for first (the venv's, else /usr/bin/python3), skipped if none",
+    "test_versions.py::test_nobody_can_neither_squat_nor_open_the_lock":
+        "nobody runs only setpriv's flock (no interpreter, no checkout) on a fresh 0755 folder under /tmp made by "
+        "the test; skipped without root, setpriv or flock",
 }
 
 WORKERS = {

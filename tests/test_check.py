@@ -15,6 +15,7 @@ import service_helpers as sh
 
 from edge import board
 from edge.bench import check, check_figure, check_report
+from edge.bench import report as report_stack
 from edge.config import load_config
 from edge.infer.latency import STAGES
 
@@ -59,7 +60,7 @@ def test_pass_writes_a_report_matching_the_schema(passed):
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "check.json").read_text(encoding="utf-8"))
     assert check_schema.schema_errors(report) == []
-    assert report["schema_version"] == check_report.SCHEMA_VERSION
+    assert report["schema_version"] == report_stack.SCHEMA_VERSION
     assert report["verdict"] == "pass" and report["budget_ms"] == 1000.0
     assert report["frames"] == 40 and report["warmup"] == 3 and report["ended_by"] == "frames"
     assert (report["backend"], report["precision"]) == ("onnxruntime", "fp32")

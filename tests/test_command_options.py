@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from edge.bench import check
+from edge.bench.sweep_options import SweepOptions
 from edge.cli import check as check_command
 from edge.cli import demo, rebuild
 from edge.cli.main import build_parser
@@ -19,8 +20,8 @@ from edge.model.rebuild_options import RebuildOptions
 
 from conftest import assert_refused, edge_here
 
-DECLARED = (Config, check.CheckOptions, demo.DemoOptions, RebuildOptions, CaptureOptions)
-NOT_YET = {"sweep", "release", "export"}  # commands whose numeric options are still argparse's own
+DECLARED = (Config, check.CheckOptions, demo.DemoOptions, RebuildOptions, CaptureOptions, SweepOptions)
+NOT_YET = {"release", "export"}  # commands whose numeric options are still argparse's own
 
 
 def _commands(parser, prefix=""):

@@ -42,6 +42,17 @@ BAD_CONFIGS = [
     ("model:\n  path: \"m\\0.onnx\"\n", "'model.path' must not contain control characters"),
     ("build:\n  engines_dir: \"e\\e[31m\"\n", "'build.engines_dir' must not contain control characters"),
     ("source:\n  uri: \"rtsp://h/x latency=0 ! fakesink\"\n", "'source.uri': not a well-formed rtsp:// URI"),
+    # a camera's key that is no name (issue 39.4): its camera and the key, not a TypeError from dict(**camera)
+    ("sources:\n  - {name: a}\n  - {name: b, 1: x}\n", "'sources[1]' has a key that is not a name: 1"),
+    ("sources:\n  - null: x\n", "'sources[0]' has a key that is not a name: null"),
+    # one device, stream or file is one camera (/dev/video0 and v4l2://0 are the same device)
+    ("sources:\n  - {name: a, uri: \"csi://0\"}\n  - {name: b, uri: \"csi://0\"}\n",
+     "'sources[1].uri' 'csi://0' is also 'sources[0].uri'"),
+    ("sources:\n  - {name: a, uri: /dev/video0}\n  - {name: b, uri: \"v4l2://1\"}\n  - {name: c, uri: \"v4l2://0\"}\n",
+     "'sources[2].uri' 'v4l2://0' is also 'sources[0].uri'"),
+    ("sources:\n  - {name: a, uri: clip.mp4}\n  - {name: b, uri: ./clip.mp4}\n", "'sources[1].uri'"),
+    ("sources:\n  - {name: a, uri: \"rtsp://u:pw@cam/s\"}\n  - {name: b, uri: \"rtsp://u:pw@cam/s\"}\n",
+     "'sources[1].uri' 'rtsp://***@cam/s'"),
 ]
 
 GOOD_NUMBERS = [("service:\n  telemetry:\n    interval_s: 1e-1\n", "service.telemetry.interval_s", 0.1),
@@ -87,6 +98,37 @@ def test_cli_bad_config_exits_2_without_traceback(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("runtime:\n  budget: 30\n", encoding="utf-8")
     assert_refused(edge_here("run", "--config", path), "unknown key 'runtime.budget'")
+
+
+def test_a_camera_key_that_is_no_name_is_one_line_exit_2(tmp_path):
+    """Exit 2 is the unit's RestartPreventExitStatus: a traceback's exit 1 had systemd restart it every 5 s."""
+    path = tmp_path / "keys.yaml"
+    path.write_text("sources:\n  - {name: a}\n  - {name: b, 1: x}\n", encoding="utf-8")
+    assert_refused(edge_here("run", "--config", path), str(path), "sources[1]", ": 1 ")
+
+
+def test_synthetic_cameras_may_repeat(tmp_path):
+    path = tmp_path / "synthetic.yaml"
+    path.write_text("sources:\n  - {name: a}\n  - {name: b, uri: synthetic}\n", encoding="utf-8")
+    assert [c.uri for c in load_config(str(path)).sources] == ["synthetic", "synthetic"]
+
+
+@pytest.mark.parametrize("command", ["run", "check", "demo", "doctor"])
+def test_source_flag_with_a_config_that_lists_cameras_is_refused(tmp_path, command):
+    """`sources:` is what these commands serve; --source would have been ignored without a word."""
+    path = tmp_path / "multi.yaml"
+    path.write_text("sources:\n  - {name: a}\n  - {name: b}\n", encoding="utf-8")
+    assert_refused(edge_here(command, "--config", path, "--source", "x.mp4"), "--source", str(path), "2 cameras")
+
+
+def test_a_cameras_error_names_its_key_in_the_file(tmp_path, small_model):
+    """The second camera's missing file is `sources[1].uri`, not `source.uri` (or a bare path)."""
+    path = tmp_path / "cameras.yaml"
+    path.write_text("sources:\n  - {name: a}\n  - {name: b, uri: %s}\n" % (tmp_path / "gone.mp4"), encoding="utf-8")
+    assert_refused(edge_here("run", "--config", path, "--model", small_model, "--frames", 1),
+                   "sources[1].uri", "gone.mp4: video file or image folder not found")
+    assert load_config(str(path)).sources[1].key == "sources[1]" and "key" not in as_dict(load_config(str(path)))[
+        "sources"][1]  # its place in the file is no YAML key
 
 
 def test_cli_missing_config_file(tmp_path):

@@ -1,6 +1,7 @@
 """SIGKILL at chosen moments of every writer of a set (issue 32): rollback, the build's install, calibrate import and
-cache fetch, each the real CLI in its own process (tests/crash_driver.py) killed right after each of its renames
-and after a few seeded random steps of any kind. Afterwards a reader gets a whole set, old or new, never an
+cache fetch, each the real CLI in its own process (tests/crash_driver.py), and the rebuild's calibration-set swap
+(edge.store.versions.replace_folder, settled by the next rebuild's recover_sets), killed right after each of its
+renames and after a few seeded random steps of any kind. Afterwards a reader gets a whole set, old or new, never an
 artifact with another set's labels; what was installed with a previous one can still be rolled back (and back);
 and the next writer leaves no temporary file behind.
 
@@ -22,7 +23,7 @@ from edge.model import engine_cache
 from edge.model.calibration import import_calibration_set, load_calibration_set
 from edge.model.plan import check_inputs
 from edge.store import artifact as af
-from edge.store.fileio import recover_dir
+from edge.store.versions import recover_folder, temp_prefix
 
 from conftest import HERE, REPO
 
@@ -207,7 +208,7 @@ def test_calibrate_import_killed_at_any_moment_leaves_the_old_or_the_new_set(tmp
         for kind, k in kill_points("import" + no_exchange, *argv, env=env, prepare=prepare):
             prepare()
             killed(k, kind, *argv, env=env)
-            recover_dir(out)  # what the next import, capture or build does first
+            recover_folder(out)  # what the next import, capture or build does first
             assert load_calibration_set(out).sha256 in (old, new), (no_exchange, kind, k)
             assert debris(str(tmp_path)) == [], (no_exchange, kind, k)
             held += 1
@@ -242,8 +243,9 @@ def test_cache_fetch_killed_at_any_moment_installs_whole_or_nothing(tiny_classif
 
 
 def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_next(tmp_path):
-    """The rebuild installs the artifact, then swaps the captured set in (exchange, or two renames); killed in
-    between, its next run puts the set the installed artifact records back in build.calibration_dir."""
+    """The rebuild installs the artifact, then swaps the captured set in (edge.store.versions.replace_folder:
+    exchange, or the old set renamed aside first); killed in between, its next run puts the set the installed
+    artifact records in build.calibration_dir and the old one in `.previous`."""
     from types import SimpleNamespace
 
     from edge.config import with_overrides
@@ -254,7 +256,9 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
     job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
     artifact = str(tmp_path / "engines" / "m.int8.onnx")
     lines = []
-    for killed_at in ("between the two renames", "after the exchange", "before the swap"):
+    aside = os.path.join(str(tmp_path), temp_prefix(cal, "keep") + "0123456789abcdef")  # a previous to keep
+    for killed_at in ("between the two renames", "after the exchange", "before the swap", "with the old set aside",
+                      "after the new set landed, the old one aside"):
         shutil.rmtree(str(tmp_path / "engines"), ignore_errors=True)
         for path in (cal, staged, job.previous_set):
             shutil.rmtree(path, ignore_errors=True)
@@ -273,7 +277,62 @@ def test_what_a_killed_rebuild_left_of_the_calibration_sets_is_settled_by_the_ne
             os.rename(cal, cal + ".x")
             os.rename(staged, cal)
             os.rename(cal + ".x", staged)
+        elif killed_at.endswith("aside"):
+            os.mkdir(aside)
+            os.rename(cal, os.path.join(aside, "set"))
+            if killed_at.startswith("after the new set landed"):
+                os.rename(staged, cal)
         recover_sets(job, SimpleNamespace(artifact=artifact), lines.append)
         assert load_calibration_set(cal).sha256 == new, killed_at
         assert load_calibration_set(job.previous_set).sha256 == old, killed_at
-        assert sorted(n for n in os.listdir(str(tmp_path)) if n.startswith("cal")) == ["cal", "cal.previous"]
+        assert sorted(n for n in os.listdir(str(tmp_path)) if n.lstrip(".").startswith("cal")) == \
+            ["cal", "cal.previous"], killed_at
+
+
+def test_the_rebuilds_set_swap_killed_at_any_moment_is_settled_by_the_next(tmp_path):
+    """The rebuild's swap (an older `.previous` discarded, then replace_folder with the old set kept as
+    `.previous`) killed after each rename and at seeded random steps, with and without RENAME_EXCHANGE: the next
+    rebuild's `recover_sets` leaves the set the installed artifact records in build.calibration_dir, the old one in
+    `.previous`, and nothing else."""
+    from types import SimpleNamespace
+
+    from edge.config import with_overrides
+    from edge.model.rebuild import RebuildJob, recover_sets
+
+    raws = old_and_new_images(tmp_path)
+    older = tmp_path / "raw-older"  # the `.previous` of an earlier rebuild, replaced by this one
+    older.mkdir()
+    shipped = os.path.join(REPO, "calibration", "default")
+    shutil.copy(os.path.join(shipped, sorted(f for f in os.listdir(shipped) if f.endswith(".jpg"))[5]), str(older))
+    work = tmp_path / "work"
+    cal, staged = str(work / "cal"), str(work / "cal.rebuild-20261201T000000Z")
+    job = RebuildJob(with_overrides(load_config(None), {"build.calibration_dir": cal}), stamp="20261202T000000Z")
+    artifact = str(tmp_path / "engines" / "m.int8.onnx")
+    held = 0
+
+    def prepare():
+        shutil.rmtree(str(work), ignore_errors=True)
+        import_calibration_set(str(raws[0]), cal, 1, log=quiet)
+        import_calibration_set(str(raws[1]), staged, 1, log=quiet)
+        import_calibration_set(str(older), job.previous_set, 1, log=quiet)
+
+    prepare()
+    old, new = load_calibration_set(cal).sha256, load_calibration_set(staged).sha256
+    staged_artifact = af.staging_path(artifact)
+    with open(staged_artifact, "wb") as fh:
+        fh.write(b"the rebuilt artifact")
+    af.install(artifact, artifact=staged_artifact, info={"trained": False, "calibration": {"sha256": new}}, log=quiet)
+    af.remove_quietly([staged_artifact])  # installed first: its model info records the captured set
+    for no_exchange in ("0", "1"):
+        env = {"EDGE_TEST_NO_EXCHANGE": no_exchange}
+        argv = ("install-set", staged, cal, job.previous_set)
+        for kind, k in kill_points("swap" + no_exchange, *argv, env=env, prepare=prepare):
+            prepare()
+            killed(k, kind, *argv, env=env)
+            recover_folder(cal)  # a plain `edge build` first (what its check_inputs does): nothing of this is its own
+            recover_sets(job, SimpleNamespace(artifact=artifact), quiet)
+            assert load_calibration_set(cal).sha256 == new, (no_exchange, kind, k)
+            assert load_calibration_set(job.previous_set).sha256 == old, (no_exchange, kind, k)
+            assert sorted(os.listdir(str(work))) == ["cal", "cal.previous"], (no_exchange, kind, k)
+            held += 1
+    assert held >= 6

@@ -67,6 +67,36 @@ def test_overlay_says_untrained():
     assert colour_pixels(out[-20:], AMBER) > 1000  # the UNTRAINED WEIGHTS banner along the bottom
 
 
+def test_the_mosaic_takes_a_camera_smaller_than_its_grid():
+    """Two 1x1 cameras: a 0 px tile made cv2.resize assert and the demo died; each tile is at least MIN_TILE."""
+    from edge.service.overlay import MIN_TILE
+
+    sink = OverlaySink(30.0, trained=True)
+    for camera, colour in (("a", 200), ("b", 90)):
+        result = make_result(12.0, np.full((1, 1, 3), colour, np.uint8))
+        result.camera = camera
+        sink.on_result(result)
+    assert sink.last.shape == (MIN_TILE[0], 2 * MIN_TILE[1], 3)
+    middle = sink.last[MIN_TILE[0] // 2]  # the 1x1 frame fills a square, centred in its tile, black beside it
+    assert middle[MIN_TILE[1] // 2].any() and middle[MIN_TILE[1] + MIN_TILE[1] // 2].any()
+    assert not middle[:10].any() and not middle[MIN_TILE[1] - 10:MIN_TILE[1] + 10].any()
+
+
+def test_the_mosaic_is_the_largest_frames_size_and_keeps_each_cameras_shape():
+    """A 640x480 and a 320x240 camera: the mosaic is 640x480 (not the first camera's size), the small one scaled up
+    into its tile; a 4:3 and a 16:9 camera keep their shapes (letterboxed), none squeezed."""
+    from edge.service.overlay import mosaic
+
+    small, large = np.full((240, 320, 3), 100, np.uint8), np.full((480, 640, 3), 100, np.uint8)
+    assert mosaic({"s": small, "l": large}).shape == (480, 640, 3)
+    wide = np.full((180, 320, 3), 100, np.uint8)  # 16:9 beside 4:3
+    out = mosaic({"a": small, "w": wide})
+    assert out.shape == (240, 320, 3)
+    tile = out[:, 160:]  # 160x240 tile: the 16:9 frame is 160x90, centred, black above and below
+    rows = np.flatnonzero(tile[:, 40:120].max(axis=(1, 2)) > 0)
+    assert 85 <= rows.max() - rows.min() + 1 <= 95 and rows.min() > 60
+
+
 def test_jpeg_is_encoded_only_when_someone_waits():
     hub = FrameHub()
     sink = OverlaySink(30.0, trained=True, hub=hub)

@@ -1,5 +1,6 @@
-"""`edge doctor` through the real CLI on this machine (no GPU): the CPU path can run (exit 0), a config that
-asks for TensorRT or CUDA preprocessing cannot (exit 1, FAIL lines with the reason and what to do)."""
+"""`edge doctor` through the real CLI on this machine, made one without a GPU (the no_gpu fixture): the CPU path
+can run (exit 0), a config that asks for TensorRT or CUDA preprocessing cannot (exit 1, FAIL lines with the reason
+and what to do)."""
 
 import os
 import re
@@ -10,7 +11,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from conftest import REPO, as_nobody, assert_refused, edge_here, run_edge
+from conftest import NO_DEVICE, REPO, as_nobody, assert_refused, edge_here, run_edge
 
 
 def status(stdout: str) -> Dict[str, str]:
@@ -18,12 +19,33 @@ def status(stdout: str) -> Dict[str, str]:
     return {m.group(2): m.group(1) for m in re.finditer(r"^(ok|warn|FAIL|--)\s+(\S+)\s", stdout, re.M)}
 
 
-def test_cpu_path_can_run(small_model: str) -> None:
+def test_no_gpu_is_a_machine_without_a_device_in_this_process_and_in_its_children(no_gpu: None) -> None:
+    """What the tests that need "no GPU" stand on, on a machine with one too (a Jetson, a workstation)."""
+    from edge.board import gpu_identity
+    from edge.errors import EdgeError
+    from edge.infer.cuda_kernel import device_arch
+    from edge.infer.select import cuda_unavailable
+
+    assert cuda_unavailable() == "no CUDA device ({})".format(NO_DEVICE)
+    assert gpu_identity()["gpu"] is None
+    try:
+        why = device_arch()[1]  # the device tree's SoC, on a Jetson
+    except EdgeError as exc:
+        why = str(exc)
+    assert NO_DEVICE in why
+    child = run_edge("doctor", "--model", "absent.onnx")
+    assert re.search(r"^(--|FAIL)\s+gpu\s+(no CUDA device|pycuda not importable)", child.stdout, re.M), child.stdout
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_cpu_path_can_run(small_model: str, no_gpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    for setting in ("EDGE_KERNEL_DIR", "STATE_DIRECTORY"):  # the default kernel dir, whatever this shell has set
+        monkeypatch.delenv(setting, raising=False)
     proc = run_edge("doctor", "--model", small_model, "--source", "synthetic")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = status(proc.stdout)
     assert list(lines) == ["python", "numpy", "onnxrt", "tensorrt", "nvcc", "gpu", "kernel", "opencv", "argus", "jtop",
-                           "power", "model", "pipeline"]
+                           "power", "cameras", "model", "pipeline"]
     assert lines["python"] == lines["model"] == lines["pipeline"] == "ok"
     assert "FAIL" not in lines.values()
     assert re.search(r"^ok\s+pipeline\s+loads: backend onnxruntime, preprocess cpu \(model is not a \.engine",
@@ -34,7 +56,7 @@ def test_cpu_path_can_run(small_model: str) -> None:
     assert proc.stdout.rstrip().endswith("edge doctor: the configured path can run")
 
 
-def test_gpu_config_cannot_run_here(tmp_path) -> None:
+def test_gpu_config_cannot_run_here(tmp_path, no_gpu) -> None:
     engine = str(tmp_path / "model.int8.engine")
     proc = run_edge("doctor", "--model", engine, "--backend", "tensorrt", "--preprocess", "cuda")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -47,12 +69,37 @@ def test_gpu_config_cannot_run_here(tmp_path) -> None:
     assert "edge doctor: the configured path cannot run (FAIL: tensorrt, gpu, kernel, model, pipeline)" in proc.stdout
 
 
+def test_every_configured_camera_is_checked(small_model: str, tmp_path) -> None:
+    """`sources:` is what `edge run` serves: a camera file that is missing fails doctor, naming its key (it passed
+    as "the configured path can run"); so does the one `source`."""
+    (tmp_path / "frames").mkdir()
+    config = tmp_path / "cameras.yaml"
+    config.write_text("sources:\n  - {name: a, uri: synthetic}\n  - {name: b, uri: %s}\n" % (tmp_path / "gone.mp4"),
+                      encoding="utf-8")
+    out: List[str] = []
+    code = _doctor_here(["--config", str(config), "--model", small_model], out)
+    assert code == 1 and "edge doctor: the configured path cannot run (FAIL: cameras)" in out[-1]
+    assert re.search(r"^FAIL\s+cameras\s+sources\[1\]\.uri .*gone.mp4: video file or image folder not found "
+                     r"\(camera b\)", "\n".join(out), re.M)
+    code = _doctor_here(["--model", small_model, "--source", str(tmp_path / "gone.mp4")], out)
+    assert code == 1 and re.search(r"^FAIL\s+cameras\s+source\.uri .*gone.mp4", "\n".join(out), re.M)
+
+
+def _doctor_here(argv: List[str], out: List[str]) -> int:
+    from edge.cli import doctor
+    from edge.cli.main import build_parser
+
+    del out[:]
+    return doctor.cmd_doctor(build_parser().parse_args(["doctor"] + argv), out=out.append)
+
+
 def test_bad_config_is_exit_2(tmp_path) -> None:
     proc = run_edge("doctor", "--config", str(tmp_path / "missing.yaml"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_doctor_as_an_unprivileged_user_names_each_cause_in_one_line(small_model: str, tmp_path, monkeypatch) -> None:
+def test_doctor_as_an_unprivileged_user_names_each_cause_in_one_line(small_model: str, tmp_path, monkeypatch,
+                                                                    no_gpu) -> None:
     """What the service account would meet (here: nobody, no groups): a model folder and a kernel folder it cannot
     read are named, one line each, with the account; no traceback."""
     kernels = tmp_path / "kernels"  # root's, 0700: like /var/lib/jetson-edge/kernels owned by another account
@@ -96,6 +143,20 @@ def test_a_check_that_raises_anything_is_one_fail_line() -> None:
         raise RuntimeError("driver exploded\nsecond line")
 
     assert _safe("gpu", broken) == ("FAIL", "gpu", "the check itself failed: RuntimeError: driver exploded")
+
+
+def test_a_pycuda_without_version_metadata_is_named_by_its_version_text(monkeypatch) -> None:
+    """A pycuda built from its sdist (tools/pycuda_kit.sh) has no __version__: the gpu line still names it."""
+    import types
+
+    from edge.cli import doctor
+
+    fake = types.ModuleType("pycuda")
+    fake.VERSION_TEXT = "2026.1"
+    monkeypatch.setitem(sys.modules, "pycuda", fake)
+    assert doctor._version("pycuda") == "2026.1"
+    monkeypatch.delattr(fake, "VERSION_TEXT")
+    assert doctor._version("pycuda") == "absent"
 
 
 def test_opencv_built_for_numpy_1_is_named_as_an_abi_mismatch(tmp_path, monkeypatch) -> None:

@@ -190,7 +190,7 @@ def test_nvcc_message_is_kept(nvcc: str, tmp_path: Path) -> None:
     (None, None),  # not a device-tree machine
 ])
 def test_without_a_cuda_device_the_kernel_is_built_for_the_soc_the_device_tree_names(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compatible: str, arch: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_gpu: None, compatible: str, arch: str) -> None:
     """An install in an image build or a chroot has no CUDA device: the Jetson's SoC says which GPU it has."""
     from edge import board
 
@@ -204,6 +204,6 @@ def test_without_a_cuda_device_the_kernel_is_built_for_the_soc_the_device_tree_n
     if arch is None:
         with pytest.raises(cuda_kernel.EdgeError, match="no CUDA device to build the kernel for"):
             cuda_kernel.device_arch()
-    else:  # this machine has no CUDA device (nor pycuda): the device tree decides
+    else:  # no CUDA device (no_gpu): the device tree decides
         found, why = cuda_kernel.device_arch()
         assert found == arch and why.startswith("the device tree's SoC (no CUDA device")

@@ -255,3 +255,52 @@ def test_a_file_name_that_is_not_utf8_prints_escaped(small_model, tmp_path):
     proc = run_edge("classify", str(tmp_path), "--model", small_model)  # the table names the file on stdout
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "ph\\udcffoto.png" in proc.stdout
+
+
+# --- the daemon's metrics URL: one builder (issue 38.8) ------------------------------------------------------------
+@pytest.mark.parametrize("host, client, shown", [
+    ("", "http://127.0.0.1:9108/metrics", "http://0.0.0.0:9108/metrics"),
+    ("0.0.0.0", "http://127.0.0.1:9108/metrics", "http://0.0.0.0:9108/metrics"),
+    ("::", "http://[::1]:9108/metrics", "http://[::]:9108/metrics"),
+    ("10.0.0.5", "http://10.0.0.5:9108/metrics", "http://10.0.0.5:9108/metrics"),
+    ("fe80::1", "http://[fe80::1]:9108/metrics", "http://[fe80::1]:9108/metrics"),
+])
+def test_a_bind_to_every_interface_is_scraped_on_loopback(host, client, shown):
+    from edge.uri import metrics_url
+
+    assert metrics_url(host, 9108, local_client=True) == client
+    assert metrics_url(host, 9108, local_client=False) == shown
+
+
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::"])
+def test_the_bake_and_the_rebuild_scrape_loopback_whatever_the_bind(tmp_path, host):
+    """`metrics.host: ""` was baked at http://:9108/metrics, which cannot be read: the release fell back."""
+    import types
+
+    from edge.cli.rebuild import metrics_url as rebuild_url
+    from edge.config import load_config
+    from edge.fleet.rollout import metrics_url as bake_url
+
+    (tmp_path / "v1").mkdir()
+    config = tmp_path / "v1" / "config.yaml"
+    config.write_text(json.dumps({"service": {"metrics": {"enabled": True, "host": host, "port": 9200}}}),
+                      encoding="utf-8")
+    loopback = "http://{}:9200/metrics".format("[::1]" if host == "::" else "127.0.0.1")
+    device = types.SimpleNamespace(release_dir=lambda release: str(tmp_path / release))
+    assert bake_url(device, "v1") == rebuild_url(load_config(str(config))) == loopback
+
+
+def test_one_module_writes_the_metrics_url():
+    """edge.uri.metrics_url alone spells a /metrics URL: no second builder with its own idea of loopback."""
+    import glob
+
+    import edge
+
+    def spells_one(path):
+        with open(path, encoding="utf-8") as fh:
+            return ':{}/metrics"' in fh.read()
+
+    root = os.path.dirname(edge.__file__)
+    writers = [os.path.relpath(path, root) for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True)
+               if spells_one(path)]
+    assert writers == ["uri.py"]

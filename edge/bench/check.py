@@ -20,7 +20,18 @@ _WARMUP_LOW, _WARMUP_HIGH = declared_range(Config, "runtime.warmup")  # --warmup
 
 
 @dataclass(frozen=True)
-class CheckOptions:
+class RegressionOptions:
+    """What `--compare` flags as a regression, declared once for every command that compares with a previous report
+    (`edge check`, `edge sweep`): worse by more than both."""
+
+    regression_pct: float = setting(10.0, "flag a figure worse by more than this % ...", low=0.0, high=1e9,
+                                    flag="--regression-pct")
+    regression_ms: float = setting(0.2, "... and a latency by more than this many ms", low=0.0, high=1e9,
+                                   flag="--regression-ms")
+
+
+@dataclass(frozen=True)
+class CheckOptions(RegressionOptions):
     """`edge check`'s own flags with their defaults and bounds, declared once (edge.fields); a caller that runs the
     check in code or as a process (the rebuild's latency step) builds these."""
 
@@ -29,10 +40,6 @@ class CheckOptions:
                           high=_WARMUP_HIGH, flag="--warmup")
     json: str = setting("latency-check.json", "JSON report ('' for none)", flag="--json")
     plot: str = setting("latency-check.png", "PNG figure, 1200x900 px ('' for none)", flag="--plot")
-    regression_pct: float = setting(10.0, "flag a stage's p50/p99 worse by more than this % ...", low=0.0, high=1e9,
-                                    flag="--regression-pct")
-    regression_ms: float = setting(0.2, "... and by more than this many ms", low=0.0, high=1e9,
-                                   flag="--regression-ms")
 
 
 def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, clock_root: str = "/",

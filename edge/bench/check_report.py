@@ -2,7 +2,6 @@
 gathers beside the latency table (the per-frame series and the telemetry trace, both sinks; jtop's view of the
 clocks) and the comparison with a previous report. The figure is edge/bench/check_figure.py."""
 
-import math
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -10,15 +9,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from edge import __version__
+from edge.bench import report
 from edge.config import Config
-from edge.errors import EdgeError
 from edge.infer.latency import STAGES, format_table
 from edge.infer.pipeline import Result, Sink
-from edge.inputs import load_json
 from edge.uri import redact
-
-SCHEMA_VERSION = 1
-
 
 TELEMETRY_METRICS = (("temperature_c", "temperature (°C)"), ("gpu_clock_mhz", "GPU clock (MHz)"),
                      ("power_w", "power (W)"))
@@ -27,8 +22,9 @@ TELEMETRY_METRICS = (("temperature_c", "temperature (°C)"), ("gpu_clock_mhz", "
 def build_report(cfg: Config, facts: Dict[str, Any], warning: Optional[str], summary: Dict[str, Any], frames: int,
                  duration_s: float, warnings: List[str], telemetry: Dict[str, Any],
                  system: Dict[str, Any]) -> Dict[str, Any]:
-    """The report (SCHEMA_VERSION, docs/latency-check.md) of a run's `summary` (edge.service.loop.run) and what the
-    check gathered beside it; `facts` are what the run's start line said about the model and backend."""
+    """The report (edge.bench.report.SCHEMA_VERSION, docs/latency-check.md) of a run's `summary`
+    (edge.service.loop.run) and what the check gathered beside it; `facts` are what the run's start line said
+    about the model and backend."""
     stages = summary["stages_ms"]
     p99 = stages["end_to_end"]["p99"]
     budget = cfg.runtime.budget_ms
@@ -41,7 +37,7 @@ def build_report(cfg: Config, facts: Dict[str, Any], warning: Optional[str], sum
         passed = passed and figures <= budget
         reason += "; worst camera {} p99 {:.3f} ms".format(worst, figures)
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": report.SCHEMA_VERSION,
         "tool": "edge check " + __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "verdict": "pass" if passed else "fail",
@@ -202,29 +198,12 @@ def _as_float(value: Any) -> Optional[float]:
 
 
 def load_previous(path: str) -> Dict[str, Any]:
-    data = load_json(path, "previous report")
-    if not isinstance(data, dict) or not isinstance(data.get("stages_ms"), dict):
-        raise EdgeError("{}: not an edge check report (no 'stages_ms')".format(path))
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise EdgeError("{}: schema_version {!r}, this edge check reads {}".format(
-            path, data.get("schema_version"), SCHEMA_VERSION))
-    return data
-
-
-def _ms(value: Any) -> Optional[float]:
-    """A report's milliseconds, or None for anything else (strings, NaN, a 400-digit number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        ms = float(value)
-    except OverflowError:
-        return None
-    return ms if math.isfinite(ms) and 0 <= ms < 1e9 else None
+    return report.load_previous(path, tool="edge check", rows="stages_ms")
 
 
 def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: str, pct: float,
             ms: float) -> Dict[str, Any]:
-    """Per-stage p50/p99 deltas; a regression is worse by more than `pct` percent AND more than `ms` ms."""
+    """Per-stage p50/p99 deltas (edge.bench.report.judge: worse by more than `pct` percent AND `ms` ms)."""
     stages: Dict[str, Any] = {}
     regressions = []
     for name, now in current.items():
@@ -233,17 +212,15 @@ def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: st
             continue
         entry = {}
         for q in ("p50", "p99"):
-            old, new = _ms(before.get(q)), _ms(now.get(q))
-            if old is None or new is None:
+            judged = report.judge(before.get(q), now.get(q), pct=pct, ms=ms)
+            if judged is None:
                 continue
-            delta = new - old
-            rel = 100.0 * delta / old if old > 0 else None
-            worse = delta > ms and (rel is None or rel > pct)
-            entry[q] = {"previous": old, "current": new, "delta_ms": round(delta, 3),
-                        "delta_pct": None if rel is None else round(rel, 1), "regressed": worse}
+            entry[q], worse = judged
             if worse:
+                e = entry[q]
                 regressions.append("{} {} {:.3f} -> {:.3f} ms (+{:.3f} ms{})".format(
-                    name, q, old, new, delta, "" if rel is None else ", +{:.1f}%".format(rel)))
+                    name, q, e["previous"], e["current"], e["delta_ms"],
+                    "" if e["delta_pct"] is None else ", +{:.1f}%".format(e["delta_pct"])))
         if len(entry) == 2:
             stages[name] = entry
     return {"previous": previous_path, "thresholds": {"pct": pct, "ms": ms}, "stages": stages,

@@ -15,7 +15,7 @@ FIGURE_DPI = 100
 STAGE_COLOURS = ("#c8c8c8", "#dd8452", "#4c72b0", "#55a868")
 
 
-def plot(path: str, report: Dict[str, Any]) -> Dict[str, Any]:
+def plot(path: str, report: Dict[str, Any]) -> None:
     require("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -26,7 +26,7 @@ def plot(path: str, report: Dict[str, Any]) -> Dict[str, Any]:
     cells, s = report["cells"], report["settings"]
     passed = report["verdict"] == "pass"
     fig.suptitle("edge sweep: {} - {}".format(report["verdict"].upper(), report["verdict_reason"]), fontsize=12,
-                 color="#1a7f37" if passed else "#cf222e", y=0.975)
+                 color="#1a7f37" if passed else "#9a6700" if report["verdict"] == "unsettled" else "#cf222e", y=0.975)
     facts = report["facts"]
     fig.text(0.5, 0.925, "{} {} {} - {} load, {} - budget {:g} ms (p99 end to end), drops <= {:g}% - {}".format(
         facts.get("backend", "?"), facts.get("precision", "?"), facts.get("model", "?").rsplit("/", 1)[-1],
@@ -39,6 +39,10 @@ def plot(path: str, report: Dict[str, Any]) -> Dict[str, Any]:
     _stages(fig.add_subplot(grid[1, 0]), best, s["budget_ms"])
     _batches(fig.add_subplot(grid[1, 1]), best)
     atomic_write(path, lambda fh: fig.savefig(fh, dpi=FIGURE_DPI, format="png"), "figure")
+
+
+def figure_facts(path: str) -> Dict[str, Any]:
+    """What the report says of the figure `plot` writes to `path`."""
     return {"path": path, "width_px": int(FIGURE_SIZE_IN[0] * FIGURE_DPI),
             "height_px": int(FIGURE_SIZE_IN[1] * FIGURE_DPI)}
 

@@ -4,8 +4,8 @@ interleaved round by round until each cell's last windows agree; then the report
 the figure (edge/bench/sweep_figure.py), the CSV and the JSON.
 """
 
-import argparse
 import io
+import os
 import random
 import sys
 import time
@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from edge.bench.sweep_options import SweepOptions, check_sweep
 from edge.bench.sweep_report import (
     Window,
     agree,
@@ -24,7 +25,7 @@ from edge.bench.sweep_report import (
     to_csv,
 )
 from edge.config import Config, with_overrides
-from edge.errors import EdgeError
+from edge.errors import EdgeError, first_line
 from edge.infer.pipeline import Result, Sink
 from edge.sources.capture import Capture, SyntheticCapture
 from edge.store.fileio import atomic_write, write_json_atomic
@@ -55,9 +56,38 @@ class SweepCamera(Capture):
         if wait > 0:
             time.sleep(wait)
 
-    def read(self) -> Optional[np.ndarray]:
+    def read(self, into: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         self.reads.append(time.monotonic())
         return self.frames[len(self.reads) % len(self.frames)]
+
+
+class PeakMemory:
+    """The process's peak resident memory over a stretch of time: Linux's high-water mark (VmHWM), reset at the
+    start by writing 5 to /proc/self/clear_refs; where that cannot be done, the peak since the process started."""
+
+    def __init__(self, proc: str = "/proc/self"):
+        self.proc = proc
+
+    def reset(self) -> None:
+        try:
+            with open(os.path.join(self.proc, "clear_refs"), "w", encoding="utf-8") as fh:
+                fh.write("5")
+        except OSError:  # not Linux, or a kernel before 4.0: the lifetime peak it is
+            pass
+
+    def peak_mb(self) -> Optional[float]:
+        try:
+            with open(os.path.join(self.proc, "status"), encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024.0
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            import resource
+        except ImportError:
+            return None
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1024)
 
 
 class WindowSink(Sink):
@@ -112,6 +142,8 @@ class WindowSink(Sink):
                 w.dropped += settled - len(served[name])
         w.cpu_s = time.process_time() - self.cpu0
         snap = self.results[-1].telemetry
+        if snap is not None:
+            w.ram_fraction = getattr(snap, "ram_fraction", None)  # a Jetson's (jtop) is the RAM CPU and GPU share
         if snap is not None and getattr(snap, "source", "") == "jtop":
             w.gpu_load, w.emc_mhz = getattr(snap, "gpu_load", None), getattr(snap, "emc_freq_mhz", None)
         return w
@@ -135,13 +167,19 @@ def open_window(cfg: Config, stages: Any, frames: List[np.ndarray], *, streams: 
     sink = WindowSink(seconds, stop, cameras)
     runtime = Runtime(window_cfg, [sink], JsonLog(stream=io.StringIO()),
                       capture_factory=lambda camera: cameras[getattr(camera, "name", "cam0")], stages=stages)
+    memory = PeakMemory()
+    memory.reset()
     run(runtime, stop)
-    return sink.finish()
+    window = sink.finish()
+    window.peak_rss_mb = memory.peak_mb()
+    return window
 
 
 def closed_window(stages: Any, image: np.ndarray, *, batch: int, seconds: float, budget_ms: float) -> Window:
     """One window of a closed-loop cell: batches of `batch` back to back, nothing waiting (engine capacity)."""
     w = Window(seconds)
+    memory = PeakMemory()
+    memory.reset()
     for _ in range(2):  # warm: the first runs of a size allocate
         stages.classify_batch([image] * batch, {})
     t0, cpu0 = time.monotonic(), time.process_time()
@@ -157,7 +195,7 @@ def closed_window(stages: Any, image: np.ndarray, *, batch: int, seconds: float,
             w.camera.append("closed")
             w.ok.append(stage_ms["end_to_end"] <= budget_ms)
     w.seconds, w.cpu_s = time.monotonic() - t0, time.process_time() - cpu0
-    w.produced = w.frames
+    w.produced, w.peak_rss_mb = w.frames, memory.peak_mb()
     return w
 
 
@@ -183,7 +221,7 @@ class Progress:
             self.stream.flush()
 
 
-def sweep_cells(cfg: Config, stages: Any, cells: List[Tuple[int, int]], options: argparse.Namespace,
+def sweep_cells(cfg: Config, stages: Any, cells: List[Tuple[int, int]], options: SweepOptions,
                 progress: Progress) -> List[Dict[str, Any]]:
     """Every cell's windows, round by round, until each agrees or has --max-windows; their figures."""
     frames = synthetic_frames(cfg)
@@ -211,7 +249,8 @@ def sweep_cells(cfg: Config, stages: Any, cells: List[Tuple[int, int]], options:
         stable = agree(windows, options.windows, options.agree_pct)
         fps = options.fps if options.load == "open" else None
         out.append(cell_figures(windows[-options.windows:], streams=streams, batch=batch, fps=fps,
-                                budget_ms=cfg.runtime.budget_ms, stable=stable, all_windows=len(windows)))
+                                budget_ms=cfg.runtime.budget_ms, stable=stable, all_windows=len(windows),
+                                context_memory_mb=stages.facts().get("context_memory_mb")))
     return out
 
 
@@ -221,13 +260,14 @@ def synthetic_frames(cfg: Config) -> List[np.ndarray]:
     return capture.frames
 
 
-def run_sweep(cfg: Config, options: argparse.Namespace, out: Callable[[str], None] = print,
+def run_sweep(cfg: Config, options: SweepOptions, out: Callable[[str], None] = print,
               progress_stream: Any = None) -> Dict[str, Any]:
     """The sweep `options` describe with config `cfg`; returns the report (its verdict in report['verdict'])."""
     from edge.board import clock_state, system_info
     from edge.infer.stages import build_stages
 
-    previous = load_previous(options.compare) if options.compare else None
+    check_sweep(options)
+    previous = load_previous(options.compare) if options.compare else None  # refused before any cell runs
     cfg = with_overrides(cfg, {"runtime.latency_window": max(cfg.runtime.latency_window, 100000)})
     stages = build_stages(cfg)
     try:
@@ -260,13 +300,26 @@ def run_sweep(cfg: Config, options: argparse.Namespace, out: Callable[[str], Non
     return report
 
 
-def write_outputs(report: Dict[str, Any], options: argparse.Namespace) -> None:
-    if options.plot:
-        from edge.bench.sweep_figure import plot
+def write_outputs(report: Dict[str, Any], options: SweepOptions) -> None:
+    """The JSON report first, then the CSV and the figure: an output that fails (a full disk, /proc/x.png) is named
+    in report['output_errors'] (and the JSON written again to say so) without costing the others."""
+    from edge.bench.sweep_figure import figure_facts, plot
 
-        report["figure"] = plot(options.plot, report)
-    if options.csv:
-        text = to_csv(report)
-        atomic_write(options.csv, lambda fh: fh.write(text.encode("utf-8")), "CSV")
-    if options.json:
-        write_json_atomic(options.json, report, "JSON report")
+    if options.plot:
+        report["figure"] = figure_facts(options.plot)
+    writers = {"JSON report": lambda path: write_json_atomic(path, report, "JSON report"),
+               "CSV": lambda path: atomic_write(path, lambda fh: fh.write(to_csv(report).encode("utf-8")), "CSV"),
+               "figure": lambda path: plot(path, report)}
+    failed = report["output_errors"] = []
+    for path, what in options.outputs():
+        try:
+            writers[what](path)
+        except Exception as exc:  # any output's failure is reported; the others are kept
+            failed.append("{} {}: not written: {}".format(what, path, first_line(exc)))
+    if failed and options.json and not failed[0].startswith("JSON report"):
+        if options.plot and any(f.startswith("figure") for f in failed):
+            report["figure"] = None
+        try:
+            write_json_atomic(options.json, report, "JSON report")
+        except Exception as exc:  # the first JSON stands
+            failed.append("JSON report {}: not updated: {}".format(options.json, first_line(exc)))

@@ -9,7 +9,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
-from edge.errors import EXIT_OK
+from edge.errors import EXIT_FAIL, EXIT_OK
 from edge.fields import add_flags, leaves, options_from
 from edge.model.capture_options import CaptureOptions
 
@@ -20,6 +20,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     from edge.store.artifact import served_note
 
     cfg = config_from_args(args)
+    if args.needed:
+        return engine_needed(cfg.model.path)
     started = time.monotonic()
     plan = check_inputs(cfg, None, engine=args.engine, calibrator=args.calibrator, show_progress=not args.no_progress,
                         untrained=args.untrained, accept_inconclusive=args.accept_inconclusive)
@@ -29,6 +31,24 @@ def cmd_build(args: argparse.Namespace) -> int:
         print("build: " + note)
     run_build(plan)
     return EXIT_OK
+
+
+def engine_needed(engine: str) -> int:
+    """`edge build --needed`: exit 0 when `engine` is missing or does not fit this board, TensorRT and CUDA (a build
+    is needed: first boot, a JetPack upgrade), 1 when it fits. The engine unit's ExecCondition (systemd/)."""
+    from edge.errors import EdgeError, first_line
+    from edge.store.artifact import check_engine
+
+    if not engine.endswith(".engine"):
+        print("build: model.path {} is not a TensorRT engine: nothing to build".format(engine))
+        return EXIT_FAIL
+    try:
+        check_engine(engine)
+    except EdgeError as exc:
+        print("build: needed: {}".format(first_line(exc).split("; rebuild with:")[0]))
+        return EXIT_OK
+    print("build: {} fits this board, TensorRT and CUDA: nothing to build".format(engine))
+    return EXIT_FAIL
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -79,6 +99,9 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrator", action="store_true",
                    help="with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT 8.5/10 only)")
     p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
+    p.add_argument("--needed", action="store_true",
+                   help="build nothing: exit 0 when model.path's engine is missing or does not fit this board, "
+                        "TensorRT and CUDA, 1 when it fits (systemd/jetson-edge-engine.service)")
     add_gate_arguments(p)
     p.add_argument("--untrained", action="store_true",
                    help="the model has untrained (random) weights: the gate is reported, not enforced, and the "

@@ -33,8 +33,8 @@ def register(subparsers: Any) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     options = options_from(args, CheckOptions)
-    report = run_check(config_from_args(args), options, args.compare, out=lambda s: print(s, flush=True),
-                       warn=lambda s: print("edge check: " + s, file=sys.stderr))
+    report = run_check(config_from_args(args, serves_cameras=True), options, args.compare,
+                       out=lambda s: print(s, flush=True), warn=lambda s: print("edge check: " + s, file=sys.stderr))
     if not verdict(report, options.json or "the report").passed:
         return EXIT_FAIL
     if args.fail_on_regression and report["comparison"] and report["comparison"]["regressions"]:

@@ -27,15 +27,24 @@ def add_config_flags(p: argparse.ArgumentParser, *keys: str) -> None:
     add_flags(p, Config, *(keys or PIPELINE_KEYS))
 
 
-def config_from_args(args: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> Config:
-    """The config file named by --config with the config flags given (and `extra` keys) applied."""
+def config_from_args(args: argparse.Namespace, extra: Optional[Dict[str, Any]] = None, *,
+                     serves_cameras: bool = False) -> Config:
+    """The config file named by --config with the config flags given (and `extra` keys) applied.
+    `serves_cameras`: the command serves the config's cameras (`sources`, else `source`), so --source with a
+    config that lists cameras is refused rather than silently ignored."""
     uri = getattr(args, "source.uri", None)
     note = argv_note(uri) if isinstance(uri, str) else None
     if note:  # before the flags are checked: a refused URI still says where its credentials belong
         print(note, file=sys.stderr)
     flags = flag_values(args, Config)
     flags.update({k: v for k, v in (extra or {}).items() if v is not None})
-    return load_config(getattr(args, "config", None), flags)
+    path = getattr(args, "config", None)
+    if serves_cameras and uri is not None and path is not None:
+        listed = load_config(path).sources  # as the file has them: --source would fill a camera's left-out uri
+        if listed:
+            raise EdgeError("--source: {} lists {} cameras under 'sources', which --source does not replace; set "
+                            "their uri there, or use a config without 'sources'".format(path, len(listed)))
+    return load_config(path, flags)
 
 
 def add_command(subparsers: Any, name: str, summary: str, description: Optional[str],

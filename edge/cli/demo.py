@@ -114,7 +114,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    run_demo(config_from_args(args), args.headless, options_from(args, DemoOptions))
+    run_demo(config_from_args(args, serves_cameras=True), args.headless, options_from(args, DemoOptions))
     return EXIT_OK
 
 

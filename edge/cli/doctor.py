@@ -6,10 +6,11 @@
 Python, NumPy (JetPack's OpenCV and TensorRT need 1.x), onnxruntime, TensorRT, nvcc, pycuda and the GPU (a
 cuInit the user may not make is told apart from a pycuda build), the preprocessing kernel (which one would load,
 from where, and why), OpenCV's GStreamer, nvarguscamerasrc and nvargus-daemon's socket, the jtop socket, power
-mode and clocks, the engine's manifest against this board, and finally the pipeline itself, loaded as `edge run`
-would load it. Each check runs as the current user: `--as-service` runs them all as the service would. Status
-per line: `ok`, `warn` (works, but worse), `FAIL` (the configured path cannot run), `--` (not needed by this
-config). Exit 0 when the configured path can run, 1 when it cannot, 2 for a bad config.
+mode and clocks, each camera (`sources`, else `source`: a missing file fails), the engine's manifest against this
+board, and finally the pipeline itself, loaded as `edge run` would load it. Each check runs as the current user:
+`--as-service` runs them all as the service would. Status per line: `ok`, `warn` (works, but worse), `FAIL` (the
+configured path cannot run), `--` (not needed by this config). Exit 0 when the configured path can run, 1 when it
+cannot, 2 for a bad config.
 """
 
 import argparse
@@ -24,7 +25,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from edge import __version__
 from edge.board import clock_state, gpu_identity, is_jetson, package_version, tensorrt_probe
 from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
-from edge.config import Config
+from edge.config import Config, cameras
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, first_line
 from edge.service.telemetry import JTOP_SOCKET
 from edge.store.artifact import check_engine
@@ -55,7 +56,11 @@ def _account() -> str:
 
 
 def _version(module: str) -> str:
-    return package_version(module) or "absent"
+    """Its __version__; else pycuda's own VERSION_TEXT (a pycuda built here has no __version__), else absent."""
+    found = package_version(module)
+    if found is None and module in sys.modules:
+        found = getattr(sys.modules[module], "VERSION_TEXT", None)
+    return str(found or "absent")
 
 
 def _not_ok(needed: bool) -> str:
@@ -265,7 +270,8 @@ def check_model(cfg: Config, needed_engine: bool) -> Line:
         from edge.model.plan import source_model
 
         fp32 = source_model(path)
-        todo = "build it from {}: edge build{} --config ...".format(fp32, " --engine" if needed_engine else "") \
+        todo = "build it from {}: edge build{} --config {}".format(fp32, " --engine" if needed_engine else "",
+                                                                cfg.path or "<your config>") \
             if os.path.isfile(fp32) else "no {} to build it from either: export it on a PC and copy it over " \
             "(docs/service.md, 'The first model')".format(fp32)
         return "FAIL", "model", "{} not found (model.path); {}".format(path, todo)
@@ -273,10 +279,25 @@ def check_model(cfg: Config, needed_engine: bool) -> Line:
         return "ok", "model", "{} (ONNX, no engine to match to this board)".format(path)
     warnings: List[str] = []
     try:
-        check_engine(path, warn=warnings.append)
+        check_engine(path, warn=warnings.append, config_path=cfg.path)
     except EdgeError as exc:
         return "FAIL", "engine", str(exc)
     return ("warn" if warnings else "ok"), "engine", "; ".join(["{} matches this board".format(path)] + warnings)
+
+
+def check_cameras(cfg: Config) -> Line:
+    """Each camera the config serves (`sources`, else `source`) mapped as `edge run` maps it: a missing file or
+    folder, or a camera kind this machine cannot open, fails, naming the camera's key. Nothing is opened."""
+    from edge.sources.source import open_capture
+
+    served = cameras(cfg)
+    for camera in served:
+        try:
+            open_capture(camera)
+        except EdgeError as exc:  # names the camera's key
+            return "FAIL", "cameras", str(exc) + (" (camera {})".format(camera.name) if cfg.sources else "")
+    return "ok", "cameras", ", ".join("{} {}".format(c.name, redact(c.uri)) for c in served) if cfg.sources \
+        else redact(cfg.source.uri)
 
 
 def check_pipeline(cfg: Config) -> Line:
@@ -303,13 +324,15 @@ def _safe(what: str, check: Callable[..., Line], *args: Any) -> Line:
 def diagnose(cfg: Config, root: str = "/") -> List[Line]:
     engine = cfg.backend.kind == "tensorrt" or cfg.model.path.endswith(".engine")
     cuda_pre = cfg.preprocess.device == "cuda"
-    csi = cfg.source.uri.startswith("csi://")
+    uris = [camera.uri for camera in cameras(cfg)]
+    csi = any(uri.startswith("csi://") for uri in uris)
     lines = [_safe("python", check_python), _safe("numpy", check_numpy), _safe("onnxrt", check_onnxruntime, not engine),
              _safe("tensorrt", check_tensorrt, engine), _safe("nvcc", check_nvcc, is_jetson(root)),
              _safe("gpu", check_gpu, engine or cuda_pre)]
     lines.append(_safe("kernel", check_kernel, cuda_pre, lines[-1][0] == "ok"))
-    lines += [_safe("opencv", check_opencv, cfg.source.uri != "synthetic", csi), _safe("argus", check_argus, csi),
-              _safe("jtop", check_jtop), _safe("power", check_power, root), _safe("model", check_model, cfg, engine),
+    lines += [_safe("opencv", check_opencv, any(uri != "synthetic" for uri in uris), csi),
+              _safe("argus", check_argus, csi), _safe("jtop", check_jtop), _safe("power", check_power, root),
+              _safe("cameras", check_cameras, cfg), _safe("model", check_model, cfg, engine),
               _safe("pipeline", check_pipeline, cfg)]
     return lines
 
@@ -319,9 +342,10 @@ def cmd_doctor(args: argparse.Namespace, out: Callable[[str], None] = print) -> 
         from edge.cli.doctor_service import run_as_service
 
         return run_as_service(sys.argv[2:] if sys.argv[1:2] == ["doctor"] else sys.argv[1:])
-    cfg = config_from_args(args)
-    out("edge doctor: {} (model {}, backend {}, preprocess {}, source {})".format(
-        cfg.path or "<defaults>", cfg.model.path, cfg.backend.kind, cfg.preprocess.device, redact(cfg.source.uri)))
+    cfg = config_from_args(args, serves_cameras=True)
+    out("edge doctor: {} (model {}, backend {}, preprocess {}, {})".format(
+        cfg.path or "<defaults>", cfg.model.path, cfg.backend.kind, cfg.preprocess.device,
+        "{} cameras".format(len(cfg.sources)) if cfg.sources else "source " + redact(cfg.source.uri)))
     lines = diagnose(cfg)
     for status, what, detail in lines:
         out("{:<5} {:<9} {}".format(status, what, detail))

@@ -39,6 +39,7 @@ from edge.config import Config
 from edge.errors import EXIT_OK, EdgeError, first_line, require
 from edge.fields import add_flags, options_from
 from edge.model.rebuild_options import RebuildOptions
+from edge.uri import metrics_url as metrics_endpoint
 
 if TYPE_CHECKING:
     from edge.model.plan import BuildPlan
@@ -112,9 +113,7 @@ def metrics_url(cfg: Config) -> str:
     if not m.enabled:
         raise EdgeError("service.metrics.enabled is false in {}: the rebuild confirms a reload from the service's "
                         "metrics; enable them or use --no-reload".format(cfg.path or "<defaults>"))
-    from edge.service.metrics import metrics_url as url
-
-    return url({"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(m.host, m.host), m.port)
+    return metrics_endpoint(m.host, m.port, local_client=True)
 
 
 def _pid_target(pid: Optional[int], pidfile: Optional[str]) -> int:

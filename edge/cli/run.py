@@ -18,7 +18,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from edge.service.runtime import Runtime
 
         # SIGHUP re-reads the config file and re-applies the same flags.
-        runtime = Runtime(config_from_args(args), reload_config=lambda: config_from_args(args))
+        runtime = Runtime(config_from_args(args, serves_cameras=True),
+                          reload_config=lambda: config_from_args(args, serves_cameras=True))
         run(runtime, stop, table="edge run")
     return EXIT_OK
 

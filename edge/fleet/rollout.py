@@ -16,13 +16,13 @@ LOCK_WAIT_S = 60.0
 def metrics_url(dev: Device, release: str) -> str:
     """The daemon's /metrics as the release's config sets it (the bake reads it)."""
     from edge.config import load_config
+    from edge.uri import metrics_url as metrics_endpoint
 
     metrics = load_config(os.path.join(dev.release_dir(release), "config.yaml")).service.metrics
     if not metrics.enabled:
         raise EdgeError("release {}: service.metrics.enabled is false; the bake reads the daemon's metrics".format(
             release))
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(metrics.host, metrics.host)
-    return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, metrics.port)
+    return metrics_endpoint(metrics.host, metrics.port, local_client=True)
 
 
 def refusal_line(release: str, rec: Dict[str, Any], sha: str, local: bool) -> str:

@@ -9,9 +9,21 @@ make_context() makes the context current on the creating thread; it is popped at
 use (`with session:`), so any thread may use it without pycuda's "explicit_context_dependent" errors.
 """
 
-from typing import Any
+import ctypes
+import functools
+from typing import Any, Optional
+
+import numpy as np
 
 from edge.errors import EdgeError, require
+
+CU_STREAM_NON_BLOCKING = 0x1  # cuda.h's; pycuda's Stream(flags) has no enum for it
+
+
+@functools.lru_cache(maxsize=None)
+def driver_library() -> Any:
+    """The CUDA driver itself (libcuda), for what pycuda does not wrap: stream capture, host memory registration."""
+    return ctypes.CDLL("libcuda.so.1")
 
 
 class CudaSession:
@@ -25,7 +37,9 @@ class CudaSession:
         # spin-then-yield costs a core of a Jetson's 6 for every synchronise of every frame)
         self.context: Any = self.device.make_context(self.drv.ctx_flags.SCHED_BLOCKING_SYNC)
         try:
-            self.stream: Any = self.drv.Stream()
+            # NON_BLOCKING: no implicit synchronisation with the legacy default stream, whose work (another
+            # library's, a synchronous copy) would otherwise serialise with ours and invalidate a CUDA graph capture
+            self.stream: Any = self.drv.Stream(CU_STREAM_NON_BLOCKING)
         finally:
             self.drv.Context.pop()
         self.released = False
@@ -41,6 +55,25 @@ class CudaSession:
     def arch(self) -> str:
         major, minor = self.device.compute_capability()
         return "sm_{}{}".format(major, minor)
+
+    def event(self) -> Any:
+        """A timing event whose wait sleeps (BLOCKING_SYNC), as the context's synchronise does, not spinning a core."""
+        return self.drv.Event(self.drv.event_flags.BLOCKING_SYNC)
+
+    def pin(self, buffer: np.ndarray) -> Optional[str]:
+        """Page-lock `buffer` (C-contiguous, starting on a page) for asynchronous copies: None, or why it could not
+        be. cuMemHostRegister directly: pycuda's register_host_memory sets the base of an array NumPy already gave
+        one, and fails ("Cannot set the NumPy array 'base' dependency more than once"; pycuda 2026.1, an H200)."""
+        try:
+            status = driver_library().cuMemHostRegister_v2(ctypes.c_void_p(buffer.ctypes.data),
+                                                           ctypes.c_size_t(buffer.nbytes), ctypes.c_uint(0))
+        except (OSError, AttributeError) as exc:
+            return "no CUDA driver library: {}".format(exc)
+        return None if status == 0 else "cuMemHostRegister failed with CUDA error {}".format(status)
+
+    def unpin(self, buffer: np.ndarray) -> None:
+        """Undo pin(): the memory stays the array's, no longer page-locked (inside `with session:`)."""
+        driver_library().cuMemHostUnregister(ctypes.c_void_p(buffer.ctypes.data))
 
     def gpu_name(self) -> str:
         return str(self.device.name())

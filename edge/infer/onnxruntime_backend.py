@@ -121,7 +121,7 @@ class OnnxRuntimeBackend(Backend):
 
     def infer(self, tensor: Any) -> np.ndarray:
         assert self.session is not None, "load() first"
-        return self.session.run(self._output_names, {self._input_name: tensor})[0]
+        return self.session.run(self._output_names, {self._input_name: np.asarray(tensor)})[0]  # a DeviceTensor too
 
     def describe(self) -> Dict[str, Any]:
         described: Dict[str, Any] = {

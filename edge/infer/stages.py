@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from edge.config import Config
+from edge.config import Config, with_overrides
 from edge.errors import EdgeError
 from edge.infer.backend import Backend
 from edge.infer.cuda_session import CudaSession
@@ -40,6 +40,7 @@ class Stages:
     description: Dict[str, Any] = field(default_factory=dict)  # backend.describe() at load time
     session: Optional[CudaSession] = None  # the GPU stages' CUDA session: theirs, released by close(), last
     notes: Tuple[str, ...] = ()  # what the model's set says about itself (labels not covered by a sha256)
+    degraded: Optional[str] = None  # why these stages stand in for the configured ones (edge.infer.select)
 
     @property
     def trained(self) -> bool:
@@ -55,8 +56,9 @@ class Stages:
 
     def facts(self) -> Dict[str, Any]:
         """What the start line, reports and the demo say about the model being served."""
-        return dict(self.description, preprocess=self.preprocess_name, chosen_because=self.reason,
-                    weights=self.model_info.get("weights"), trained=self.trained, sha256=self.sha256)
+        facts = dict(self.description, preprocess=self.preprocess_name, chosen_because=self.reason,
+                     weights=self.model_info.get("weights"), trained=self.trained, sha256=self.sha256)
+        return dict(facts, degraded=self.degraded) if self.degraded else facts
 
     def classify(self, image: Any, stage_ms: Optional[Dict[str, float]] = None) -> Prediction:
         """An HxWx3 BGR image -> its top-k: the one preprocess -> infer -> postprocess chain. With `stage_ms`, each
@@ -123,22 +125,27 @@ def create_stages(cfg: Config) -> StageParts:
         from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
         from edge.infer.preprocess import cpu_preprocessor
 
-        return StageParts(cpu_preprocessor(cfg.preprocess), OnnxRuntimeBackend(
-            cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning), reason)
-    from edge.infer.tensorrt_backend import TensorRTBackend
+        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
+        if pre_device != "cuda":
+            return StageParts(cpu_preprocessor(cfg.preprocess), backend, reason)
+        session = CudaSession()  # explicit CUDA preprocessing beside ONNX Runtime: a GPU check, the tensor downloaded
+    else:
+        from edge.infer.tensorrt_backend import TensorRTBackend
 
-    session = CudaSession()
-    backend = TensorRTBackend(cfg.model.path, session, cfg.backend.cuda_graph)  # allocates nothing before load()
+        session = CudaSession()
+        backend = TensorRTBackend(cfg.model.path, session, cfg.backend.cuda_graph,  # allocates nothing before load()
+                                  config_path=cfg.path)
     try:
-        preprocessor, reason = preprocessor_for_tensorrt(cfg, session, pre_device, reason)
+        preprocessor, reason = preprocessor_on_session(cfg, session, pre_device, reason)
     except BaseException:
         session.release()
         raise
     return StageParts(preprocessor, backend, reason, session)
 
 
-def preprocessor_for_tensorrt(cfg: Config, session: CudaSession, device: str, reason: str) -> Tuple[Any, str]:
-    """(preprocessor, reason) beside a TensorRT backend: CUDA when chosen and its kernel loads, else the CPU."""
+def preprocessor_on_session(cfg: Config, session: CudaSession, device: str, reason: str) -> Tuple[Any, str]:
+    """(preprocessor, reason) for stages holding a CUDA session: CUDA when chosen and its kernel loads, else the
+    CPU."""
     from edge.infer.preprocess import cpu_preprocessor
 
     if device == "cuda":
@@ -182,7 +189,14 @@ def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) 
     """Choose, create and load the stages for `cfg`; they are closed again if loading or anything after fails.
     The stages are chosen first (with the model info's preprocessing), then the model's set is read once
     (edge.store.artifact.read_set: bytes, model info and labels checked together) and its bytes handed to the backend.
-    `factory` lets tests put a hanging or failing backend behind the same path."""
+    `factory` lets tests put a hanging or failing backend behind the same path. An engine this machine cannot
+    serve is replaced by an ONNX of its folder on the CPU, degraded (edge.infer.select.engine_fallback)."""
+    from edge.infer.select import engine_fallback
+
+    fallback = engine_fallback(cfg)
+    if fallback is not None:
+        cfg = with_overrides(cfg, {"model.path": fallback[0], "backend.kind": "onnxruntime",
+                                   "preprocess.device": "cpu"})
     info = read_model_info(cfg.model.path)
     cfg = config_for_model(cfg, info, cfg.model.path)
     preprocessor, backend, reason, session = StageParts(*factory(cfg))
@@ -197,7 +211,7 @@ def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) 
         check_fit(cfg, backend, model.labels_path, len(model.labels))
         postprocess = TopK(model.labels, cfg.runtime.top_k, backend.probabilities)
         return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, model.info, model.sha256,
-                      dict(backend.describe()), session, model.notes)
+                      dict(backend.describe()), session, model.notes, fallback[1] if fallback else None)
     except BaseException:
         close_stages(preprocessor, backend, session)
         raise

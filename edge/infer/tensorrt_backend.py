@@ -28,7 +28,7 @@ import numpy as np
 from edge.errors import EdgeError, first_line
 from edge.infer.backend import Backend
 from edge.infer.cuda_preprocess import DeviceTensor
-from edge.infer.cuda_session import CudaSession
+from edge.infer.cuda_session import CudaSession, driver_library
 from edge.infer.postprocess import check_first_output
 from edge.infer.tensorrt_batch import BatchRunner, batch_runner
 from edge.infer.tensorrt_runner import EngineRunner, require_tensorrt
@@ -44,7 +44,7 @@ class _GraphApi:
     CAPTURE_THREAD_LOCAL = 1
 
     def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib = driver_library()
         vp = ctypes.c_void_p
         for name, args in (("cuStreamBeginCapture_v2", [vp, ctypes.c_int]),
                            ("cuStreamEndCapture", [vp, ctypes.POINTER(vp)]),
@@ -84,8 +84,10 @@ class _GraphApi:
 class TensorRTBackend(Backend):
     name = "tensorrt"
 
-    def __init__(self, engine_path: str, session: CudaSession, cuda_graph: bool = False) -> None:
+    def __init__(self, engine_path: str, session: CudaSession, cuda_graph: bool = False, *,
+                 config_path: Optional[str] = None) -> None:
         self.engine_path = engine_path
+        self.config_path = config_path  # named in a refusal's remedy
         self.session = session  # its owner's (edge.infer.stages), released after close()
         self.cuda_graph = cuda_graph
         self.runner = EngineRunner(engine_path, session)
@@ -107,7 +109,7 @@ class TensorRTBackend(Backend):
             require_tensorrt()
             self._warnings = []
             model = model or read_set(self.engine_path, required_info=True)
-            self._info = check_engine(model, warn=self._warnings.append)
+            self._info = check_engine(model, warn=self._warnings.append, config_path=self.config_path)
             self.runner.load(model.data)
             self.sha256 = model.sha256
             self.probabilities = lookup(model.info, "output.softmax") is True
@@ -120,7 +122,7 @@ class TensorRTBackend(Backend):
             check_first_output(self.runner.infer(np.zeros(self.runner.input.shape, np.float32)), self.engine_path,
                                self.runner.output.dtype)
             with self.session:
-                self._events = (self.session.drv.Event(), self.session.drv.Event())
+                self._events = (self.session.event(), self.session.event())
                 assert self.runner.output is not None
                 self.batch = batch_runner(self.runner.engine, self.session, self.runner.input, self.runner.output,
                                           self._batch_graphs())
@@ -267,8 +269,17 @@ class TensorRTBackend(Backend):
             "tensorrt": trt.__version__,
             "gpu": self.session.gpu_name(),
             "cuda_graph": self.graph_status,
+            "context_memory_mb": self._context_memory_mb(),
             **({"engine_warning": "; ".join(self._warnings)} if self._warnings else {}),
         }
+
+    def _context_memory_mb(self) -> Optional[float]:
+        """The device memory the engine's execution contexts hold (one per batch size): on a Jetson, shared RAM."""
+        engine = self.runner.engine
+        if engine is None:
+            return None
+        contexts = 1 + (len(self.batch.contexts) if self.batch is not None else 0)
+        return round(engine.device_memory_size * contexts / 2 ** 20, 1)
 
     def close(self) -> None:
         """Free the CUDA graph, the events and the engine; safe to call twice. The session stays its owner's."""

@@ -21,7 +21,7 @@ from edge.model.calibration import CalibrationSet, load_calibration_set
 from edge.model.gate import Infer, resolve_labels
 from edge.model.qdq_rules import OPSET_MAX, OPSET_MIN, max_opset
 from edge.store.artifact import engine_expectations, info_path, is_current, read_set, sha256_file
-from edge.store.fileio import recover_dir
+from edge.store.versions import recover_folder
 
 Log = Callable[..., None]
 _PRECISION_SUFFIX = re.compile(r"\.(int8|fp16|fp32)$")
@@ -242,7 +242,7 @@ def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = Fal
     tensorrt = target_tensorrt(cfg)
     check_source(source, cfg.preprocess.crop, where, tensorrt)
     for folder in (b.calibration_dir, b.regression_dir):
-        recover_dir(folder)  # a set a killed `calibrate import`/capture/rebuild left aside goes back first
+        recover_folder(folder)  # a set a killed `calibrate import`/capture/rebuild left aside goes back first
     calibration = None
     if b.precision == "int8" and load_calibration:
         calibration = load_calibration_set(b.calibration_dir, b.min_images,

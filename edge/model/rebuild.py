@@ -6,8 +6,8 @@ adds the lock, the reload and the command line).
 calibrate, build and gate are `edge build`'s steps (edge.model.steps) on the same BuildPlan and BuildState.
 The latency step runs `edge check` as a process on the candidate, with the service's config and its overrides
 (edge.bench.check.check_in_subprocess owns that command line and the report's keys). Install is edge build's,
-then the captured set is exchanged with
-build.calibration_dir in one step and the old set kept as `<dir>.previous`; a `.previous` folder is only ever
+then the captured set replaces build.calibration_dir in one step (edge.store.versions.replace_folder, the one
+versioned-folder switch) and the old set is kept as `<dir>.previous`; a `.previous` folder is only ever
 replaced when it is a set this tool wrote (its manifest lists every file in it): a user's file there stops the
 rebuild before any work. What a killed rebuild left is settled by the next one (`recover_sets`): the set the
 installed artifact's model info records goes to build.calibration_dir, a leftover becomes `.previous`.
@@ -15,7 +15,6 @@ installed artifact's model info records goes to build.calibration_dir, a leftove
 
 import os
 import shlex
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
@@ -30,8 +29,8 @@ from edge.model.rebuild_options import RebuildOptions
 from edge.model.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.sources.source import open_capture
 from edge.store.artifact import install, labels_file, lookup, read_model_info, served_note
-from edge.store.durable import exchange
 from edge.store.fileio import check_output, check_replaceable, temp_dir
+from edge.store.versions import discard, move, recover_folder, replace_folder
 from edge.uri import redact
 
 
@@ -129,25 +128,19 @@ def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
 
 
 def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """edge build's install, then the captured set replaces build.calibration_dir in one exchange (undone on a
-    failed reload)."""
+    """edge build's install, then the captured set replaces build.calibration_dir in one step, the old one kept as
+    `.previous` (edge.store.versions.replace_folder; undone on a failed reload)."""
     step_install(plan, state, log)
     check_replaceable(job.previous_set, MANIFEST)  # still only a set this tool wrote
-    if os.path.isdir(job.previous_set):
-        shutil.rmtree(job.previous_set)
-    had_set = os.path.exists(job.calibration_dir)
-    if not had_set:
-        os.rename(job.staged_set, job.calibration_dir)
-    elif exchange(job.staged_set, job.calibration_dir):
-        os.rename(job.staged_set, job.previous_set)  # now the old set
-    else:  # no RENAME_EXCHANGE here: two renames, a crash between them settled by recover_sets
-        os.rename(job.calibration_dir, job.previous_set)
-        os.rename(job.staged_set, job.calibration_dir)
+    discard(job.previous_set, job.calibration_dir)
+    had_set = os.path.lexists(job.calibration_dir)
+    replace_folder(job.staged_set, job.calibration_dir, previous=job.previous_set)
 
-    def restore_set() -> None:
-        os.rename(job.calibration_dir, job.staged_set)  # the set this rebuild captured: removed by its cleanup
+    def restore_set() -> None:  # the set this rebuild captured goes back to its name: removed by its cleanup
         if had_set:
-            os.rename(job.previous_set, job.calibration_dir)
+            replace_folder(job.previous_set, job.calibration_dir, previous=job.staged_set)
+        else:
+            move(job.calibration_dir, job.staged_set)
 
     state.undo.append(("calibration set restored", restore_set))
     assert state.calibration is not None
@@ -156,10 +149,14 @@ def step_install_set(job: RebuildJob, plan: BuildPlan, state: BuildState, log: L
 
 
 def recover_sets(job: RebuildJob, plan: BuildPlan, log: Log) -> None:
-    """What a killed rebuild left beside build.calibration_dir, settled by the installed artifact: the set its
-    model info records goes to build.calibration_dir (from a `<dir>.rebuild-*` or `.previous`, by exchange), and a
-    leftover becomes `.previous` when there is none, else it is removed."""
-    parent, name = os.path.split(job.calibration_dir)
+    """What a killed rebuild left beside build.calibration_dir, settled by the installed artifact: an old set left
+    aside goes back (edge.store.versions.recover_folder), the set the artifact's model info records goes to
+    build.calibration_dir (from a `<dir>.rebuild-*` or `.previous`), and a leftover becomes `.previous` when there
+    is none, else it is removed."""
+    dest, kept = job.calibration_dir, job.previous_set
+    for line in recover_folder(dest, previous=kept):
+        log("rebuild: " + line)
+    parent, name = os.path.split(dest)
     recorded = lookup(read_model_info(plan.artifact), "calibration.sha256") if os.path.exists(plan.artifact) else None
     left = [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(name + ".rebuild-")
             and os.path.join(parent, n) != job.staged_set]
@@ -170,22 +167,19 @@ def recover_sets(job: RebuildJob, plan: BuildPlan, log: Log) -> None:
         except EdgeError:
             return None
 
-    match = next((p for p in left + [job.previous_set] if os.path.isdir(p) and sha(p) == recorded), None)
-    if match is not None and (not os.path.exists(job.calibration_dir) or sha(job.calibration_dir) != recorded):
-        if not os.path.exists(job.calibration_dir):
-            os.rename(match, job.calibration_dir)
-        elif not exchange(match, job.calibration_dir):
-            os.rename(job.calibration_dir, match + ".swap")
-            os.rename(match, job.calibration_dir)
-            os.rename(match + ".swap", match)
+    match = next((p for p in left + [kept] if os.path.isdir(p) and sha(p) == recorded), None)
+    if match is not None and (not os.path.exists(dest) or sha(dest) != recorded):
+        if match != kept and os.path.lexists(dest):
+            discard(kept, dest)  # an older set: the one `dest` holds now becomes the previous
+        replace_folder(match, dest, previous=kept)
         log("rebuild: {} holds the set {} records again (a rebuild was killed mid-install)".format(
-            job.calibration_dir, plan.artifact))
+            dest, plan.artifact))
     for path in (p for p in left if os.path.isdir(p)):
-        if not os.path.exists(job.previous_set) and os.path.isfile(os.path.join(path, MANIFEST)):
-            os.rename(path, job.previous_set)
-            log("rebuild: {} (left by a killed rebuild) kept as {}".format(path, job.previous_set))
+        if not os.path.exists(kept) and os.path.isfile(os.path.join(path, MANIFEST)):
+            move(path, kept)
+            log("rebuild: {} (left by a killed rebuild) kept as {}".format(path, kept))
         else:
-            shutil.rmtree(path, ignore_errors=True)
+            discard(path, dest)
             log("rebuild: {} (left by a killed rebuild) removed".format(path))
 
 

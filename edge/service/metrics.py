@@ -188,11 +188,6 @@ class _ThreadingServer6(_ThreadingServer):
     address_family = socket.AF_INET6
 
 
-def metrics_url(host: str, port: int) -> str:
-    """The metrics' URL on `host` (an IPv6 address in brackets)."""
-    return "http://{}:{}/metrics".format("[{}]".format(host) if ":" in host else host, port)
-
-
 def build_labels() -> Dict[str, str]:
     """edge_build_info's labels: the package, the release deploy/ansible or the chart set (EDGE_RELEASE) and what
     the engine is tied to, so dashboards and alerts can group devices by them ("" when unknown)."""

@@ -108,8 +108,10 @@ def _one_line(text: str) -> str:
 class NotifySink(Sink):
     """READY=1 with the first delivered (timed) frame, WATCHDOG=1 after completed frames, STATUS every few s."""
 
-    def __init__(self, notifier: Notifier, recorder: LatencyRecorder, status_every_s: float = 5.0):
+    def __init__(self, notifier: Notifier, recorder: LatencyRecorder, status_every_s: float = 5.0,
+                 degraded: Callable[[], Optional[str]] = lambda: None):
         self.notifier = notifier
+        self.degraded = degraded  # why the service runs degraded now (the stages say), or None
         self.recorder = recorder  # for the p99 (the counters come with each Result)
         self.status_every_s = status_every_s
         self._last_status = time.monotonic()
@@ -121,8 +123,10 @@ class NotifySink(Sink):
         e2e = self.recorder.stages.get("end_to_end")
         p99 = e2e.summary().get("p99", 0.0) if e2e is not None and e2e.count else 0.0
         rate = result.misses / result.frames if result.frames else 0.0
-        return "fps {:.1f}, p99 {:.1f} ms, misses {} ({:.2%}) of {} frames, errors {}".format(
+        text = "fps {:.1f}, p99 {:.1f} ms, misses {} ({:.2%}) of {} frames, errors {}".format(
             fps, p99, result.misses, rate, result.frames, result.errors)
+        degraded = self.degraded()
+        return "degraded: {}; {}".format(degraded, text) if degraded else text
 
     def on_result(self, result: Result) -> None:
         if result.status == "error":

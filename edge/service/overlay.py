@@ -109,18 +109,27 @@ def stats_of(result: Result, budget_ms: float, fps: float) -> Dict[str, Any]:
     return stats
 
 
+MIN_TILE = (120, 160)  # px (height, width): the smallest a camera's tile gets, however small its frames
+
+
 def mosaic(tiles: Dict[str, np.ndarray]) -> np.ndarray:
-    """Several cameras' annotated frames as one image the size of the first: a grid of tiles, each named."""
+    """Several cameras' annotated frames as one image the size of the largest (a grid of tiles, each at least
+    MIN_TILE): each frame scaled to fit its tile with its own aspect ratio, centred, and named."""
     cv2: Any = require("cv2")
     images = list(tiles.items())
-    h, w = images[0][1].shape[:2]
     cols = int(np.ceil(np.sqrt(len(images))))
     rows = int(np.ceil(len(images) / cols))
-    out = np.zeros((h, w, 3), np.uint8)
-    th, tw = h // rows, w // cols
+    h = max(image.shape[0] for _, image in images)
+    w = max(image.shape[1] for _, image in images)
+    th, tw = max(MIN_TILE[0], h // rows), max(MIN_TILE[1], w // cols)
+    out = np.zeros((th * rows, tw * cols, 3), np.uint8)
     for i, (name, image) in enumerate(images):
         y, x = (i // cols) * th, (i % cols) * tw
-        out[y:y + th, x:x + tw] = cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA)
+        ih, iw = image.shape[:2]
+        fit = min(th / ih, tw / iw)
+        sh, sw = max(1, min(th, int(ih * fit))), max(1, min(tw, int(iw * fit)))
+        top, left = y + (th - sh) // 2, x + (tw - sw) // 2
+        out[top:top + sh, left:left + sw] = cv2.resize(image, (sw, sh), interpolation=cv2.INTER_AREA)
         scale = max(0.4, th / 720.0)
         cv2.putText(out, name, (x + 8, y + th - 10), cv2.FONT_HERSHEY_SIMPLEX, scale, AMBER,
                     max(1, int(round(scale * 2))), cv2.LINE_AA)

@@ -30,13 +30,13 @@ from edge.infer.pipeline import Pipeline, Result, Sink
 from edge.infer.stages import Stages, build_stages, create_stages
 from edge.service.frame_log import FrameLogSink, report_fields
 from edge.service.log import JsonLog
-from edge.service.metrics import metrics_url
 from edge.service.notify import Notifier, NotifySink
 from edge.service.parts import ServicePart, WarningTag
 from edge.service.reload import Loading
 from edge.service.signals import StopFlag
 from edge.sources.cameras import Batch, CameraSet
 from edge.sources.source import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
+from edge.uri import metrics_url
 
 SLICE_S = 0.25  # the longest wait for a frame before stop and reload requests are looked at again
 
@@ -160,13 +160,15 @@ class Runtime:
             self.sinks.append(self.metrics)  # closed with the others, even if serving fails
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
         self.sinks.append(FrameLogSink(self.event, recorder, cfg.runtime.budget_ms, cfg.runtime.report_every))
-        self.sinks.append(NotifySink(self.notifier, recorder))
+        self.sinks.append(NotifySink(self.notifier, recorder, degraded=lambda: self.stages.degraded))
         self.sinks.append(WarningTag(self.log.extra))
 
     def _parts(self) -> List[ServicePart]:
         return [sink for sink in self.sinks if isinstance(sink, ServicePart)]
 
     def _serving(self, stages: Stages) -> None:
+        if isinstance(self.source, SourceSupervisor):  # the GPU preprocessor's staging buffers, read into
+            self.source.reader.staging = getattr(stages.preprocess, "staging_buffers", None)
         for part in self._parts():
             part.serving(stages)
 
@@ -179,7 +181,7 @@ class Runtime:
         if host not in ("127.0.0.1", "localhost", "::1"):
             self.event("metrics_exposed", level="warning", host=host, port=self.metrics_port,
                        note="listening beyond this machine: anyone who can reach it can read the metrics")
-        return metrics_url(host, self.metrics_port)
+        return metrics_url(host, self.metrics_port, local_client=False)
 
     def _telemetry_source(self) -> str:
         if self.telemetry is None:

@@ -24,7 +24,9 @@ class SourceTimeout(Exception):
 
 
 class Capture:
-    """One device or file: open(), read() -> BGR image or None at the end, close()."""
+    """One device or file: open(), read() -> BGR image or None at the end, close(). read(into=buffer) may return the
+    frame in `buffer` (an HxWx3 uint8 array, e.g. the GPU's page-locked staging buffer), saving a copy later; a
+    capture that cannot returns its own array, and the consumer copies."""
 
     description = ""
     pacer: Optional["_Pacer"] = None  # generated and file frames are paced like a camera
@@ -38,7 +40,7 @@ class Capture:
         if self.pacer is not None:
             self.pacer.wait()
 
-    def read(self) -> Optional[np.ndarray]:
+    def read(self, into: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -86,9 +88,12 @@ class SyntheticCapture(Capture):
             img[y0:y0 + size, x0:x0 + size] = 255
             self.frames.append(img)
 
-    def read(self) -> Optional[np.ndarray]:
+    def read(self, into: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         frame = self.frames[self.index % self.variants]
         self.index += 1
+        if into is not None and into.shape == frame.shape:
+            np.copyto(into, frame)  # a camera's driver writes there; here, the reader's thread copies
+            return into
         return frame
 
 
@@ -112,7 +117,7 @@ class ImageFolderCapture(Capture):
         if not self.files:
             raise EdgeError("{}: image folder has no images ({})".format(self.folder, " ".join(IMAGE_EXTENSIONS)))
 
-    def read(self) -> Optional[np.ndarray]:
+    def read(self, into: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         while self.files:
             if self.index >= len(self.files):
                 if not self.loop:
@@ -145,15 +150,15 @@ class OpenCVCapture(Capture):
         if not self.cap.isOpened():
             raise EdgeError("{}: cannot open {}".format(self.description, "video file" if self.is_file else "source"))
 
-    def read(self) -> Optional[np.ndarray]:
-        ok, image = self.cap.read()
+    def read(self, into: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+        ok, image = self.cap.read(into)  # OpenCV decodes into `into` when its shape fits, else into a new array
         if not ok and self.is_file and self.loop:
             self.cap.set(require("cv2").CAP_PROP_POS_FRAMES, 0)
-            ok, image = self.cap.read()
+            ok, image = self.cap.read(into)
             if not ok:  # some containers (a 1-frame clip) cannot seek back: start the file again
                 self.close()
                 self.open()
-                ok, image = self.cap.read()
+                ok, image = self.cap.read(into)
         if not ok:
             return None
         return image if image.ndim == 3 else np.ascontiguousarray(np.dstack([image] * 3))

@@ -66,7 +66,7 @@ def _size(width: int, height: int, fps: float) -> str:
 
 def csi_pipeline(sensor: int, width: int, height: int, fps: float, elements: Elements = JETSON) -> str:
     if not elements.csi:
-        raise EdgeError("source.uri csi://{}: a CSI camera needs a Jetson (nvarguscamerasrc)".format(sensor))
+        raise EdgeError("csi://{}: a CSI camera needs a Jetson (nvarguscamerasrc)".format(sensor))
     return "{} ! video/x-raw{},{},format=NV12 ! {} ! {}".format(
         elements.csi.format(sensor=sensor), elements.memory, _size(width, height, fps), elements.to_bgr, APPSINK)
 
@@ -162,7 +162,7 @@ def camera_capture(uri: SourceURI, cfg: SourceConfig) -> Capture:
     elements = JETSON if is_jetson() else SOFTWARE
     if uri.protocol == "csi":
         if not gst:
-            raise EdgeError("source.uri {}: this OpenCV has no GStreamer (PyPI's opencv-python does not); "
+            raise EdgeError("{}: this OpenCV has no GStreamer (PyPI's opencv-python does not); "
                             "on a Jetson use JetPack's python3-opencv".format(uri.text))
         pipeline = csi_pipeline(uri.device, cfg.width, cfg.height, cfg.fps, elements)
         return GStreamerCapture(uri, [("NV12", pipeline)], elements, cfg.fps)

@@ -6,7 +6,7 @@ never gave a frame) is the supervisor's, edge/sources/source.py.
 
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,6 +23,10 @@ class FrameReader:
     backoff (`reconnect_initial_s` doubling up to `reconnect_max_s`), `faults` and `reconnects` count them and
     `on_event(name, fields)` reports them. Without it (files, tests) an error is raised to the consumer and None
     ends the source.
+
+    `staging` (set by the GPU stages: CudaPreprocessor.staging_buffers) gives buffers for a frame size: each read
+    goes into one that holds neither the newest frame nor the one the consumer took last (released by its next
+    get()), so a read never overwrites a frame the pipeline is copying to the GPU.
     """
 
     def __init__(self, capture: Capture, timeout_s: float = 2.0, reconnect_initial_s: Optional[float] = None,
@@ -50,6 +54,9 @@ class FrameReader:
         self.faults = 0  # live-source failures: read errors, lost stream, broken streaks, hung reads
         self.reconnects = 0  # successful reopenings after a fault
         self.last_fault: Optional[str] = None  # the latest fault's error
+        self.staging: Optional[Callable[[int, int], Sequence[np.ndarray]]] = None
+        self._held: Optional[Frame] = None  # the frame get() handed out last
+        self._shape: Optional[Tuple[int, ...]] = None  # of the last frame read
 
     @property
     def recovers(self) -> bool:
@@ -63,6 +70,7 @@ class FrameReader:
         with self._cond:
             fresh.produced, fresh.skipped, fresh.broken = self.produced, self.skipped, self.broken
             fresh.faults, fresh.reconnects, fresh.last_fault = self.faults, self.reconnects, self.last_fault
+        fresh.staging = self.staging
         return fresh
 
     def start(self, reconnect: bool = False) -> "FrameReader":
@@ -128,7 +136,7 @@ class FrameReader:
                 capture.pace()
                 started = time.monotonic()
                 try:
-                    image = self._timed(capture.read)
+                    image = self._timed(self._read)
                 except Exception as exc:
                     if not self.recovers:
                         raise
@@ -167,6 +175,24 @@ class FrameReader:
         finally:
             if self._abandoned:
                 capture.close()  # an abandoned reader releases its own capture once its read returns
+
+    def _read(self) -> Optional[np.ndarray]:
+        """capture.read(), into a free staging buffer where there is one for the last frame's size."""
+        staging, shape = self.staging, self._shape
+        if staging is None or shape is None or len(shape) != 3:
+            image = self.capture.read()
+        else:
+            with self._cond:
+                busy = {f.image.__array_interface__["data"][0] for f in (self._latest, self._held) if f is not None}
+            try:
+                pool = staging(shape[0], shape[1])
+            except EdgeError:  # its preprocessor was closed (a reload): the capture's own arrays until told anew
+                pool = ()
+            free = [b for b in pool if b.ctypes.data not in busy]
+            image = self.capture.read(into=free[0]) if free else self.capture.read()
+        if image is not None:
+            self._shape = image.shape
+        return image
 
     def _reopen(self, delay: float) -> Tuple[bool, float]:
         """Close and open the capture again: (whether it opened, the wait before the next try)."""
@@ -224,6 +250,7 @@ class FrameReader:
             while True:
                 if self._latest is not None and self._latest.seq > self._delivered_seq:
                     self._delivered_seq = self._latest.seq
+                    self._held = self._latest
                     return self._latest
                 if self._error is not None:
                     raise self._error

@@ -40,16 +40,25 @@ from edge.sources.capture import (
 )
 from edge.sources.gstreamer import camera_capture
 from edge.sources.reader import FrameReader
-from edge.uri import parse_source
+from edge.uri import SourceURI, parse_source
 
 __all__ = ["IMAGE_EXTENSIONS", "Capture", "Frame", "SourceEnded",
            "SourceSupervisor", "SourceTimeout", "SyntheticCapture", "open_capture"]
 
 
 def open_capture(cfg: SourceConfig) -> Capture:
-    """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError. The URI is parsed
-    here once; the camera path gets the resource."""
-    resource = parse_source(cfg.uri)
+    """Map `cfg.uri` to a Capture (not yet opened); bad URIs and missing paths raise EdgeError naming the camera's
+    key (`source.uri`, or `sources[i].uri`: edge.config's CameraConfig.key). The URI is parsed here once; the
+    camera path gets the resource."""
+    field = "{}.uri".format(getattr(cfg, "key", "source"))
+    try:
+        return _capture(parse_source(cfg.uri, field), cfg)
+    except EdgeError as exc:
+        text = str(exc)
+        raise EdgeError(text if text.startswith(field) else "{} {}".format(field, text), exc.exit_code) from None
+
+
+def _capture(resource: SourceURI, cfg: SourceConfig) -> Capture:
     if resource.protocol == "synthetic":
         return SyntheticCapture(cfg.width, cfg.height, cfg.fps)
     if resource.protocol != "file":

@@ -10,9 +10,9 @@ An installed set is three files under one name:
                         precision, source, calibration, system, gate, build
     <stem>.labels.txt   one label per class
 
-kept as one folder per set and switched in one step (edge.store.versions: the layout, the lock, the sweep, and
-today's flat layout migrated by the first writer); an export, which travels, stays three plain files with its
-model info written last. Paths recorded in a model info are relative to its folder.
+kept as one folder per set and switched in one step (edge.store.versions: the switch, the lock, the sweep;
+edge.store.layout: the names, today's flat layout migrated); an export, which travels, stays three plain files
+with its model info written last. Paths recorded in a model info are relative to its folder.
 
 Readers: `read_set` reads the artifact's bytes once, checks them and the labels against the model info (a stale
 or torn set is refused, one policy for every format) and hands them on; `verify` adds expected keys (a build's
@@ -30,11 +30,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from edge.board import current_system
 from edge.errors import EdgeError
 from edge.inputs import load_json, read_regular
-from edge.store import versions as store
+from edge.store import layout as store
+from edge.store import versions
 from edge.store.fileio import check_folder, temp_name, write_json_atomic
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
-PREVIOUS = store.PREVIOUS
 MAX_ARTIFACT_BYTES = 2 << 30  # an engine of a large model is hundreds of MB; more is not an artifact
 # What a TensorRT engine only runs on. Not the GPU name ("Orin" for 4 to 16 SMs) and not L4T: an L4T patch that
 # keeps TensorRT and CUDA keeps engines valid (a changed L4T is a warning).
@@ -164,8 +164,12 @@ class ModelSet:
 
 
 def _read_bytes(path: str, shown: str, what: str, tail: str) -> Optional[bytes]:
-    if not os.path.lexists(path):
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
         return None
+    except OSError as exc:  # a symlink loop on the way
+        raise EdgeError("{}: cannot read the {}: {}{}".format(shown, what, exc.strerror, tail)) from None
     data, why = read_regular(path, MAX_ARTIFACT_BYTES)
     if data is None:
         raise EdgeError("{}: cannot read the {}: {}{}".format(shown, what, why, tail))
@@ -237,13 +241,14 @@ def is_current(model_path: str, expected: Dict[str, Any], *, rebuild: str = "edg
 
 
 def check_engine(engine: Union[str, ModelSet], system: Optional[Dict[str, Any]] = None,
-                 warn: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+                 warn: Optional[Callable[[str], None]] = None, *, config_path: Optional[str] = None) -> Dict[str, Any]:
     """The TensorRT backend's load check of an engine (a path, or its set already read): it runs only on the board
     model, SM count, compute capability, TensorRT and CUDA it was built with (ENGINE_SYSTEM_KEYS). A changed L4T
-    alone goes to `warn`. Returns its model info."""
+    alone goes to `warn`. Returns its model info. The remedy names `config_path` (the config that serves it)."""
     system = system or current_system()
     model = read_set(engine, required_info=True) if isinstance(engine, str) else engine
-    rebuild = "edge build --engine --model {}".format(lookup(model.info, "source.path") or "<fp32 .onnx>")
+    rebuild = "edge build --engine --config {}".format(config_path) if config_path else \
+        "edge build --engine --model {}".format(lookup(model.info, "source.path") or "<fp32 .onnx>")
     if "sha256" not in model.info:
         raise EdgeError("{}: its model info records no sha256; rebuild with: {}".format(model.path, rebuild))
     for key, value in sorted(engine_expectations(system).items()):
@@ -306,38 +311,31 @@ def remove_quietly(paths: Sequence[Optional[str]]) -> None:
 
 @contextlib.contextmanager
 def writing(folder: str, command: str) -> Iterator[None]:
-    """Hold the artifact folder's one lock for a writer's whole run (build, rebuild, rollback, cache fetch,
-    export): taken already is one line naming the holder, exit 2. Taking it sweeps what a killed writer left."""
-    with store.lock(folder, command):
-        store.sweep(folder)
+    """The folder's one lock (versions.lock) held for a writer's whole run; taking it sweeps what a killed one left."""
+    with versions.lock(folder, command):
+        versions.sweep(folder)
         yield
 
 
 def writable_set(dest: str, what: str) -> None:
-    """Before any work: `dest`'s set can be installed: each of its names absent, a file or a link made here, in a
-    folder this user can write. Anything else is one line naming it."""
+    """Before any work: `dest`'s set can be installed (layout.check_names), in a folder this user can write."""
     store.check_names(dest, [os.path.basename(p) for p in companions(dest)], ("labels", "model info", "artifact"))
     check_folder(dest, what)
 
 
 def _settle(dest: str) -> None:
-    """Under the lock: today's flat layout migrated, and what a killed writer left of `dest`'s sets finished
-    (links) or removed."""
+    """Under the lock: today's flat layout migrated; what a killed writer left finished (links) or removed."""
     writable_set(dest, "artifact")
-    names = [os.path.basename(p) for p in reversed(companions(dest))]
-    store.migrate(dest, names)
-    store.repair(dest, names)
-    store.collect(dest)
+    store.settle(dest, [os.path.basename(p) for p in reversed(companions(dest))])
 
 
 def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[str] = None,
             verify_staged: Optional[Verify] = None, keep_previous: bool = True, files: bool = False,
             log: Log = print) -> Dict[str, Any]:
     """Install the file `artifact` as `dest`'s new set, with `labels` (a file) and `info` (completed with the
-    sha256 of both, and `dest`'s name when it names one), after `verify_staged` accepts it. The set it replaces
-    stays as previous (`keep_previous`). `files`: three plain files, the model info renamed last (an export, which
-    travels: a crash between the renames leaves a set every reader refuses, not one it serves). Returns the model
-    info installed."""
+    sha256 of both, and `dest`'s name when it names one), after `verify_staged` accepts it; the set it replaces
+    stays as previous (`keep_previous`). `files`: three plain files, the model info renamed last (an export: a
+    crash between the renames leaves a set every reader refuses). Returns the model info installed."""
     if verify_staged is not None:
         verify_staged(artifact)
     label_bytes = None
@@ -351,9 +349,8 @@ def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[
                 labels_sha256=hashlib.sha256(label_bytes).hexdigest() if label_bytes is not None else None)
     if "artifact" in info:  # a built artifact's info names it (a copy under another name is refused)
         info["artifact"] = os.path.basename(dest)
-    folder = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(folder, exist_ok=True)
-    with store.lock(folder, "an install"):
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    with versions.lock(os.path.dirname(os.path.abspath(dest)), "an install"):
         _settle(dest)
         had = store.current_set(dest) is not None and os.path.exists(dest) and not files
         info_tmp = staging_path(info_path(dest))
@@ -368,37 +365,36 @@ def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[
                 store.commit(dest, named, keep_previous=keep_previous)
         finally:
             remove_quietly([info_tmp])
-    log("install: {} ({:.1f} MB){}".format(dest, os.path.getsize(dest) / 1e6,
-                                           "; previous kept in {}/".format(PREVIOUS) if had and keep_previous else ""))
+    kept = "; previous kept in {}/".format(store.PREVIOUS) if had and keep_previous else ""
+    log("install: {} ({:.1f} MB){}".format(dest, os.path.getsize(dest) / 1e6, kept))
     return info
 
 
 def withdraw(dest: str) -> None:
     """The undo of a first install: `dest`'s set removed (its artifact first)."""
-    with store.lock(os.path.dirname(os.path.abspath(dest)), "an undo"):
+    with versions.lock(os.path.dirname(os.path.abspath(dest)), "an undo"):
         store.remove(dest, [os.path.basename(p) for p in reversed(companions(dest))])
 
 
 def rollback(dest: str, *, verify_kept: Optional[Verify] = None, log: Log = print) -> str:
     """Swap `dest`'s set with the previous one, after verifying that whole set as a build verifies what it
-    installs (sha256 of the artifact and of the labels, `verify_kept`); running it twice undoes it. Anything
-    wrong: one line, nothing swapped."""
+    installs (`read_set`, `verify_kept`); running it twice undoes it. Anything wrong: one line, nothing swapped."""
     folder = os.path.dirname(os.path.abspath(dest))
     if not os.path.isdir(folder):
         raise EdgeError("{}: nothing to roll back to (no folder {})".format(dest, folder))
-    with store.lock(folder, "edge rollback"):
+    with versions.lock(folder, "edge rollback"):
         _settle(dest)
         previous = store.previous_set(dest, store.current_set(dest))
         kept = store.set_file(dest, previous, os.path.basename(dest)) if previous else ""
         if not os.path.lexists(kept):
             raise EdgeError("{}: nothing to roll back to (no {})".format(
-                dest, os.path.join(folder, PREVIOUS, os.path.basename(dest))))
+                dest, os.path.join(folder, store.PREVIOUS, os.path.basename(dest))))
         model = read_set(kept, rebuild="edge build (previous/ holds no usable artifact)", required_info=True)
         if verify_kept is not None:
             verify_kept(kept)
         for note in model.notes:
             log("rollback: " + note)
         store.swap_with_previous(dest)
-    log("rollback: {} restored from {}/ (run rollback again to undo)".format(dest, PREVIOUS))
+    log("rollback: {} restored from {}/ (run rollback again to undo)".format(dest, store.PREVIOUS))
     return dest
 

@@ -7,6 +7,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import secrets
 import shutil
 from typing import Iterator, Set
 
@@ -49,6 +50,13 @@ def is_abandoned(path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def temp_name(parent: str, prefix: str, suffix: str = "") -> str:
+    """A fresh, unused name in `parent` for temporary work. Nothing is created: the caller records the name first,
+    then creates it, so a signal between the two never leaves a file its cleanup does not know (tempfile's
+    mkstemp/mkdtemp return only after creating it)."""
+    return os.path.join(parent, prefix + secrets.token_hex(8) + suffix)
 
 
 def remove_path(path: str) -> None:

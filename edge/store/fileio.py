@@ -5,24 +5,24 @@ A write goes to a temporary file created exclusively (O_EXCL, no link followed) 
 then renamed over it: a reader sees the old file or the new one, never half of one. Only a regular file (or
 nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
 
-A folder written whole (`atomic_dir`: a calibration set) is made under a temporary name, fsynced, and swapped with
-the old one in one step (edge.store.durable.exchange; where the filesystem cannot, two renames, and an old set a crash
-left aside is put back by the next writer: `recover_dir`). A temporary folder is flock'ed by its writer while it
-lives, so a sweep removes only what a killed writer left.
+A folder written whole (`atomic_dir`: a calibration set) is made under a temporary name, fsynced, and put in place
+of the old one in one step by edge.store.versions (`replace_folder`; what a killed writer left is settled first:
+`recover_folder`). A temporary folder is flock'ed by its writer while it lives, so a sweep removes only what a
+killed writer left.
 """
 
 import contextlib
 import errno
 import json
 import os
-import secrets
 import shutil
 import stat
-from typing import IO, Any, Callable, Iterator, List, Optional, Set
+from typing import IO, Any, Callable, Iterator, Optional, Set
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line
 from edge.inputs import file_kind, load_json
-from edge.store.durable import exchange, fsync_path, fsync_tree, held_folder, is_abandoned, remove_path
+from edge.store.durable import fsync_tree, held_folder, temp_name
+from edge.store.versions import recover_folder, replace_folder, temp_prefix
 from edge.uri import redact
 
 NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
@@ -50,13 +50,6 @@ def check_folder(path: str, what: str) -> None:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(path, what, probe))
-
-
-def temp_name(parent: str, prefix: str, suffix: str = "") -> str:
-    """A fresh, unused name in `parent` for temporary work. Nothing is created: the caller records the name first,
-    then creates it, so a signal between the two never leaves a file its cleanup does not know (tempfile's
-    mkstemp/mkdtemp return only after creating it)."""
-    return os.path.join(parent, prefix + secrets.token_hex(8) + suffix)
 
 
 @contextlib.contextmanager
@@ -147,65 +140,17 @@ def _check_out_dir(out_dir: str, what: str) -> None:
 
 
 def _commit(tmp: str, out_dir: str, manifest: str) -> None:
-    """Put `tmp` at `out_dir` in one step: exchanged with the old set (one this tool wrote, then removed), or
-    renamed into place. Without RENAME_EXCHANGE the old set is first renamed aside; a crash between the two
-    renames leaves it there, and `recover_dir` puts it back."""
+    """Put `tmp` at `out_dir` in one step (edge.store.versions.replace_folder); the old set, one this tool wrote,
+    is removed."""
     check_replaceable(out_dir, manifest)  # still true after the (long) work
     fsync_tree(tmp)  # a power cut after the swap finds every image and the manifest whole
     try:
-        if os.path.exists(out_dir) and exchange(tmp, out_dir):
-            shutil.rmtree(tmp, ignore_errors=True)  # now the old set
-        elif os.path.exists(out_dir):
-            _two_renames(tmp, out_dir)
-        else:
-            os.rename(tmp, out_dir)
-        fsync_path(os.path.dirname(out_dir))
+        replace_folder(tmp, out_dir)
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):  # another writer renamed in between
             raise EdgeError("{}: another command wrote this folder at the same time; nothing of this run was "
                             "kept (run it again)".format(out_dir)) from None
         raise
-
-
-def _two_renames(tmp: str, out_dir: str) -> None:
-    old = temp_name(os.path.dirname(out_dir), _temp_prefix(out_dir, "old"))
-    with held_folder(old):
-        try:
-            os.rename(out_dir, os.path.join(old, "set"))
-            os.rename(tmp, out_dir)
-        finally:
-            if os.path.lexists(os.path.join(old, "set")) and not os.path.lexists(out_dir):
-                os.rename(os.path.join(old, "set"), out_dir)  # the new set did not land: the old one goes back
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _temp_prefix(out_dir: str, kind: str) -> str:
-    return ".{}.{}-".format(os.path.basename(out_dir)[:64], kind)  # short: the folder's own name may be 255 bytes
-
-
-def recover_dir(out_dir: str) -> List[str]:
-    """What a killed writer of the folder `out_dir` left beside it: an old set moved aside while `out_dir` is
-    missing goes back; unfinished or replaced sets are removed. Folders a living writer holds are left alone.
-    Returns what it did, one line each."""
-    out_dir = os.path.abspath(out_dir)
-    parent, done = os.path.dirname(out_dir), []
-    try:
-        names = sorted(os.listdir(parent))
-    except OSError:
-        return done
-    for kind in ("old", "tmp"):  # an old set first: it may be the only copy
-        prefix = _temp_prefix(out_dir, kind)
-        for name in (n for n in names if n.startswith(prefix)):
-            path = os.path.join(parent, name)
-            if not is_abandoned(path):
-                continue
-            kept = os.path.join(path, "set")
-            if kind == "old" and os.path.isdir(kept) and not os.path.lexists(out_dir):
-                os.rename(kept, out_dir)
-                done.append("{}: restored from {} (a writer was killed between its renames)".format(out_dir, name))
-            remove_path(path)
-            done.append("{}: removed (left by a killed writer)".format(path))
-    return done
 
 
 @contextlib.contextmanager
@@ -222,9 +167,9 @@ def atomic_dir(out_dir: str, manifest: str, what: str, keep_out: Optional[str] =
             raise EdgeError("{}: the output folder must not contain, or be inside, {}".format(out_dir, keep_out))
     _check_out_dir(out_dir, what)
     try:
-        recover_dir(out_dir)
+        recover_folder(out_dir)
         check_replaceable(out_dir, manifest)
-        with temp_dir(os.path.dirname(out_dir), _temp_prefix(out_dir, "tmp")) as tmp:
+        with temp_dir(os.path.dirname(out_dir), temp_prefix(out_dir, "tmp")) as tmp:
             yield tmp
             os.chmod(tmp, 0o755)
             _commit(tmp, out_dir, manifest)

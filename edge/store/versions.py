@@ -1,124 +1,173 @@
-"""Where an installed set's files lie: one folder per set, switched by one symlink flip. Only edge.store.artifact uses
-this module; it knows file names, not what the files mean.
+"""The one versioned-folder switch: every symlink edge.store writes is made here (`flip`), read back strictly
+(`read_link`), and every folder that replaces another in one step goes through here (`replace_folder`). The
+folder is fsynced after every flip and every rename. Two shapes:
+
+Link-switched sets (artifact sets; fleet releases can adopt `flip`, `read_link`, `lock` and `collect`'s rule):
 
     <folder>/m.int8.onnx            -> m.int8.sets/current/m.int8.onnx     fixed links, made once
-    <folder>/m.int8.json            -> m.int8.sets/current/m.int8.json
-    <folder>/m.int8.labels.txt      -> m.int8.sets/current/m.int8.labels.txt
-    <folder>/previous/m.int8.onnx   -> ../m.int8.sets/current/previous/m.int8.onnx   (and the other two)
+    <folder>/previous/m.int8.onnx   -> ../m.int8.sets/current/previous/m.int8.onnx   (and the other names)
     <folder>/m.int8.sets/current    -> 0007          the one flip: a new link renamed over it
     <folder>/m.int8.sets/0007/      the set's files, fsynced, never changed; previous -> ../0006
-    <folder>/m.int8.sets/0006/
 
-A set folder is written complete under a temporary name, renamed to its number, then `current` is flipped: a
-crash at any instant leaves `current` naming a whole set, old or new. A rollback points the previous set's
-`previous` link at the current set, then flips `current` to it. A reader resolves `current` once and reads every
-file from that folder (`resolve`). Sets `current` no longer reaches are removed by the next writer.
+A set folder is written complete under a temporary name, renamed to its number, then `current` is flipped: a crash
+at any instant leaves `current` naming a whole set, old or new. A rollback points the previous set's `previous`
+at the current set, then flips `current` to it. A reader resolves `current` once and reads every file from that
+folder (edge.store.layout.resolve: an artifact's names on these sets). A link spelled otherwise than the store
+writes it (`0001/`, `./0001`, an absolute path, a loop) is refused in one line naming it, by readers and writers
+alike, before anything is removed; sets `current` no longer reaches are removed by the next writer (`collect`),
+never one `current` or its previous resolves to (by real path). Today's flat layout (files at those names,
+previous/ a folder of files) is read as it is; the first writer turns it into sets (layout.migrate), each step
+leaving the same bytes at the same names.
 
-Today's flat layout (the files themselves at those names, previous/ a folder of files) is read as it is; the
-first writer turns it into sets (`migrate`), each step leaving the same bytes at the same names.
+Folders replaced in place (calibration sets: a path users configure, ship and copy, read only by builds): the new
+folder is exchanged with the old one (renameat2), or, where the filesystem cannot, the old one is renamed into a
+held folder aside first; `recover_folder` puts an old set a crash left aside back.
 
-Every writer holds `lock(folder)` (an flock on the folder) for its whole run; on taking it, `sweep` removes what a
-killed writer left.
+Every writer of a link-switched folder holds `lock(folder)`: a 0600 lock file of the writer's own, which no other
+user can open; a refusal names the holder's pid. Taking it, `sweep` removes what a killed writer left.
 """
 
 import contextlib
 import errno
 import fcntl
-import filecmp
 import os
 import re
 import shutil
 import stat
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Pattern, Tuple
 
 from edge.errors import EdgeError
-from edge.store.durable import fsync_path, held_here, is_abandoned, remove_path
-from edge.store.fileio import temp_name
+from edge.store import durable
+from edge.store.durable import fsync_path, held_folder, held_here, is_abandoned, remove_path, temp_name
 
 SETS = ".sets"
 CURRENT = "current"
 PREVIOUS = "previous"
+LOCK = ".lock"
 MODE = 0o644  # every file of a set: the service user reads what root built
 _NUMBER = re.compile(r"^\d{4,9}$")
-_TEMP = re.compile(r"^\..+[.-][0-9a-f]{16}(\.staged|\.tmp)?$")  # edge.store.fileio.temp_name's, in an artifact folder
+_UP_NUMBER = re.compile(r"^\.\./(\d{4,9})$")  # a set's `previous`
+_TEMP = re.compile(r"^\..+[.-][0-9a-f]{16}(\.staged|\.tmp)?$")  # edge.store.durable.temp_name's, in a folder
 _held: Dict[str, List[int]] = {}  # folder -> [lock fd, depth]: the lock is re-entrant within a process
 
 
-def sets_dir(dest: str) -> str:
-    folder, name = os.path.split(os.path.abspath(dest))
-    return os.path.join(folder, os.path.splitext(name)[0] + SETS)
+# --- the switch itself: links and renames -------------------------------------------------------------------------
 
-
-def _link_target(dest: str, name: str, previous: bool = False) -> str:
-    sets = os.path.basename(sets_dir(dest))
-    return os.path.join("..", sets, CURRENT, PREVIOUS, name) if previous else os.path.join(sets, CURRENT, name)
-
-
-def _readlink(path: str) -> Optional[str]:
+def flip(folder: str, name: str, target: str) -> None:
+    """Point the link `folder/name` at `target` in one rename, then fsync `folder`."""
+    tmp = temp_name(folder, ".link-")
+    os.symlink(target, tmp)
     try:
-        return os.readlink(path)
+        os.replace(tmp, os.path.join(folder, name))
+    except BaseException:
+        remove_path(tmp)
+        raise
+    fsync_path(folder)
+
+
+def read_link(path: str, spelled: Pattern[str]) -> Optional[str]:
+    """The target of the link `path` (None: absent), which must be spelled as the store writes it: anything else
+    (another spelling, a folder, a loop) is one line naming it, and nothing has been changed."""
+    try:
+        target = os.readlink(path)
+    except FileNotFoundError:
+        return None
     except OSError:
-        return None
+        target = None
+    if target is None or not spelled.match(target):
+        raise EdgeError("{}: {}, not a link as the store writes it; refusing to use it, nothing was removed".format(
+            path, "a link to {!r}".format(target) if target is not None else "not a link"))
+    return target
 
 
-def resolve(path: str) -> Tuple[str, bool]:
-    """(the folder whose files a reader of `path` reads, True when it is a set folder). A link made here (at the
-    artifact's name or in previous/) resolves `current` once, so every file comes from one set; anything else
-    reads the files beside `path` (today's layout, a user's own model)."""
-    here = os.path.dirname(os.path.abspath(path))
-    head, name = os.path.split(_readlink(path) or "")
-    if not head or name != os.path.basename(path):
-        return here, False
-    real = os.path.realpath(os.path.join(here, head))
-    return (real, True) if os.path.dirname(real).endswith(SETS) else (here, False)
+def move(src: str, dest: str) -> None:
+    """Rename `src` to `dest`, then fsync the folder(s)."""
+    os.rename(src, dest)
+    for folder in sorted({os.path.dirname(os.path.abspath(p)) for p in (src, dest)}):
+        fsync_path(folder)
 
 
-def current_set(dest: str) -> Optional[str]:
-    """The number `current` names, or None (no set installed here)."""
-    target = _readlink(os.path.join(sets_dir(dest), CURRENT))
-    return target if target and _NUMBER.match(target) else None
+def temp_prefix(dest: str, kind: str) -> str:
+    """The names a writer of the folder `dest` uses beside it ("tmp": the new folder; "old", "keep": the old one
+    aside, to drop or to keep as the previous)."""
+    return ".{}.{}-".format(os.path.basename(dest)[:64], kind)  # short: the folder's own name may be 255 bytes
 
 
-def previous_set(dest: str, number: Optional[str]) -> Optional[str]:
-    """The number the set `number` replaced, or None."""
-    if number is None:
-        return None
-    target = _readlink(os.path.join(sets_dir(dest), number, PREVIOUS)) or ""
-    head, tail = os.path.split(target)
-    return tail if head == ".." and _NUMBER.match(tail) else None
-
-
-def _kind(mode: int) -> str:
-    return "a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-
-
-def check_names(dest: str, names: Sequence[str], what: Sequence[str]) -> None:
-    """Before a writer changes anything: each name beside `dest` and in previous/ is absent, a file (today's
-    layout) or a link made here; a symlink, folder or device elsewhere is refused, naming it."""
-    folder = os.path.dirname(os.path.abspath(dest))
-    backup = os.path.join(folder, PREVIOUS)
-    if os.path.islink(backup) or (os.path.lexists(backup) and not os.path.isdir(backup)):
-        raise EdgeError("{}: is not a folder (a symlink?); refusing to write through it (remove it)".format(backup))
-    for base, previous in ((folder, False), (backup, True)):
-        for name, kind in zip(names, what):
-            path = os.path.join(base, name)
+def replace_folder(new: str, dest: str, *, previous: Optional[str] = None) -> None:
+    """The folder `new` becomes `dest` in one step; the folder `dest` held goes to `previous` (absent) or is removed.
+    Exchanged where the filesystem can; else the old one is renamed into a held folder aside first, named for what
+    becomes of it (a crash then leaves it there and `recover_folder` settles it)."""
+    if not os.path.lexists(dest):
+        move(new, dest)
+    elif durable.exchange(new, dest):
+        fsync_path(os.path.dirname(os.path.abspath(dest)))
+        _retire(new, previous)
+    else:
+        kind = "old" if previous is None else "keep"
+        aside = temp_name(os.path.dirname(os.path.abspath(dest)), temp_prefix(dest, kind))
+        with held_folder(aside):
+            move(dest, os.path.join(aside, "set"))
             try:
-                mode = os.lstat(path).st_mode
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(mode) or _readlink(path) == _link_target(dest, name, previous):
-                continue
-            raise EdgeError("{}: {} is {}; refusing to use it".format(path, kind, _kind(mode)))
-    sets = sets_dir(dest)
-    if os.path.lexists(sets) and (os.path.islink(sets) or not os.path.isdir(sets)):
-        raise EdgeError("{}: is not a folder (a symlink?); refusing to write through it (remove it)".format(sets))
+                move(new, dest)
+            finally:
+                if os.path.lexists(os.path.join(aside, "set")) and not os.path.lexists(dest):
+                    move(os.path.join(aside, "set"), dest)  # the new folder did not land: the old one goes back
+            _retire(os.path.join(aside, "set"), previous)
+        remove_path(aside)
 
+
+def _retire(old: str, previous: Optional[str]) -> None:
+    if previous is None:
+        remove_path(old)
+    elif os.path.abspath(old) != os.path.abspath(previous):
+        move(old, previous)
+
+
+def discard(path: str, dest: str) -> None:
+    """Remove the folder `path` (a previous of `dest`) so that a crash cannot leave half of it under its name:
+    renamed to one of `dest`'s temporary names first (what `recover_folder(dest)` removes), then removed."""
+    if os.path.lexists(path):
+        gone = temp_name(os.path.dirname(os.path.abspath(dest)), temp_prefix(dest, "tmp"))
+        move(path, gone)
+        remove_path(gone)
+
+
+def recover_folder(dest: str, *, previous: Optional[str] = None) -> List[str]:
+    """What a killed `replace_folder` of `dest` left beside it: an old folder aside goes back to `dest` when it is
+    missing; else one its writer meant to keep goes to `previous` (given and absent; not given: left for the
+    writer's own recovery), and one it meant to drop is removed, as are unfinished new folders. Folders a living
+    writer holds are left alone. Returns what it did, one line each."""
+    dest = os.path.abspath(dest)
+    parent, done = os.path.dirname(dest), []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return done
+    for kind in ("keep", "old", "tmp"):  # an old folder first: it may be the only copy
+        for name in (n for n in names if n.startswith(temp_prefix(dest, kind))):
+            path, home = os.path.join(parent, name), dest
+            if not is_abandoned(path):
+                continue
+            if os.path.lexists(dest):
+                if kind == "keep" and previous is None:
+                    continue
+                home = previous if kind == "keep" and not os.path.lexists(previous or dest) else ""
+            if kind != "tmp" and os.path.isdir(os.path.join(path, "set")) and home:
+                move(os.path.join(path, "set"), home)
+                done.append("{}: restored from {} (a writer was killed between its renames)".format(home, name))
+            remove_path(path)
+            done.append("{}: removed (left by a killed writer)".format(path))
+    return done
+
+
+# --- the lock -----------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def lock(folder: str, command: str) -> Iterator[None]:
-    """The one lock of an artifact folder (an flock on the folder itself: no file of its own), held by every
-    writer (build, rebuild, rollback, cache fetch, export) for its whole run. Taken already: one line (exit 2).
-    Re-entrant within a process. A filesystem without flock (some network mounts) runs unlocked."""
+    """The one lock of a link-switched folder, held by every writer (build, rebuild, rollback, cache fetch, export)
+    for its whole run: an flock on `folder`/.lock, a 0600 file of this user's that only exists while held, so no
+    other user can open it. Taken already: one line naming the holder's pid (exit 2). Re-entrant within a process.
+    A filesystem without flock (some network mounts) runs unlocked."""
     key = os.path.realpath(folder)
     if key in _held or held_here(folder):  # a temporary folder of this process's (a candidate's) is its own
         _held.setdefault(key, [-1, 0])[1] += 1
@@ -129,33 +178,79 @@ def lock(folder: str, command: str) -> Iterator[None]:
             if _held[key] == [-1, 0]:
                 del _held[key]
         return
+    fd = _take(os.path.join(folder, LOCK), command)
     try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise EdgeError("{}: cannot use this folder ({})".format(folder, exc.strerror)) from None
+        _held[key] = [fd, 1]
+        yield
+    finally:
+        _held.pop(key, None)
+        _release(os.path.join(folder, LOCK), fd)
+
+
+def _release(path: str, fd: int) -> None:
+    """Unlink the lock file while still holding it (a waiter that opened it takes a new one), then let it go."""
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.samestat(os.fstat(fd), os.lstat(path)):
+            os.unlink(path)
+    os.close(fd)
+
+
+def _take(path: str, command: str) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as exc:
+            raise EdgeError("{}: cannot take the lock ({})".format(path, exc.strerror)) from None
+        try:
+            if _locked(path, fd, command):
+                return fd
+        except EdgeError:
+            os.close(fd)
+            raise
+        except BaseException:  # a signal: the file goes, unless another writer holds it
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+            else:
+                _release(path, fd)
+            raise
+        os.close(fd)
+
+
+def _locked(path: str, fd: int, command: str) -> bool:
+    """Take the flock on `fd` (the lock file at `path`): True, with this pid written in it, or False when its
+    last holder unlinked it meanwhile; held by another: one line naming its pid."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise EdgeError("{}: a lock file of uid {} with mode {:o}, not this user's 0600 one; refusing it (remove it)"
+                        .format(path, st.st_uid, stat.S_IMODE(st.st_mode)))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            os.close(fd)
-            raise EdgeError("{}: in use by another edge command (build, rebuild, rollback, cache fetch or export); "
-                            "{} waits for none: try again once it has ended".format(folder, command)) from None
-    _held[key] = [fd, 1]
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            raise EdgeError("{}: in use by another edge command (pid {}: a build, rebuild, rollback, cache fetch or "
+                            "export); {} waits for none: try again once it has ended".format(
+                                os.path.dirname(path), holder, command)) from None
     try:
-        yield
-    finally:
-        del _held[key]
-        os.close(fd)  # releases the flock
+        if not os.path.samestat(st, os.lstat(path)):
+            return False
+    except FileNotFoundError:
+        return False
+    os.ftruncate(fd, 0)
+    os.write(fd, "{}\n".format(os.getpid()).encode("ascii"))
+    return True
 
 
-def _require_lock(folder: str) -> None:
+def require_lock(folder: str) -> None:
     assert os.path.realpath(folder) in _held, "hold lock({}) first".format(folder)
 
 
 def sweep(folder: str) -> List[str]:
     """Under the lock: remove the temporary files and folders a killed writer left in `folder` (staged files,
     unfinished downloads and work folders); a folder still flock'ed by a living process is left alone."""
-    _require_lock(folder)
+    require_lock(folder)
     removed = []
     for base in (folder, os.path.join(folder, PREVIOUS)):
         for name in sorted(os.listdir(base)) if os.path.isdir(base) and not os.path.islink(base) else []:
@@ -166,16 +261,36 @@ def sweep(folder: str) -> List[str]:
     return removed
 
 
-def _flip(folder: str, name: str, target: str) -> None:
-    """Point the link `folder/name` at `target` in one rename."""
-    tmp = temp_name(folder, ".link-")
-    os.symlink(target, tmp)
-    try:
-        os.replace(tmp, os.path.join(folder, name))
-    except BaseException:
-        remove_path(tmp)
-        raise
-    fsync_path(folder)
+# --- numbered sets under one `current` ----------------------------------------------------------------------------
+
+def kind_of(mode: int) -> str:
+    return "a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+
+
+def _set_folder(sets: str, number: str) -> str:
+    """The set folder `number`: a folder the store wrote, not a link (a loop) or a file."""
+    path = os.path.join(sets, number)
+    mode = os.lstat(path).st_mode if os.path.lexists(path) else None
+    if mode is None or not stat.S_ISDIR(mode):
+        raise EdgeError("{}: {}, not a set folder the store wrote; refusing to use it, nothing was removed".format(
+            path, "missing" if mode is None else kind_of(mode) + (" (a loop?)" if stat.S_ISLNK(mode) else "")))
+    return path
+
+
+def current(sets: str) -> Optional[str]:
+    """The set number `sets`/current names (None: none installed); anything the store did not write is refused."""
+    if os.path.islink(sets):
+        raise EdgeError("{}: a symlink, not the store's sets folder; refusing to use it (remove it)".format(sets))
+    number = read_link(os.path.join(sets, CURRENT), _NUMBER) if os.path.lexists(sets) else None
+    return number if number is None else os.path.basename(_set_folder(sets, number))
+
+
+def previous(sets: str, number: Optional[str]) -> Optional[str]:
+    """The number the set `number` replaced (its `previous` link), or None."""
+    if number is None:
+        return None
+    target = read_link(os.path.join(sets, number, PREVIOUS), _UP_NUMBER)
+    return None if target is None else os.path.basename(_set_folder(sets, target[3:]))
 
 
 def _place(src: str, dest: str, link: bool) -> None:
@@ -191,151 +306,53 @@ def _place(src: str, dest: str, link: bool) -> None:
     fsync_path(dest)
 
 
-def _next_number(sets: str) -> str:
-    numbers = [int(n) for n in os.listdir(sets) if _NUMBER.match(n)]
-    return "{:04d}".format(max(numbers, default=0) + 1)
-
-
-def _new_set(dest: str, files: Dict[str, str], previous: Optional[str], link: bool = False) -> str:
-    """A complete set folder of `files` ({name: source path}) that replaced `previous`; returns its number."""
-    sets = sets_dir(dest)
+def new_set(sets: str, files: Dict[str, str], replaced: Optional[str], *, link: bool = False) -> str:
+    """A complete set folder in `sets` of `files` ({name: source path}) that replaced the set `replaced`, not yet
+    current; returns its number."""
     os.makedirs(sets, exist_ok=True)
     new = temp_name(sets, ".new-")
     os.mkdir(new, 0o755)
     try:
         for name, src in files.items():
             _place(src, os.path.join(new, name), link)
-        if previous is not None:
-            os.symlink(os.path.join("..", previous), os.path.join(new, PREVIOUS))
+        if replaced is not None:
+            os.symlink(os.path.join("..", replaced), os.path.join(new, PREVIOUS))
         fsync_path(new)
-        number = _next_number(sets)
-        os.rename(new, os.path.join(sets, number))
+        number = "{:04d}".format(max([int(n) for n in os.listdir(sets) if _NUMBER.match(n)], default=0) + 1)
+        move(new, os.path.join(sets, number))
     except BaseException:
         remove_path(new)
         raise
     return number
 
 
-def commit(dest: str, files: Dict[str, str], *, keep_previous: bool) -> str:
-    """Install `files` ({name: path}, the artifact's name among them) as the set at `dest`: written whole, then
-    one flip. The set it replaces stays reachable as previous (`keep_previous`) or is removed. Returns the new
-    set's folder."""
-    _require_lock(os.path.dirname(os.path.abspath(dest)))
-    current = current_set(dest)
-    number = _new_set(dest, files, current if keep_previous else None)
-    _flip(sets_dir(dest), CURRENT, number)
-    ensure_links(dest, list(files), with_previous=keep_previous and current is not None)
-    collect(dest)
-    return os.path.join(sets_dir(dest), number)
-
-
-def commit_files(dest: str, files: Dict[str, str], *, last: str) -> None:
-    """Install `files` ({name: path}) as plain files beside `dest` (an export: files that travel), `last` renamed
-    last: a reader checks the others against it, so a crash between the renames is refused, never served."""
-    folder = os.path.dirname(os.path.abspath(dest))
-    _require_lock(folder)
-    for name in sorted(files, key=lambda n: n == last):
-        tmp = temp_name(folder, "." + name + ".", ".staged")
-        try:
-            _place(files[name], tmp, False)
-            os.replace(tmp, os.path.join(folder, name))
-        finally:
-            remove_path(tmp)
-    fsync_path(folder)
-    remove_path(sets_dir(dest))  # a set layout these files replaced
-
-
-def swap_with_previous(dest: str) -> Tuple[str, str]:
+def swap_with_previous(sets: str) -> Tuple[str, str]:
     """Rollback's flip: the previous set becomes current, with the current one as its previous. Returns (the set
     folder now current, the one replaced)."""
-    _require_lock(os.path.dirname(os.path.abspath(dest)))
-    sets, current = sets_dir(dest), current_set(dest)
-    previous = previous_set(dest, current)
-    assert current is not None and previous is not None
-    _flip(os.path.join(sets, previous), PREVIOUS, os.path.join("..", current))
-    _flip(sets, CURRENT, previous)
-    return os.path.join(sets, previous), os.path.join(sets, current)
+    now = current(sets)
+    before = previous(sets, now)
+    assert now is not None and before is not None
+    flip(os.path.join(sets, before), PREVIOUS, os.path.join("..", now))
+    flip(sets, CURRENT, before)
+    return os.path.join(sets, before), os.path.join(sets, now)
 
 
-def remove(dest: str, names: Sequence[str]) -> None:
-    """Under the lock: `dest`'s links (the artifact's first: nothing half-removed is served) and its sets."""
-    _require_lock(os.path.dirname(os.path.abspath(dest)))
-    folder = os.path.dirname(os.path.abspath(dest))
-    for base, previous in ((folder, False), (os.path.join(folder, PREVIOUS), True)):
-        for name in names:
-            if _readlink(os.path.join(base, name)) == _link_target(dest, name, previous):
-                os.unlink(os.path.join(base, name))
-    remove_path(sets_dir(dest))
-
-
-def ensure_links(dest: str, names: Sequence[str], *, with_previous: bool = True) -> None:
-    """The fixed links beside `dest` and (`with_previous`) in previous/: made once, a missing one made."""
-    folder = os.path.dirname(os.path.abspath(dest))
-    bases = [(folder, False)]
-    if with_previous:
-        os.makedirs(os.path.join(folder, PREVIOUS), exist_ok=True)
-        bases.append((os.path.join(folder, PREVIOUS), True))
-    for base, previous in bases:
-        for name in names:
-            target = _link_target(dest, name, previous)
-            if _readlink(os.path.join(base, name)) != target and not os.path.lexists(os.path.join(base, name)):
-                _flip(base, name, target)
-
-
-def set_file(dest: str, number: str, name: str) -> str:
-    """The file `name` of the set `number` (read as a plain path: no link to resolve)."""
-    return os.path.join(sets_dir(dest), number, name)
-
-
-def repair(dest: str, names: Sequence[str]) -> None:
-    """Under the lock: the links a writer killed after its flip did not make yet."""
-    current = current_set(dest)
-    if current is not None:
-        ensure_links(dest, names, with_previous=previous_set(dest, current) is not None)
-
-
-def collect(dest: str) -> List[str]:
-    """Under the lock: remove the set folders `current` no longer reaches and what a killed writer left in the
-    sets folder. Returns the names removed."""
-    sets = sets_dir(dest)
+def collect(sets: str) -> List[str]:
+    """Remove the set folders `current` no longer reaches and what a killed writer left in `sets`; never what
+    `current` or its previous resolves to (by real path), and no set while no `current` names one. Returns the
+    names removed."""
     if not os.path.isdir(sets):
         return []
-    current = current_set(dest)
-    keep = {current, previous_set(dest, current), CURRENT}
-    removed = [n for n in sorted(os.listdir(sets)) if n not in keep and (_NUMBER.match(n) or n.startswith("."))]
-    for number in (n for n in keep if n and n != CURRENT and os.path.isdir(os.path.join(sets, n))):
+    now = current(sets)
+    kept = [n for n in (now, previous(sets, now)) if n]
+    real = [os.path.realpath(os.path.join(sets, n)) for n in kept]
+    removed = [n for n in sorted(os.listdir(sets)) if n not in kept + [CURRENT]
+               and (n.startswith(".") or (_NUMBER.match(n) and now is not None))]
+    for number in kept:
         removed += [os.path.join(number, t) for t in sorted(os.listdir(os.path.join(sets, number)))
                     if t.startswith(".")]  # a link a killed rollback was about to flip
+    removed = [n for n in removed if os.path.islink(os.path.join(sets, n)) or not any(  # a link: only itself goes
+        r == g or r.startswith(g + os.sep) for r in real for g in [os.path.realpath(os.path.join(sets, n))])]
     for name in removed:
         remove_path(os.path.join(sets, name))
     return removed
-
-
-def migrate(dest: str, names: Sequence[str]) -> bool:
-    """Under the lock: today's flat layout at `dest` (its files, and a previous set in previous/) becomes two set
-    folders and the links; every step leaves the same bytes at the same names, and a crash is finished by the
-    next writer. Returns True when there was something to migrate."""
-    folder = os.path.dirname(os.path.abspath(dest))
-    backup = os.path.join(folder, PREVIOUS)
-    flat = [os.path.join(base, n) for base in (folder, backup) for n in names]
-    if not any(os.path.isfile(p) and not os.path.islink(p) for p in flat):
-        return False
-    if current_set(dest) is None:  # a migration killed before its flip, or a copy that resolved the links
-        remove_path(sets_dir(dest))
-
-        def files(base: str) -> Dict[str, str]:
-            return {n: os.path.join(base, n) for n in names if os.path.isfile(os.path.join(base, n))}
-
-        kept = _new_set(dest, files(backup), None, True) if os.path.isfile(os.path.join(backup, names[0])) else None
-        _flip(sets_dir(dest), CURRENT, _new_set(dest, files(folder), kept, True))
-    for path in flat:
-        previous = os.path.dirname(path) == backup
-        target = _link_target(dest, os.path.basename(path), previous)
-        in_set = os.path.join(os.path.dirname(path), target)
-        if os.path.isfile(path) and not os.path.islink(path) and os.path.isfile(in_set):
-            if not filecmp.cmp(path, in_set, shallow=False):
-                raise EdgeError("{}: a file that is not part of the installed set {}; move it away".format(
-                    path, os.path.relpath(os.path.realpath(in_set), folder)))
-            _flip(os.path.dirname(path), os.path.basename(path), target)
-    ensure_links(dest, names, with_previous=os.path.isdir(backup))
-    return True

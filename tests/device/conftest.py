@@ -1,8 +1,13 @@
-"""On-device fixtures: `pytest -m jetson tests/device` on a Jetson (or any CUDA GPU) with TensorRT and pycuda.
+"""On-device fixtures, in two tiers. `pytest -m jetson tests/device` on a Jetson or any CUDA machine:
 
-Elsewhere every `jetson` test is skipped with the reason (no tensorrt / no pycuda / no CUDA device).
-Engines are built once per session from an ONNX model: $EDGE_TEST_ONNX, else engines/mobilenet_v3_large.onnx,
-else MobileNetV3-Small with seeded random weights exported by `edge export` (needs torch).
+- the CUDA tier (every `jetson` test): pycuda and a CUDA device. The kernel, the CUDA session and its staging
+  buffers, the doctor's gpu and kernel lines, the GPU identity;
+- the TensorRT tier (`jetson` and `tensorrt`, or a test that asks for an engine): TensorRT too. Engines.
+
+A machine with pycuda and a GPU but no TensorRT runs the first tier (`-m "jetson and not tensorrt"` selects it
+alone); each skip names only what is missing. Engines are built once per session from an ONNX model:
+$EDGE_TEST_ONNX, else engines/mobilenet_v3_large.onnx, else MobileNetV3-Small with seeded random weights exported
+by `edge export` (needs torch).
 """
 
 import os
@@ -19,23 +24,38 @@ PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
 
 def pytest_configure(config: Any) -> None:
-    config.addinivalue_line("markers", "jetson: needs a Jetson/CUDA GPU with TensorRT and pycuda; skipped elsewhere")
+    config.addinivalue_line("markers", "jetson: needs pycuda and a CUDA device (a Jetson or any CUDA GPU); skipped "
+                                       "elsewhere")
+    config.addinivalue_line("markers", "tensorrt: needs TensorRT as well (builds or runs engines)")
+
+
+@pytest.fixture(scope="session")
+def cuda() -> None:
+    """The CUDA tier: skips, with the reason, where pycuda or a CUDA device is missing."""
+    from edge.infer.select import cuda_unavailable
+
+    problem = cuda_unavailable()
+    if problem is not None:
+        pytest.skip("needs pycuda and a CUDA device: " + problem)
 
 
 @pytest.fixture(scope="session")
 def gpu() -> None:
-    """Skips, with the reason, where TensorRT, pycuda or a CUDA device is missing. GPU fixtures depend on it."""
-    from edge.infer.select import gpu_unavailable
+    """The TensorRT tier: skips naming each of TensorRT, pycuda and a CUDA device that is missing, and no other."""
+    from edge.board import tensorrt_probe
+    from edge.infer.select import cuda_unavailable
 
-    problem = gpu_unavailable()
-    if problem is not None:
-        pytest.skip("needs a GPU with TensorRT and pycuda: " + problem)
+    missing = [p for p in (tensorrt_probe().problem, cuda_unavailable()) if p is not None]
+    if missing:
+        pytest.skip("needs TensorRT, pycuda and a CUDA device: " + "; ".join(missing))
 
 
 @pytest.fixture(autouse=True)
-def _jetson_needs_gpu(request: Any) -> None:
-    if request.node.get_closest_marker("jetson") is not None:
+def _device_tiers(request: Any) -> None:
+    if request.node.get_closest_marker("tensorrt") is not None:
         request.getfixturevalue("gpu")
+    elif request.node.get_closest_marker("jetson") is not None:
+        request.getfixturevalue("cuda")
 
 
 def read_photo(name: str) -> np.ndarray:

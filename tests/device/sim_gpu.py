@@ -11,7 +11,7 @@ stack and live allocations.
 import ctypes
 import os
 import types
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -50,10 +50,13 @@ class Sim:
     def __init__(self, host_lib: ctypes.CDLL, integrated: bool) -> None:
         self.host_lib, self.integrated = host_lib, integrated
         self.stack: List[Any] = []
+        self.stream_flags: List[int] = []  # of every Stream made, then every Event: what the code asked for
+        self.event_flags: List[int] = []
         self.loads: List[bytes] = []  # images given to module_from_buffer
         self.load_error: Optional[str] = None  # set: every module load fails with this (pycuda's LogicError)
         self.launches: List[Tuple[str, Tuple[Any, ...]]] = []
         self.context_flags: Optional[int] = None
+        self.registered: Set[int] = set()  # addresses of host memory registered with CUDA
         Allocation.live.clear()
         self.driver = self._driver()
 
@@ -120,10 +123,18 @@ class Sim:
         class Stream:
             handle = 1234
 
+            def __init__(self, flags: int = 0) -> None:  # pycuda's: cuStreamCreate's flags, an int
+                assert isinstance(flags, int) and flags in (0, 1), flags
+                sim.stream_flags.append(flags)
+
             def synchronize(self) -> None:
                 assert sim.stack, "stream used without a current context"
 
         class Event:
+            def __init__(self, flags: int = 0) -> None:  # pycuda's: CUevent_flags
+                assert flags in (0, 1, 2, 3), flags
+                sim.event_flags.append(flags)
+
             def record(self, stream: Any = None) -> "Event":
                 assert sim.stack, "event recorded without a current context"
                 return self
@@ -166,6 +177,21 @@ class Sim:
         def pagelocked_empty(shape: Sequence[int], dtype: Any, order: str = "C", mem_flags: int = 0) -> np.ndarray:
             return np.ndarray(shape, dtype, buffer=Allocation(int(np.prod(shape)) * np.dtype(dtype).itemsize))
 
+        def host_register(address: ctypes.c_void_p, size: ctypes.c_size_t, flags: ctypes.c_uint) -> int:
+            assert sim.stack, "register without a current context"
+            assert address.value % 4096 == 0, "cuMemHostRegister wants page-aligned memory here"
+            sim.registered.add(address.value)
+            return 0
+
+        def host_unregister(address: ctypes.c_void_p) -> int:
+            assert sim.stack, "unregister without a current context"
+            sim.registered.remove(address.value)
+            return 0
+
+        # libcuda's entry points the code calls through ctypes (edge.infer.cuda_session.driver_library)
+        self.driver_library = types.SimpleNamespace(cuMemHostRegister_v2=host_register,
+                                                    cuMemHostUnregister=host_unregister)
+
         def memcpy(dst: int, src: int, size: int) -> None:
             assert sim.stack, "copy without a current context"
             ctypes.memmove(dst, src, size)
@@ -173,6 +199,7 @@ class Sim:
         drv.init = lambda: None
         drv.Device, drv.Context, drv.Stream, drv.Event = Device, Context, Stream, Event
         drv.ctx_flags = types.SimpleNamespace(MAP_HOST=8, SCHED_BLOCKING_SYNC=4)
+        drv.event_flags = types.SimpleNamespace(DEFAULT=0, BLOCKING_SYNC=1, DISABLE_TIMING=2)
         drv.device_attribute = types.SimpleNamespace(INTEGRATED="INTEGRATED",
                                                      MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
         drv.host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)

@@ -16,7 +16,7 @@ import pytest
 
 from edge.config import PreprocessConfig
 
-pytestmark = pytest.mark.jetson
+pytestmark = [pytest.mark.jetson, pytest.mark.tensorrt]
 SIZES = [1, 2, 4]
 HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -21,7 +21,7 @@ SIZES = ["1x1", "7x5", "200x100", "257x256", "1280x720", "720x1280", "3840x2160"
 
 
 @pytest.fixture(scope="module")
-def session(gpu: None):
+def session(cuda: None):
     from edge.infer.cuda_session import CudaSession
 
     owner = CudaSession()
@@ -82,6 +82,27 @@ def test_usable_from_another_thread(cuda_pre, photo: Callable[[str], np.ndarray]
     assert out and float(np.abs(out[0] - CpuPreprocessor(PreprocessConfig())(frame)).max()) <= 1e-4
 
 
+def test_frames_a_reader_put_in_the_staging_buffers_need_no_host_copy(cuda_pre) -> None:
+    """The GPU path's frame: read into a page-locked staging buffer (FrameReader.staging), copied to the device from
+    there, with the CPU reference's output, while the reader goes on reading into the other buffers."""
+    from edge.sources.capture import SyntheticCapture
+    from edge.sources.reader import FrameReader
+
+    reader = FrameReader(SyntheticCapture(1280, 720, fps=1000), 2.0)
+    reader.staging = cuda_pre.staging_buffers
+    copied = cuda_pre.copied
+    reader.start()
+    try:
+        reader.get()  # the first read: the size is not known yet, so the capture's own array
+        for _ in range(20):
+            image = reader.get().image  # whole until the next get()
+            got = cuda_pre(image).download()
+            assert float(np.abs(got - CpuPreprocessor(PreprocessConfig())(image)).max()) <= 1e-4
+    finally:
+        reader.stop()
+    assert cuda_pre.copied == copied
+
+
 @pytest.mark.parametrize("source", ["kernel dir", "prebuilt"])
 def test_kernel_loads_from_each_source(session, tmp_path, monkeypatch, photo: Callable[[str], np.ndarray],
                                        source: str) -> None:
@@ -113,3 +134,21 @@ def test_kernel_loads_from_each_source(session, tmp_path, monkeypatch, photo: Ca
         assert float(np.abs(pre(frame).download() - CpuPreprocessor(PreprocessConfig())(frame)).max()) <= 1e-4
     finally:
         pre.close()
+
+
+def test_doctor_names_this_gpu_and_loads_the_kernel(session, tmp_path) -> None:
+    """The doctor's gpu line names device 0 as pycuda sees it; its kernel line loads one (or names the build that
+    would make one), and never says there is no device."""
+    import re
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "edge", "doctor", "--source", "synthetic"], capture_output=True,
+                          encoding="utf-8", errors="replace", cwd=REPO, timeout=120)
+    print(proc.stdout)
+    gpu = re.search(r"^ok\s+gpu\s+(.*)$", proc.stdout, re.M)
+    assert gpu and gpu.group(1).startswith(session.gpu_name()) and "pycuda absent" not in gpu.group(1), proc.stdout
+    assert re.search(r"^(ok\s+kernel\s+loads from |warn\s+kernel\s+.*scripts/build_kernel.py)", proc.stdout, re.M)
+    assert "no CUDA device" not in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr

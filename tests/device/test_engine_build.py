@@ -16,7 +16,7 @@ from edge.model.steps import run_build
 from edge.model.trt_cache import read_trt_calibration_cache
 from edge.store.artifact import check_engine, read_model_info
 
-pytestmark = pytest.mark.jetson
+pytestmark = [pytest.mark.jetson, pytest.mark.tensorrt]
 
 
 def tensorrt_major():

@@ -12,7 +12,7 @@ import yaml
 from edge.store.artifact import check_engine, sha256_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.jetson
+pytestmark = [pytest.mark.jetson, pytest.mark.tensorrt]
 
 
 def edge(*args):

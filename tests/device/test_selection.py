@@ -13,11 +13,13 @@ from edge.infer import select
 @pytest.fixture
 def gpu_present(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(select, "gpu_unavailable", lambda: None)
+    monkeypatch.setattr(select, "cuda_unavailable", lambda: None)
 
 
 @pytest.fixture
 def gpu_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(select, "gpu_unavailable", lambda: "no CUDA device")
+    monkeypatch.setattr(select, "cuda_unavailable", lambda: "no CUDA device")
 
 
 def test_probe_is_importable_without_tensorrt_or_pycuda() -> None:
@@ -34,6 +36,12 @@ def test_auto_falls_back_with_the_reason(gpu_absent: None) -> None:
     assert (pre, kind) == ("cpu", "onnxruntime") and ".engine" in reason
 
 
+def test_cuda_preprocessing_beside_onnxruntime_where_there_is_a_device(gpu_present: None) -> None:
+    """The GPU check on a machine without TensorRT: the CUDA preprocessor's tensor goes back to the host."""
+    pre, kind, reason = select.select_devices(load_config(None, {"preprocess.device": "cuda"}))
+    assert (pre, kind) == ("cuda", "onnxruntime") and "copied back to the host" in reason
+
+
 def test_cpu_preprocessing_with_tensorrt(gpu_present: None) -> None:
     cfg = load_config(None, {"model.path": "m.engine", "preprocess.device": "cpu"})
     assert select.select_devices(cfg)[:2] == ("cpu", "tensorrt")
@@ -44,7 +52,10 @@ def test_cpu_preprocessing_with_tensorrt(gpu_present: None) -> None:
     ({"model.path": "m.onnx", "backend.kind": "tensorrt"}, "needs a TensorRT .engine"),
     ({"model.path": "m.engine"}, "is a TensorRT engine, but the GPU path is unavailable: no CUDA device"),
     ({"model.path": "m.engine", "preprocess.device": "cuda"}, "GPU path is unavailable"),
-    ({"preprocess.device": "cuda", "backend.kind": "onnxruntime"}, "preprocess.device cuda needs backend.kind"),
+    ({"preprocess.device": "cuda", "backend.kind": "onnxruntime"},
+     "preprocess.device cuda beside backend onnxruntime \\(backend.kind onnxruntime configured\\) needs pycuda and "
+     "a CUDA device: no CUDA device"),
+    ({"preprocess.device": "cuda"}, "preprocess.device cuda beside backend onnxruntime \\(model is not a .engine"),
 ])
 def test_explicit_gpu_choice_that_cannot_work_raises(gpu_absent: None, overrides: dict, message: str) -> None:
     with pytest.raises(EdgeError, match=message) as info:

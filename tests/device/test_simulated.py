@@ -9,6 +9,7 @@ which only tests/device on a GPU can.
 """
 
 import ctypes
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -43,9 +44,13 @@ def host_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 def install(monkeypatch: pytest.MonkeyPatch, sim: sim_gpu.Sim, trt: Any = None) -> None:
     pycuda = types.ModuleType("pycuda")
     pycuda.driver = sim.driver
+    for module in (pycuda, sim.driver):  # importable as real code for edge.infer.select's probe
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+        module.__file__ = sim_gpu.__file__
     for name, module in (("pycuda", pycuda), ("pycuda.driver", sim.driver), ("tensorrt", trt)):
         if module is not None:
             monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr("edge.infer.cuda_session.driver_library", lambda: sim.driver_library)
 
 
 @pytest.fixture(params=[True, False], ids=["integrated", "discrete"])
@@ -196,6 +201,8 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
             assert backend.runner.input_ptr() != tensor.ptr and backend.device_ms() == {"infer_gpu": 0.25}
         assert backend.graph_status == "off (capture failed: libcuda.so.1: cannot open shared object file)"
         pre.close()
+    assert sim.stream_flags == [1]  # CU_STREAM_NON_BLOCKING: legacy-stream work cannot invalidate a graph capture
+    assert sim.event_flags == [1] * 4  # the timing events (preprocessor's, backend's) wait by sleeping: BLOCKING_SYNC
     assert not sim_gpu.Allocation.live and not sim.context.detached  # the session is its owner's
     owner.release()
     assert sim.context.detached
@@ -445,3 +452,73 @@ def test_engine_identity(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None
                        ("compute_capability", "11.0"), ("tensorrt", "10.7.0")):
         with pytest.raises(EdgeError, match="built for system.{} .*; rebuild with: edge build --engine".format(key)):
             artifact.check_engine(engine, dict(built, **{key: other}))
+
+
+def test_cuda_preprocessing_beside_onnxruntime_downloads_the_tensor(sim: sim_gpu.Sim, small_model: str) -> None:
+    """`edge run --preprocess cuda` with an ONNX model (the GPU check on a machine without TensorRT): the CUDA
+    preprocessor's tensor reaches ONNX Runtime through the host, with the CPU path's logits."""
+    from edge.config import load_config
+    from edge.infer.stages import build_stages
+
+    stages = build_stages(load_config(None, {"model.path": small_model, "preprocess.device": "cuda"}))
+    try:
+        assert (stages.preprocess_name, stages.backend.name) == ("cuda", "onnxruntime") and stages.session
+        assert "copied back to the host" in stages.reason
+        f = frame(720, 1280)
+        expected = stages.backend.infer(CpuPreprocessor(PreprocessConfig())(f))
+        np.testing.assert_allclose(stages.backend.infer(stages.preprocess(f)), expected, atol=1e-4, rtol=1e-4)
+    finally:
+        stages.close()
+    assert not sim_gpu.Allocation.live and sim.context.detached
+
+
+def test_a_frame_read_into_a_staging_buffer_goes_to_the_device_from_there(sim: sim_gpu.Sim) -> None:
+    """The pinned-buffer path: a frame a reader put in one of the preprocessor's registered buffers is copied to the
+    device from it (no host copy); any other frame takes the fallback copy; close() unregisters, the memory stays."""
+    from edge.infer.cuda_preprocess import READER_BUFFERS, CudaPreprocessor
+
+    owner = session()
+    pre = CudaPreprocessor(PreprocessConfig(), owner)
+    buffers = pre.staging_buffers(720, 1280)
+    assert len(buffers) == READER_BUFFERS == len(sim.registered) and pre.staging_buffers(720, 1280) is buffers
+    assert {b.ctypes.data for b in buffers} == sim.registered
+    cpu = CpuPreprocessor(PreprocessConfig())
+    for seed, buffer in enumerate(buffers):
+        np.copyto(buffer, frame(720, 1280, seed))
+        np.testing.assert_allclose(pre(buffer).download(), cpu(buffer), atol=2e-5)
+    assert pre.copied == 0
+    elsewhere = frame(720, 1280, 7)
+    np.testing.assert_allclose(pre(elsewhere).download(), cpu(elsewhere), atol=2e-5)
+    np.testing.assert_allclose(pre(buffers[0][:, :640]).download(), cpu(buffers[0][:, :640]), atol=2e-5)
+    assert pre.copied == 2  # another frame, and a view of a staging buffer that is not the whole of it
+    pre.close()
+    assert not sim.registered and buffers[0].sum() > 0  # unregistered, still the reader's memory
+    owner.release()
+
+
+@pytest.mark.parametrize("height,width", [(5, 7), (720, 1280), (2160, 3840)])
+def test_the_fallback_copy_in_bands_is_the_whole_frame(height: int, width: int) -> None:
+    from edge.infer.cuda_preprocess import copy_frame
+
+    wide = frame(height, width + 64)
+    for src in (wide[:, :width].copy(), wide[:, 32:32 + width]):  # contiguous, and rows of a wider buffer
+        dst = np.zeros((height, width, 3), np.uint8)
+        copy_frame(dst, src)
+        assert np.array_equal(dst, src)
+
+
+def test_memory_the_driver_will_not_pin_leaves_frames_on_the_fallback_copy(sim: sim_gpu.Sim,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuMemHostRegister refused (a driver or board that cannot register host memory): no staging buffers, so the
+    reader reads into its own arrays and every frame takes the fallback copy; the reason is kept."""
+    from edge.infer.cuda_preprocess import CudaPreprocessor
+
+    monkeypatch.setattr(sim.driver_library, "cuMemHostRegister_v2", lambda address, size, flags: 801)
+    owner = session()
+    pre = CudaPreprocessor(PreprocessConfig(), owner)
+    assert pre.staging_buffers(720, 1280) == [] and pre.pin_failed == "cuMemHostRegister failed with CUDA error 801"
+    f = frame(720, 1280)
+    np.testing.assert_allclose(pre(f).download(), CpuPreprocessor(PreprocessConfig())(f), atol=2e-5)
+    assert pre.copied == 1
+    pre.close()
+    owner.release()

@@ -1,0 +1,315 @@
+"""The one versioned-folder switch (edge.store.versions): links read back strictly (a `current` spelled `0001/`,
+`./0001`, absolute or a loop is refused in one line naming it, and nothing is removed), nothing `current` or its
+previous resolves to is ever removed, the folder fsynced after every flip and rename, folders replaced in place
+with their previous kept, and a lock only its writer can open that names its holder."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from edge.errors import EdgeError
+from edge.store import artifact as af
+from edge.store import durable, versions
+
+from conftest import NOBODY, assert_refused, run_edge
+
+quiet = lambda *a: None  # noqa: E731
+
+
+def tree(folder):
+    """{relative path: bytes, 'link -> target' or 'folder'} of everything under `folder` (the lock file aside)."""
+    out = {}
+    for root, dirs, files in os.walk(str(folder)):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, str(folder))
+            if os.path.islink(path):
+                out[rel] = "link -> " + os.readlink(path)
+            elif os.path.isdir(path):
+                out[rel] = "folder"
+            elif name != versions.LOCK:
+                with open(path, "rb") as fh:
+                    out[rel] = fh.read()
+    return out
+
+
+def install(dest, model, tag):
+    """`model` installed at `dest` with labels tag0..tag9, as a build installs it."""
+    labels = af.staging_path(dest[:-5] + ".labels.txt")
+    with open(labels, "w", encoding="utf-8") as fh:
+        fh.write("".join("{}{}\n".format(tag, i) for i in range(10)))
+    staged = af.staging_path(dest)
+    shutil.copyfile(model, staged)
+    try:
+        af.install(dest, artifact=staged, info={"trained": False, "tag": tag}, labels=labels, log=quiet)
+    finally:
+        af.remove_quietly([staged, labels])
+
+
+def two_sets(tmp_path, tiny_classifiers):
+    """An engines folder with sets 0001 (previous) and 0002 (current); returns (dest, its sets folder)."""
+    dest = str(tmp_path / "engines" / "m.int8.onnx")
+    install(dest, tiny_classifiers[0], "a")
+    install(dest, tiny_classifiers[1], "b")
+    return dest, str(tmp_path / "engines" / "m.int8.sets")
+
+
+def relink(path, target):
+    os.symlink(target, path + ".new")
+    os.replace(path + ".new", path)
+
+
+def refused_in_one_line(act, *names):
+    with pytest.raises(EdgeError) as err:
+        act()
+    line = str(err.value)
+    assert "\n" not in line and all(str(n) in line for n in names), line
+    return line
+
+
+SPELLINGS = ("0002/", "./0002", "ABSOLUTE", "current", "LOOP")  # LOOP: current -> loop -> current
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_current_link_the_store_did_not_write_is_refused_and_nothing_is_removed(tiny_classifiers, tmp_path,
+                                                                                  spelling):
+    """`ln -sfn 0002/ current` (tab completion) was served, then the next writer removed both sets."""
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    current = os.path.join(sets, "current")
+    if spelling == "LOOP":
+        os.symlink("current", os.path.join(sets, "loop"))
+    relink(current, {"ABSOLUTE": os.path.join(sets, "0002"), "LOOP": "loop"}.get(spelling, spelling))
+    before = tree(tmp_path)
+    refused_in_one_line(lambda: af.read_set(dest), current)  # a reader: served before
+    refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), current)
+    refused_in_one_line(lambda: af.rollback(dest, log=quiet), current)
+    refused_in_one_line(lambda: af.writable_set(dest, "artifact"), current)  # a build's preflight
+    assert_refused(run_edge("rollback", "--artifact", dest), current)
+    assert tree(tmp_path) == before  # nothing removed, nothing written
+
+
+def test_doctor_no_longer_says_a_foreign_current_can_run(tiny_classifiers, tmp_path):
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {{path: {}}}\nsource: {{uri: synthetic}}\n".format(dest), encoding="utf-8")
+    current = os.path.join(sets, "current")
+    proc = run_edge("doctor", "--config", config)
+    assert current not in proc.stdout + proc.stderr, proc.stdout
+    relink(current, "0002/")  # served, and doctor said the path could run
+    proc = run_edge("doctor", "--config", config)
+    assert proc.returncode == 1 and current in proc.stdout + proc.stderr, proc.stdout
+
+
+def test_a_previous_link_the_store_did_not_write_is_refused_and_nothing_is_removed(tiny_classifiers, tmp_path):
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    previous = os.path.join(sets, "0002", "previous")
+    for target in ("../0001/", os.path.join(sets, "0001"), "previous"):
+        relink(previous, target)
+        before = tree(tmp_path)
+        refused_in_one_line(lambda: af.read_set(str(tmp_path / "engines" / "previous" / "m.int8.onnx")), previous)
+        refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), previous)
+        assert_refused(run_edge("rollback", "--artifact", dest), previous)
+        assert tree(tmp_path) == before, target
+
+
+def test_a_flat_copy_beside_a_foreign_link_never_costs_the_sets_folder(tiny_classifiers, tmp_path):
+    """`migrate` once removed the whole sets folder when flat files stood beside a `current` it did not read."""
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    for name in ("m.int8.onnx", "m.int8.json", "m.int8.labels.txt"):  # the links replaced by copies of the files
+        path = str(tmp_path / "engines" / name)
+        data = open(path, "rb").read()
+        os.unlink(path)
+        with open(path, "wb") as fh:
+            fh.write(data)
+    relink(os.path.join(sets, "current"), "0002/")
+    before = tree(tmp_path)
+    refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), os.path.join(sets, "current"))
+    assert tree(tmp_path) == before
+
+
+def test_a_copy_that_resolved_the_links_migrates_as_its_plain_files(tiny_classifiers, tmp_path):
+    dest, _ = two_sets(tmp_path / "a", tiny_classifiers)
+    shutil.copytree(str(tmp_path / "a" / "engines"), str(tmp_path / "copy"))  # links followed: files and folders
+    copy = str(tmp_path / "copy" / "m.int8.onnx")
+    served = af.read_set(copy).labels
+    with af.writing(str(tmp_path / "copy"), "test"):
+        af.rollback(copy, log=quiet)
+        af.rollback(copy, log=quiet)
+    assert os.path.islink(copy) and af.read_set(copy).labels == served
+    shutil.copytree(str(tmp_path / "a" / "engines"), str(tmp_path / "copy2"))
+    with open(str(tmp_path / "copy2" / "m.int8.sets" / "current" / "m.int8.labels.txt"), "a", encoding="utf-8") as fh:
+        fh.write("edited\n")  # a resolved `current` that is not the files beside it: not the store's
+    refused_in_one_line(lambda: install(str(tmp_path / "copy2" / "m.int8.onnx"), tiny_classifiers[0], "c"),
+                        os.path.join(str(tmp_path / "copy2"), "m.int8.sets", "current"))
+
+
+def test_a_set_folder_that_is_a_symlink_loop_is_named_as_one(tiny_classifiers, tmp_path):
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    shutil.rmtree(os.path.join(sets, "0002"))
+    os.symlink("0002", os.path.join(sets, "0002"))
+    line = refused_in_one_line(lambda: af.read_set(dest), os.path.join(sets, "0002"), "a loop")
+    assert "not found" not in line
+    os.symlink("loop", str(tmp_path / "loop"))  # a loop on the way to a plain model
+    line = refused_in_one_line(lambda: af.read_set(str(tmp_path / "loop" / "m.onnx")), "symbolic links")
+    assert "not found" not in line
+
+
+def test_nothing_current_or_its_previous_resolves_to_is_removed(tiny_classifiers, tmp_path):
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    kept = {n: tree(os.path.join(sets, n)) for n in ("0001", "0002")}
+    os.symlink("0002", os.path.join(sets, "0009"))  # leftovers that resolve to the sets kept
+    os.symlink(os.path.join(sets, "0001"), os.path.join(sets, ".new-0123456789abcdef"))
+    os.mkdir(os.path.join(sets, "0007"))  # a set no link reaches
+    with af.writing(str(tmp_path / "engines"), "test"):
+        removed = versions.collect(sets)
+    assert sorted(removed) == [".new-0123456789abcdef", "0007", "0009"]
+    assert {n: tree(os.path.join(sets, n)) for n in ("0001", "0002")} == kept
+    assert sorted(os.listdir(sets)) == ["0001", "0002", "current"]
+
+
+def test_no_set_is_collected_while_no_current_names_one(tiny_classifiers, tmp_path):
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    os.unlink(os.path.join(sets, "current"))  # removed by hand
+    with af.writing(str(tmp_path / "engines"), "test"):
+        assert versions.collect(sets) == []
+    assert sorted(os.listdir(sets)) == ["0001", "0002"]
+
+
+def recorded(monkeypatch):
+    """[('rename', folder) | ('fsync', folder)] of every rename, exchange and fsync edge.store.versions makes."""
+    events = []
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda a, b, real=real: (real(a, b), events.append(
+            ("rename", os.path.dirname(os.path.abspath(b))))
+            if sys._getframe(1).f_globals["__name__"] == versions.__name__ else None)[0])
+    real_exchange = durable.exchange
+    monkeypatch.setattr(durable, "exchange", lambda a, b: (
+        lambda done: (events.append(("rename", os.path.dirname(os.path.abspath(b)))) if done else None, done)[1])(
+        real_exchange(a, b)))
+    real_fsync = versions.fsync_path
+    monkeypatch.setattr(versions, "fsync_path", lambda p: (real_fsync(p), events.append(("fsync", p)))[0])
+    return events
+
+
+def unsynced(events):
+    """The renames not followed by an fsync of their folder before the next rename (or the end)."""
+    left = []
+    for i, (kind, folder) in enumerate(events):
+        if kind == "rename":
+            after = events[i + 1:]
+            stop = next((j for j, e in enumerate(after) if e[0] == "rename"), len(after))
+            if ("fsync", folder) not in after[:stop]:
+                left.append((i, folder))
+    return left
+
+
+@pytest.mark.parametrize("can_exchange", [True, False])
+def test_every_flip_and_rename_is_followed_by_an_fsync_of_its_folder(tiny_classifiers, tmp_path, monkeypatch,
+                                                                     can_exchange):
+    if not can_exchange:
+        monkeypatch.setattr(durable, "exchange", lambda a, b: False)
+    events = recorded(monkeypatch)
+    dest, sets = two_sets(tmp_path, tiny_classifiers)
+    af.rollback(dest, log=quiet)
+    for n in ("old", "new"):
+        os.makedirs(str(tmp_path / n))
+        (tmp_path / n / "x").write_text(n, encoding="utf-8")
+    versions.replace_folder(str(tmp_path / "old"), str(tmp_path / "cal"))
+    versions.replace_folder(str(tmp_path / "new"), str(tmp_path / "cal"), previous=str(tmp_path / "cal.previous"))
+    assert (tmp_path / "cal" / "x").read_text(encoding="utf-8") == "new"
+    assert (tmp_path / "cal.previous" / "x").read_text(encoding="utf-8") == "old"
+    assert sum(kind == "rename" for kind, _ in events) >= 10
+    assert unsynced(events) == []
+
+
+ASIDE = [  # (the aside's kind, `dest` there, `previous` given, where the old folder ends: a name or None)
+    ("old", False, False, "cal"), ("keep", False, True, "cal"),  # killed before the new one landed: it goes back
+    ("keep", True, True, "cal.previous"),  # after: kept as the previous its writer meant
+    ("keep", True, False, "aside"),  # ... left for that writer's own recovery (a plain build's does not know it)
+    ("old", True, True, None),  # a replaced folder its writer meant to drop (calibrate import)
+]
+
+
+@pytest.mark.parametrize("kind,dest_there,with_previous,ends", ASIDE)
+def test_a_folder_left_aside_by_a_killed_writer_is_settled_as_its_writer_meant(tmp_path, kind, dest_there,
+                                                                              with_previous, ends):
+    cal, previous = str(tmp_path / "cal"), str(tmp_path / "cal.previous")
+    aside = os.path.join(str(tmp_path), versions.temp_prefix(cal, kind) + "0123456789abcdef")
+    os.makedirs(os.path.join(aside, "set"))
+    with open(os.path.join(aside, "set", "x"), "w", encoding="utf-8") as fh:
+        fh.write("old")
+    if dest_there:
+        os.makedirs(cal)
+    versions.recover_folder(cal, previous=previous if with_previous else None)
+    found = [p for p in (cal, previous, os.path.join(aside, "set")) if os.path.isfile(os.path.join(p, "x"))]
+    assert found == ([] if ends is None else [os.path.join(aside, "set") if ends == "aside" else
+                                              str(tmp_path / ends)])
+    assert os.path.lexists(aside) == (ends == "aside")
+
+
+def test_the_lock_file_is_the_writers_own_and_a_refusal_names_its_holder(tiny_classifiers, tmp_path):
+    dest, _ = two_sets(tmp_path, tiny_classifiers)
+    engines = str(tmp_path / "engines")
+    lock = os.path.join(engines, versions.LOCK)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from edge.store import versions\nwith versions.lock(sys.argv[1], 't'):\n"
+         "    print('held', flush=True); sys.stdin.read()", engines],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, encoding="utf-8")
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        st = os.lstat(lock)
+        assert (st.st_uid, oct(st.st_mode & 0o777)) == (os.geteuid(), "0o600")
+        assert_refused(run_edge("rollback", "--artifact", dest), engines, "pid {}".format(holder.pid))
+    finally:
+        holder.communicate("", timeout=60)
+    assert not os.path.lexists(lock)
+    assert run_edge("rollback", "--artifact", dest).returncode == 0
+
+
+def test_a_planted_lock_file_is_refused_naming_it(tiny_classifiers, tmp_path):
+    dest, _ = two_sets(tmp_path, tiny_classifiers)
+    lock = str(tmp_path / "engines" / versions.LOCK)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's file\n", encoding="utf-8")
+    os.symlink(str(outside), lock)
+    assert_refused(run_edge("rollback", "--artifact", dest), lock)
+    assert outside.read_text(encoding="utf-8") == "the user's file\n"
+    os.unlink(lock)
+    with open(lock, "w", encoding="utf-8"):
+        pass
+    os.chmod(lock, 0o644)  # readable by others: not the 0600 lock a writer makes
+    assert_refused(run_edge("rollback", "--artifact", dest), lock, "mode 644")
+    assert os.path.isfile(lock)  # refused, not removed
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("flock")),
+                    reason="needs root, setpriv and flock")
+def test_nobody_can_neither_squat_nor_open_the_lock(tiny_classifiers):
+    """`flock -n engines sleep 1e9` as nobody once stopped root's rollback, build and cache fetch."""
+    top = tempfile.mkdtemp(prefix="edge-lock-")  # a folder nobody can enter (pytest's tmp_path is 0700)
+    try:
+        os.chmod(top, 0o755)
+        dest = os.path.join(top, "engines", "m.int8.onnx")
+        install(dest, tiny_classifiers[0], "a")
+        install(dest, tiny_classifiers[1], "b")
+        nobody = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups"]
+        folder = os.path.dirname(dest)
+        squatter = subprocess.Popen(nobody + ["flock", "-n", folder, "sh", "-c", "echo held; exec cat"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, encoding="utf-8")
+        try:
+            assert squatter.stdout.readline().strip() == "held"
+            with af.writing(folder, "test"):  # root holds the lock: nobody cannot even open its file
+                opened = subprocess.run(nobody + ["flock", "-n", os.path.join(folder, versions.LOCK), "true"],
+                                        capture_output=True, encoding="utf-8", errors="replace", timeout=60)
+                assert opened.returncode != 0 and "Permission denied" in opened.stderr, opened.stderr
+            proc = run_edge("rollback", "--artifact", dest)
+            assert proc.returncode == 0, proc.stderr
+        finally:
+            squatter.communicate("", timeout=60)
+    finally:
+        shutil.rmtree(top)
