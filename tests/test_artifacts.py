@@ -99,7 +99,7 @@ BAD_MODEL_INFO = [  # (what is written as m.json, what the one line says)
 def test_the_one_reader_refuses_every_malformed_model_info_in_one_line(tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(b"model bytes")
-    assert read_model_info(str(model)) == {"weights": "unknown (no m.json)", "trained": False}
+    assert read_model_info(str(model)) == {"weights": "yours (no model info)", "trained": True}
     with pytest.raises(EdgeError, match="no model info m.json"):
         read_model_info(str(model), required=True)
     held = 0
