@@ -10,15 +10,21 @@ from edge.service.signals import StopFlag  # light: signal and threading only
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, *PIPELINE_KEYS, "runtime.frames")
+    p.add_argument("--json", action="store_true",
+                   help="every event as a JSON line on stdout, each missed frame's frame_miss too (always so under "
+                        "systemd, where stdout is the journal); without it: the start, a summary per "
+                        "runtime.report_every frames, errors and the report, then the table on stderr")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     with StopFlag() as stop:  # first, before anything slow: a SIGHUP or SIGTERM while starting is noted, not fatal
+        from edge.service.log import JsonLog
         from edge.service.loop import run
         from edge.service.runtime import Runtime
 
         # SIGHUP re-reads the config file and re-applies the same flags.
-        runtime = Runtime(config_from_args(args), reload_config=lambda: config_from_args(args))
+        runtime = Runtime(config_from_args(args), log=JsonLog(quiet=() if args.json else ("frame_miss",)),
+                          reload_config=lambda: config_from_args(args))
         run(runtime, stop, table="edge run")
     return EXIT_OK
 

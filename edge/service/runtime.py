@@ -203,7 +203,7 @@ class Runtime:
         """The counters and latency statistics so far."""
         assert self.pipeline is not None and self.source is not None
         out = report_fields(self.pipeline.recorder, self.source.stats(), self.pipeline.errors, self.reloads,
-                            self.telemetry.latest() if self.telemetry is not None else None)
+                            self.telemetry.latest() if self.telemetry is not None else None, self.pipeline.classes)
         out.update(self.source.figures())
         return out
 
