@@ -34,6 +34,7 @@ from edge.service.metrics import metrics_url
 from edge.service.notify import Notifier, NotifySink
 from edge.service.parts import ServicePart, WarningTag
 from edge.service.reload import Loading
+from edge.service.results import results_sinks
 from edge.service.signals import StopFlag
 from edge.sources.cameras import Batch, CameraSet
 from edge.sources.source import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
@@ -161,6 +162,7 @@ class Runtime:
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
         self.sinks.append(FrameLogSink(self.event, recorder, cfg.runtime.budget_ms, cfg.runtime.report_every))
         self.sinks.append(NotifySink(self.notifier, recorder))
+        self.sinks.extend(results_sinks(cfg.service.results))
         self.sinks.append(WarningTag(self.log.extra))
 
     def _parts(self) -> List[ServicePart]:
