@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from service_helpers import write_config
 
 from edge.store.model_info import NO_INFO_WEIGHTS, UNTRAINED_WARNING, read_model_info
 
@@ -42,10 +43,11 @@ def colour_images(folder, per_class=2):
 def test_a_model_without_model_info_is_yours_never_untrained(tmp_path):
     model = colour_model(tmp_path / "mine.onnx")
     assert read_model_info(model) == {"weights": NO_INFO_WEIGHTS, "trained": True}
-    proc = run_edge("classify", colour_images(tmp_path / "val"), "--model", model, "--preprocess", "cpu")
+    config = write_config(tmp_path / "edge.yaml", {"preprocess": {"resize": 37, "crop": 32}})
+    proc = run_edge("classify", colour_images(tmp_path / "val"), "--config", config, "--model", model)
     assert proc.returncode == 0, proc.stderr
-    assert "untrained" not in (proc.stdout + proc.stderr).lower()
-    proc = run_edge("run", "--model", model, "--source", "synthetic", "--frames", 3, "--json")
+    assert "untrained" not in (proc.stdout + proc.stderr).lower() and "accuracy: top-1 100.0% (6/6)" in proc.stdout
+    proc = run_edge("run", "--config", config, "--model", model, "--source", "synthetic", "--frames", 3, "--json")
     assert proc.returncode == 0, proc.stderr
     start = json.loads(proc.stdout.splitlines()[0])
     assert start["weights"] == NO_INFO_WEIGHTS and start["trained"] is True and "warning" not in start
@@ -87,7 +89,6 @@ def test_model_add_records_what_the_model_was_trained_with_and_classify_feeds_it
     (["--resize", "20"], "--resize 20 must not be smaller than the input size 32"),
     (["--expected-top1", "96"], "--expected-top1 must be between 0.0 and 1.0"),
     (["--layout", "nhwc"], "--layout nhwc means [N, H, W, 3]"),
-    (["--colour", "grey"], "invalid choice: 'grey'"),
     (["--labels", "four.txt"], "four.txt: 4 labels, but"),
     (["--labels", "missing.txt"], "missing.txt: labels file not found"),
 ])
@@ -104,6 +105,8 @@ def test_model_add_refuses_what_is_not_a_user_model(tmp_path, small_model):
     (tmp_path / "notes.onnx").write_text("not a model", encoding="utf-8")
     assert_refused(edge_here("model", "add", tmp_path / "notes.onnx"), "notes.onnx: not a valid ONNX model")
     assert_refused(edge_here("model", "add", tmp_path / "m.pt"), "m.pt: not an .onnx file")
+    proc = edge_here("model", "add", tmp_path / "notes.onnx", "--colour", "grey")  # argparse's refusal
+    assert proc.returncode == 2 and "invalid choice: 'grey'" in proc.stderr.splitlines()[-1]
     model = colour_model(tmp_path / "m.onnx", layout="nhwc")
     assert edge_here("model", "add", model, "--layout", "nhwc").returncode == 0
     assert_refused(edge_here("model", "add", model, "--layout", "nhwc"), "its input was adapted already")

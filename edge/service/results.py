@@ -55,6 +55,9 @@ def _check_path(path: str) -> bool:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise EdgeError("{}: cannot write the results: no folder {}".format(path, folder)) from None
         check_folder(path, "results")
         return False
     what = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else
