@@ -198,7 +198,10 @@ def test_install_keeps_previous_and_rollback_swaps(tiny_classifiers, tmp_path):
     assert sha256_file(dest) == sha256_file(first) and json.load(open(info_path(dest),
                                                                       encoding="utf-8"))["tag"] == "one"
     af.verify(dest)  # the restored model info matches the restored file
-    rollback(dest, verify_kept=verify_onnx, log=quiet)  # and back again
+    built_at = read_model_info(dest)["built_at"]
+    rollback(dest, verify_kept=verify_onnx, log=lines.append)  # and back again, saying what is live now
+    assert lines[-1] == "rollback: {} restored from previous/: int8 built {}, gate passed (run rollback again to " \
+        "undo)".format(dest, read_model_info(dest)["built_at"]) and built_at
     assert sha256_file(dest) == sha256_file(second) and json.load(open(info_path(dest),
                                                                        encoding="utf-8"))["tag"] == "two"
     assert debris(engines) == []

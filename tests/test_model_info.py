@@ -112,3 +112,28 @@ def test_model_add_refuses_what_is_not_a_user_model(tmp_path, small_model):
     assert_refused(edge_here("model", "add", model, "--layout", "nhwc"), "its input was adapted already")
     assert edge_here("model", "add", model).returncode == 0  # recorded again: the adaptation is remembered
     assert read_model_info(model)["trained_input"] == {"colour": "rgb", "layout": "nhwc"}
+
+
+def test_a_build_refuses_a_regression_set_labelled_for_another_model_in_one_line(tmp_path):
+    """The device config's labelled set is ImageNet's (class-index folders): a 3-class model is not gated on it."""
+    model = colour_model(tmp_path / "colours.onnx")
+    assert edge_here("model", "add", model).returncode == 0
+    for i in range(10):  # class-index folders 0..9, as `edge calibrate imagenet` stores 1000
+        (tmp_path / "imagenet" / str(i)).mkdir(parents=True)
+        cv2.imwrite(str(tmp_path / "imagenet" / str(i) / "a.png"), np.full((48, 64, 3), 20 * i, np.uint8))
+    (tmp_path / "frames").mkdir()
+    for i in range(4):
+        cv2.imwrite(str(tmp_path / "frames" / "{}.png".format(i)), np.full((48, 64, 3), 60 * i, np.uint8))
+    imported = {}
+    for name, src in (("regression", "imagenet"), ("calibration", "frames")):
+        proc = run_edge("calibrate", "import", tmp_path / src, tmp_path / name, "--min-images", 1)
+        assert proc.returncode == 0, proc.stderr
+        imported[name] = proc.stdout
+    assert "regression: 10 images in 10 classes" in imported["regression"]  # the gate's advice, not TensorRT's
+    assert "TensorRT recommends" not in imported["regression"] and "TensorRT recommends" in imported["calibration"]
+    config = write_config(tmp_path / "edge.yaml", {"model": {"path": model}, "build": {
+        "calibration_dir": str(tmp_path / "calibration"), "regression_dir": str(tmp_path / "regression"),
+        "engines_dir": str(tmp_path / "engines"), "min_images": 1}})
+    line = assert_refused(run_edge("build", "--config", config, "--no-progress"), str(tmp_path / "regression"))
+    assert "7 of its 10 class folders name no class of the model's 3 labels" in line
+    assert not os.path.exists(str(tmp_path / "engines" / "colours.int8.onnx"))

@@ -363,6 +363,15 @@ def rollback(dest: str, *, verify_kept: Optional[Verify] = None, log: Log = prin
         for note in model.notes:
             log("rollback: " + note)
         store.swap_with_previous(dest)
-    log("rollback: {} restored from {}/ (run rollback again to undo)".format(dest, PREVIOUS))
+    log("rollback: {} restored from {}/: {} (run rollback again to undo)".format(dest, PREVIOUS, describe_build(
+        model.info)))
     return dest
+
+
+def describe_build(info: Dict[str, Any]) -> str:
+    """What a set's model info says of its build: precision, when, and the gate's verdict."""
+    gate = info.get("gate") if isinstance(info.get("gate"), dict) else {}
+    verdict = gate.get("verdict") or ("passed" if gate.get("passed") else "not gated" if not gate else "failed")
+    return "{} built {}, gate {}{}".format(info.get("precision", "?"), info.get("built_at", "at an unknown date"),
+                                          verdict, "" if gate.get("enforced", True) else " (not enforced)")
 
