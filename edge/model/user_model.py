@@ -137,9 +137,13 @@ def add_model(path: str, options: ModelAddOptions, log: Any = print) -> Dict[str
         raise EdgeError("{}: its input was adapted already ({}); add it again without --colour/--layout".format(
             path, before["trained_input"]))
     try:
-        model = onnx.load(path)
-    except Exception as exc:  # protobuf DecodeError, a missing external-data file
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError
         raise EdgeError("{}: not a valid ONNX model: {}".format(path, first_line(exc))) from None
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        raise EdgeError("{}: its weights are in an external data file ({}.data); export one file: "
+                        "torch.onnx.export(..., external_data=False), or dynamo=False (docs/own-model.md)".format(
+                            path, os.path.basename(path)))
     inp, out = _graph_io(model, path)
     nchw = _channels_first(_dims(inp), options.layout, path)
     size = options.size or (nchw[2] if isinstance(nchw[2], int) and nchw[2] else 224)
