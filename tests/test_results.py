@@ -38,7 +38,7 @@ def test_every_timed_frame_is_one_json_line_in_the_file_with_its_top_k(tmp_path)
                                                       if line["top"][0]["label"] == report["top_classes"][0]["label"])
 
 
-def test_a_fifo_nobody_reads_never_stalls_the_frames_and_a_late_reader_gets_whole_lines(tmp_path):
+def test_a_fifo_without_a_reader_never_stalls_the_frames_and_a_late_reader_gets_whole_lines(tmp_path):
     fifo = tmp_path / "results.fifo"
     os.mkfifo(str(fifo))
     cfg = red_model_config(tmp_path, fifo, **{"runtime.frames": 0})
