@@ -137,3 +137,17 @@ def test_a_build_refuses_a_regression_set_labelled_for_another_model_in_one_line
     line = assert_refused(run_edge("build", "--config", config, "--no-progress"), str(tmp_path / "regression"))
     assert "7 of its 10 class folders name no class of the model's 3 labels" in line
     assert not os.path.exists(str(tmp_path / "engines" / "colours.int8.onnx"))
+
+
+def test_an_import_says_which_class_folders_it_kept_by_name_without_labels(tmp_path):
+    """Without --labels a class-name folder cannot be checked at import: it is kept, and the import says so."""
+    from edge.model.calibration import class_index_of, import_calibration_set
+
+    folder = colour_images(tmp_path / "val")
+    lines = []
+    imported = import_calibration_set(str(folder), str(tmp_path / "set"), min_images=1, log=lines.append,
+                                      relabel=class_index_of(None, dict, str(folder)))
+    assert sorted({imported.label_of(n) for n in imported.files}) == ["blue", "green", "red"]
+    assert "import: 3 class folders kept by name (blue, green, red): the build reads them as lines of the " \
+           "model's labels file; pass --labels to check them now" in lines
+    assert not any("TensorRT recommends" in line for line in lines)  # a labelled set: the gate's advice

@@ -1,4 +1,9 @@
-"""`edge run`: the classifier as a foreground command or a systemd service (edge/service/loop.py)."""
+"""`edge run`: the classifier as a foreground command or a systemd service (edge/service/loop.py).
+
+On stdout, JSON lines: the start, a summary every runtime.report_every frames (with the classes most often top-1),
+errors, source and reload events, and the report; each missed frame's `frame_miss` line only with --json or under
+systemd (the journal). Then the per-stage table on stderr, ending with what it classified. Every frame's result
+for another program: service.results.path (docs/service.md#results)."""
 
 import argparse
 from typing import Any
