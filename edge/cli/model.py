@@ -33,4 +33,4 @@ def register(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="model_command", metavar="ACTION")
     sub.required = True
     add_command(sub, "add", "record MODEL.onnx's labels, preprocessing and provenance in its model info", __doc__,
-                add_arguments, cmd_add)
+                add_arguments, cmd_add).set_defaults(command="model add")  # its error lines say "edge model add"
