@@ -9,7 +9,6 @@ against the model before anything is written: bad ones are one line, exit 2.
 """
 
 import os
-import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -20,7 +19,7 @@ from edge.errors import EdgeError, first_line, require
 from edge.fields import check_options, declared_range
 from edge.infer.preprocess import model_preprocess
 from edge.model.model_add_options import ModelAddOptions, parse_triple
-from edge.store.artifact import install, labels_file, remove_quietly
+from edge.store.artifact import install, labels_file, remove_quietly, staging_path
 from edge.store.model_info import info_path, read_model_info
 
 CROP_RATIO = 224 / 256  # torchvision's and timm's eval transform: Resize(size / 0.875) + CenterCrop(size)
@@ -168,8 +167,7 @@ def _write(path: str, model: Any, info: Dict[str, Any], labels: str, options: Mo
     try:
         if (options.colour, options.layout) != ("rgb", "nchw"):
             info["trained_input"] = {"colour": options.colour, "layout": options.layout}
-            fd, adapted = tempfile.mkstemp(suffix=".onnx", dir=os.path.dirname(os.path.abspath(path)))
-            os.close(fd)
+            adapted = staging_path(path)  # named before it is written: removed below, or by the next writer's sweep
             onnx.save(adapt_input(model, options.colour, options.layout), adapted)
             _check_adapted(path, adapted, options.colour, options.layout, info["preprocess"]["crop"])
         installed = install(path, artifact=adapted or path, info=info, labels=labels, files=True,
