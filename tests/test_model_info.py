@@ -135,7 +135,8 @@ def test_a_build_refuses_a_regression_set_labelled_for_another_model_in_one_line
         "calibration_dir": str(tmp_path / "calibration"), "regression_dir": str(tmp_path / "regression"),
         "engines_dir": str(tmp_path / "engines"), "min_images": 1}})
     line = assert_refused(run_edge("build", "--config", config, "--no-progress"), str(tmp_path / "regression"))
-    assert "7 of its 10 class folders name no class of the model's 3 labels" in line
+    assert "labelled for another model: 7 of its 10 class folders (3, 4, ...) name no class of the model's 3 " \
+           "labels" in line
     assert not os.path.exists(str(tmp_path / "engines" / "colours.int8.onnx"))
 
 

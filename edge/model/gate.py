@@ -88,13 +88,15 @@ def resolve_labels(images: CalibrationSet, labels: Optional[Sequence[str]]) -> L
             out.append(int(label))
         elif label not in unknown:
             unknown.append(label)
+    if len(unknown) == 1:
+        raise EdgeError("{}: subfolder '{}' is neither a label in the model's labels file nor a class index".format(
+            images.path(unknown[0]), unknown[0]))
     if unknown:
         folders = {images.label_of(name) for name in images.files} - {None}
-        raise EdgeError("{}: subfolder '{}' is neither a label in the model's labels file nor a class index{}".format(
-            images.path(unknown[0]), unknown[0], "" if len(unknown) == 1 else
-            " ({} of its {} class folders name no class of the model's {}: a set labelled for another model; label "
-            "your own images, docs/own-model.md)".format(len(unknown), len(folders), "{} labels".format(
-                len(labels)) if labels else "labels")))
+        raise EdgeError("{}: labelled for another model: {} of its {} class folders ({}, ...) name no class of the "
+                        "model's {} labels; use your own labelled images (docs/own-model.md)".format(
+                            images.path(""), len(unknown), len(folders), ", ".join(unknown[:2]),
+                            len(labels or [])))
     return out
 
 
