@@ -43,15 +43,19 @@ def get(key, section="Service"):
     return values[-1] if len(values) == 1 else values
 
 
-def test_unit_passes_systemd_analyze_verify(tmp_path):
+ENGINE_UNIT = os.path.join(REPO, "systemd", "jetson-edge-engine.service")
+
+
+@pytest.mark.parametrize("unit", [UNIT, ENGINE_UNIT], ids=["service", "engine"])
+def test_unit_passes_systemd_analyze_verify(tmp_path, unit):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze not installed (Debian package systemd; scripts/bootstrap.sh --dev as root)")
     edge_bin = os.path.join(os.path.dirname(sys.executable), "edge")
     assert os.access(edge_bin, os.X_OK), "the edge console script is not installed in this venv"
-    text = open(UNIT,
+    text = open(unit,
                 encoding="utf-8").read().replace("/opt/jetson-edge/.venv/bin/edge", edge_bin)  # verify checks it exists
-    copy = tmp_path / "jetson-edge.service"
+    copy = tmp_path / os.path.basename(unit)
     copy.write_text(text, encoding="utf-8")
     proc = subprocess.run([analyze, "verify", str(copy)], capture_output=True,
                           encoding="utf-8", errors="replace", cwd=str(tmp_path))
@@ -59,8 +63,8 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     assert proc.returncode == 0 and ours == [], proc.stdout + proc.stderr  # verify also *warns* with rc 0
     # and it does check: a unit whose binary is missing fails
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "jetson-edge.service").write_text(open(UNIT, encoding="utf-8").read(), encoding="utf-8")
-    bad = subprocess.run([analyze, "verify", str(tmp_path / "bad" / "jetson-edge.service")], capture_output=True,
+    (tmp_path / "bad" / os.path.basename(unit)).write_text(open(unit, encoding="utf-8").read(), encoding="utf-8")
+    bad = subprocess.run([analyze, "verify", str(tmp_path / "bad" / os.path.basename(unit))], capture_output=True,
                          encoding="utf-8", errors="replace")
     assert bad.returncode != 0 and "/opt/jetson-edge/.venv/bin/edge" in bad.stdout + bad.stderr
 
@@ -529,3 +533,15 @@ def test_the_clocks_unit_pins_clocks_once_between_jtop_and_the_service(tmp_path)
     assert staged.returncode == 0, staged.stdout + staged.stderr
     installed = tmp_path / "stage" / "etc" / "systemd" / "system" / "jetson-edge-clocks.service"
     assert installed.read_text(encoding="utf-8") == open(clocks, encoding="utf-8").read()
+
+
+def test_the_engine_unit_builds_only_when_needed_beside_a_serving_service():
+    """jetson-edge-engine.service: skipped by its condition unless the engine is missing or stale, never ordered
+    before the service (which serves on the CPU meanwhile), and reloads the service onto what it built."""
+    settings = [(s, k, v) for s, k, v in unit_settings(ENGINE_UNIT)]
+    values = {k: v for _, k, v in settings}
+    assert values["Type"] == "oneshot" and values["User"] == "jetson-edge"
+    assert "--needed" in values["ExecCondition"] and "--needed" not in values["ExecStart"]
+    assert values["ExecStartPost"].startswith("+") and "try-reload-or-restart jetson-edge.service" in values[
+        "ExecStartPost"]
+    assert "jetson-edge.service" not in values.get("Before", "") and values["TimeoutStartSec"] == "3h"
