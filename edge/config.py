@@ -172,9 +172,16 @@ class TelemetryConfig:
 
 
 @dataclass
+class ResultsConfig:
+    path: str = setting("", "every frame's result as a JSON line: a file (appended) or a FIFO (mkfifo; lines are "
+                            "dropped while no program reads it); empty: off (docs/service.md)")
+
+
+@dataclass
 class ServiceConfig:
     metrics: MetricsConfig = section(MetricsConfig)
     telemetry: TelemetryConfig = section(TelemetryConfig)
+    results: ResultsConfig = section(ResultsConfig)
     reconnect_initial_s: float = setting(0.5, "first reconnect delay of a live source (doubles)", low=0.001,
                                          high=3600.0)
     reconnect_max_s: float = setting(30.0, "longest reconnect delay", low=0.001, high=86400.0)

@@ -9,6 +9,8 @@
 #   scripts/install_service.sh --dry-run                  # print what would be done, change nothing
 #   DESTDIR=/tmp/stage scripts/install_service.sh         # stage the files under /tmp/stage only
 #                                                         # (no user, no groups, no systemctl; for packaging/tests)
+#   sudo scripts/install_service.sh --power-mode max      # also set nvpmodel's mode once (max or an ID; it persists)
+#   sudo scripts/install_service.sh --clocks              # also pin the clocks at boot (jetson-edge-clocks.service)
 #
 # Then: sudo systemctl start jetson-edge; journalctl -u jetson-edge -f   (see docs/service.md)
 set -euo pipefail
@@ -21,7 +23,10 @@ user=jetson-edge
 groups=(video render jtop)
 wheelhouse=""
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+power_mode=""  # --power-mode max|ID
+clocks=0       # --clocks: jetson-edge-clocks.service installed and enabled
+
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 say() { echo "install_service: $*"; }
 act() {  # run a command, or only print it with --dry-run
   if [ "$dry_run" = 1 ]; then echo "would run: $*"; else "$@"; fi
@@ -139,6 +144,38 @@ cuda_package_version() {  # '12-6' for /usr/local/cuda -> cuda-12.6: apt's cuda-
   [ -n "$version" ] || { echo "install_service.sh: no /usr/local/cuda-X.Y: install JetPack's CUDA (apt install nvidia-jetpack)" >&2; return 1; }
   echo "$version"
 }
+# --power-mode: "max" (MAXN where the board has one, else the most watts: edge.board, as `edge check` judges it;
+# mode 0 is 15 W on Xavier NX and Orin Nano) or an ID of the board's nvpmodel.conf -> "ID NAME"; exit 2 otherwise.
+power_mode_of() {  # $1 python with edge, $2 nvpmodel.conf
+  "$1" - "$2" "$power_mode" <<'PY'
+import sys
+from edge.board import max_power_mode, power_modes
+with open(sys.argv[1], encoding="utf-8") as fh:
+    modes = power_modes(fh.read())
+want = sys.argv[2]
+mode = max_power_mode(modes) if want == "max" else next((m for m in modes if str(m.id) == want), None)
+if mode is None:
+    print("install_service.sh: --power-mode {}: {} in {} ({})".format(
+        want, "no single maximum" if want == "max" else "no such mode", sys.argv[1],
+        ", ".join(map(str, modes)) or "no modes"), file=sys.stderr)
+    sys.exit(2)
+print(mode.id, mode.name)
+PY
+}
+# Set once: nvpmodel keeps the mode across boots. A mode that changes the online CPU cores asks on stdin whether to
+# reboot now: answered "no" here, and the reboot left to the operator (the new mode applies after it).
+set_power_mode() {  # $1 python with edge, $2 nvpmodel.conf
+  local id name current
+  read -r id name < <(power_mode_of "$1" "$2") || exit 2
+  current="$(nvpmodel -q 2>/dev/null | sed -n '$p' || true)"
+  if [ "$current" = "$id" ]; then
+    say "power mode $name ($id) already set"
+  else
+    say "setting the power mode $name ($id) (was ${current:-unknown}); if nvpmodel asks for a reboot, reboot to apply it"
+    act sh -c "echo NO | nvpmodel -m $id"
+  fi
+}
+
 # Sourced (tests/test_install_recipe.py runs the recipe's functions alone): stop here.
 if [ "${BASH_SOURCE[0]}" != "$0" ]; then return 0; fi
 
@@ -149,6 +186,9 @@ while [ $# -gt 0 ]; do
     --wheelhouse) wheelhouse="$(cd "${2:?--wheelhouse needs a directory}" && pwd)" || exit 2; shift 2 ;;
     --dry-run|-n) dry_run=1; shift ;;
     --no-enable) enable=0; shift ;;
+    --power-mode) power_mode="${2:?--power-mode needs max or a mode ID}"; shift 2 ;;
+    --power-mode=*) power_mode="${1#--power-mode=}"; shift ;;
+    --clocks) clocks=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install_service.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -157,6 +197,10 @@ done
 # space splits ExecStart=, no '&' or '|' changes the sed substitution and no sed command can be smuggled in.
 if ! [[ "$prefix" =~ ^/[A-Za-z0-9._+@/-]*$ ]] || [[ "$prefix" == *//* || "$prefix" =~ (^|/)\.\.?(/|$) ]]; then
   echo "install_service.sh: --prefix must be an absolute path of letters, digits and . _ + @ - / only, got '$prefix'" >&2
+  exit 2
+fi
+if ! [[ "$power_mode" =~ ^(|max|[0-9]{1,3})$ ]]; then
+  echo "install_service.sh: --power-mode is max or a mode ID (sudo nvpmodel -p --verbose lists them), got '$power_mode'" >&2
   exit 2
 fi
 prefix="${prefix%/}"
@@ -172,6 +216,7 @@ config="$etc/config.yaml"
 record="$etc/.config.yaml.installed-sha256"  # hash of the config this script last installed
 unit="$destdir/etc/systemd/system/jetson-edge.service"
 engine_unit="$destdir/etc/systemd/system/jetson-edge-engine.service"  # builds the engine this board lacks
+clocks_unit="$destdir/etc/systemd/system/jetson-edge-clocks.service"  # --clocks
 state="$destdir/var/lib/jetson-edge"
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
@@ -182,7 +227,7 @@ if system_changes && [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 for shipped in "$shipped_unit" "$here/systemd/jetson-edge-engine.service" "$shipped_config" \
-               "$here/systemd/jtop.service.d/jetson-edge.conf" \
+               "$here/systemd/jtop.service.d/jetson-edge.conf" "$here/systemd/jetson-edge-clocks.service" \
                "$here/calibration/default" "$here/calibration/regression"; do
   [ -e "$shipped" ] || { echo "install_service.sh: missing $shipped (a partial checkout?)" >&2; exit 2; }
 done
@@ -204,7 +249,8 @@ refuse_links() {
     done
   done
 }
-refuse_links "$config" "$record" "$config.dist" "$unit" "$engine_unit" "$state/engines" "$state/kernels" "$state/calibration"
+refuse_links "$config" "$record" "$config.dist" "$unit" "$engine_unit" "$clocks_unit" "$state/engines" "$state/kernels" \
+  "$state/calibration"
 
 # 1. groups and the service user
 if system_changes; then
@@ -296,14 +342,24 @@ if render "$here/systemd/jetson-edge-engine.service" | write_if_changed "$engine
   unit_changed=1
   say "installed $engine_unit (builds the engine when it is missing or stale for this board)"
 fi
+if [ "$clocks" = 1 ]; then
+  if render "$here/systemd/jetson-edge-clocks.service" | write_if_changed "$clocks_unit"; then
+    unit_changed=1
+    say "installed $clocks_unit (jetson_clocks once a boot, before the service)"
+  else
+    say "unit $clocks_unit unchanged"
+  fi
+fi
 
-# 6. systemd: jtop's service from the venv (on a Jetson), then the unit enabled (not started: see 7)
+# 6. systemd: jtop's service from the venv (on a Jetson), then the unit enabled (not started: see 8)
 if system_changes; then
   if [ -d /run/systemd/system ]; then
     if [ "$unit_changed" = 1 ]; then act systemctl daemon-reload; fi
     if [ "$on_jetson" = 1 ]; then jtop_service; fi
     if [ "$enable" = 1 ]; then
-      for name in jetson-edge.service jetson-edge-engine.service; do
+      names=(jetson-edge.service jetson-edge-engine.service)
+      if [ "$clocks" = 1 ]; then names+=(jetson-edge-clocks.service); fi
+      for name in "${names[@]}"; do
         if systemctl is-enabled --quiet "$name" 2>/dev/null; then
           say "$name already enabled"
         else
@@ -318,7 +374,18 @@ else
   say "staged under $destdir (DESTDIR): no users, groups or systemctl"
 fi
 
-# 7. the model: without it the service stops at once (exit 2, RestartPreventExitStatus=2), no restart loop
+# 7. the power mode, when asked: once, on the board itself (staged: only said)
+if [ -n "$power_mode" ]; then
+  if ! system_changes; then
+    say "staged: --power-mode $power_mode is set on the device itself"
+  elif [ ! -f /etc/nvpmodel.conf ] || ! command -v nvpmodel >/dev/null; then
+    say "warning: --power-mode $power_mode: no nvpmodel here (not a Jetson): nothing set"
+  else
+    set_power_mode "$prefix/.venv/bin/python" /etc/nvpmodel.conf
+  fi
+fi
+
+# 8. the model: without it the service stops at once (exit 2, RestartPreventExitStatus=2), no restart loop
 model="$(awk '/^model:/ {m = 1; next} /^[^ #]/ {m = 0} m && $1 == "path:" {print $2; exit}' "$config" 2>/dev/null || true)"
 if [ -n "$model" ] && [ ! -f "$destdir$model" ]; then
   say "no model at $model yet: make it (docs/service.md, 'The first model'), then: systemctl start jetson-edge"

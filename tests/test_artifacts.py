@@ -99,7 +99,7 @@ BAD_MODEL_INFO = [  # (what is written as m.json, what the one line says)
 def test_the_one_reader_refuses_every_malformed_model_info_in_one_line(tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(b"model bytes")
-    assert read_model_info(str(model)) == {"weights": "unknown (no m.json)", "trained": False}
+    assert read_model_info(str(model)) == {"weights": "yours (no model info)", "trained": True}
     with pytest.raises(EdgeError, match="no model info m.json"):
         read_model_info(str(model), required=True)
     held = 0
@@ -198,7 +198,10 @@ def test_install_keeps_previous_and_rollback_swaps(tiny_classifiers, tmp_path):
     assert sha256_file(dest) == sha256_file(first) and json.load(open(info_path(dest),
                                                                       encoding="utf-8"))["tag"] == "one"
     af.verify(dest)  # the restored model info matches the restored file
-    rollback(dest, verify_kept=verify_onnx, log=quiet)  # and back again
+    built_at = read_model_info(dest)["built_at"]
+    rollback(dest, verify_kept=verify_onnx, log=lines.append)  # and back again, saying what is live now
+    assert lines[-1] == "rollback: {} restored from previous/: int8 built {}, gate passed (run rollback again to " \
+        "undo)".format(dest, read_model_info(dest)["built_at"]) and built_at
     assert sha256_file(dest) == sha256_file(second) and json.load(open(info_path(dest),
                                                                        encoding="utf-8"))["tag"] == "two"
     assert debris(engines) == []

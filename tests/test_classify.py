@@ -81,3 +81,24 @@ def test_labels_outside_an_ascii_locale_print_escaped_not_as_a_traceback(tiny_cl
                     env={"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"})
     assert proc.returncode == 0, proc.stderr
     assert "caf\\xe9" in proc.stdout and "\\u6771\\u4eac" in proc.stdout
+
+
+def test_an_image_folder_tree_is_scored_top1_and_top5_by_name_or_index(tmp_path):
+    """FOLDER/<label>/ and FOLDER/<index>/ (the calibration sets' layout) are scored; a folder naming no class is
+    named, not scored; images right in FOLDER are classified only."""
+    from test_model_info import colour_images, colour_model
+
+    model = colour_model(tmp_path / "colours.onnx")  # labels red, green, blue
+    val = colour_images(tmp_path / "val")
+    (val / "green").rename(val / "1")  # green's index
+    (val / "blue").rename(val / "sky")  # no class: not scored
+    cv2.imwrite(str(val / "loose.png"), np.zeros((8, 8, 3), np.uint8))
+    config = write_config(tmp_path / "edge.yaml", {"preprocess": {"resize": 37, "crop": 32}})
+    proc = run_edge("classify", val, "--config", config, "--model", model, "--top-k", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == ("accuracy: top-1 100.0% (4/4) top-5 - (--top-k 5) over 4 images in "
+                                            "class folders; not scored: 2 images in 1 folders that name no class "
+                                            "(sky)")
+    proc = run_edge("classify", val, "--config", config, "--model", model, "--json")
+    assert proc.returncode == 0 and "accuracy: top-1 100.0% (4/4) top-5 100.0% (4/4)" in proc.stderr
+    assert len(proc.stdout.splitlines()) == 7  # every image a JSON line, the accuracy on stderr

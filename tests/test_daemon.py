@@ -201,9 +201,29 @@ def test_a_miss_names_the_stage_that_overran_and_the_telemetry(small_model, monk
         assert m["worst_stage"] == "infer" and m["end_to_end_ms"] > 250 and m["budget_ms"] == 250.0
         assert m["worst_stage_over_p50_ms"] == pytest.approx(m["stage_ms"]["infer"] - m["worst_stage_p50_ms"], abs=0.01)
         assert m["telemetry"]["source"] == "linux" and "ram_fraction" in m["telemetry"]
+        assert m["top1"]["label"] and 0 < m["top1"]["score"] <= 1  # what the missed frame was classified as
     assert not log.events("frame_ok")  # ok frames are not logged one by one
     summaries = log.events("summary")
     assert [s["frames"] for s in summaries] == [25, 50] and "telemetry" in summaries[0]
+    assert sum(c["frames"] for c in summaries[0]["top_classes"]) <= 25 and report["top_classes"][0]["frames"] > 0
+
+
+def test_edge_run_prints_each_miss_only_with_json_or_in_the_journal(small_model):
+    """Command 1 on a loaded machine: every frame misses a 0.001 ms budget. Without --json, stdout has the start,
+    summaries and the report (no frame_miss line) and the table on stderr says what was classified."""
+    args = ("run", "--model", small_model, "--source", "synthetic", "--frames", 20, "--budget-ms", 0.001,
+            "--backend", "onnxruntime", "--preprocess", "cpu")
+    plain, verbose = run_edge(*args), run_edge(*args, "--json")
+    journal = run_edge(*args, env={"JOURNAL_STREAM": "8:1"})
+    for proc in (plain, verbose, journal):
+        assert proc.returncode == 0, proc.stderr
+    assert [r["event"] for r in sh.json_lines(plain.stdout)] == ["start", "report"]
+    report = sh.json_lines(plain.stdout)[-1]
+    assert report["misses"] == 20 and sum(c["frames"] for c in report["top_classes"]) == 20
+    assert "classified (top-1): {} ".format(report["top_classes"][0]["label"]) in plain.stderr
+    for proc in (verbose, journal):
+        misses = [r for r in sh.json_lines(proc.stdout) if r["event"] == "frame_miss"]
+        assert misses and all(m["top1"]["label"] for m in misses)
 
 
 def frame_log(runtime):

@@ -33,6 +33,7 @@ VALUE_SETS = {
         gate={"boardTypes": [{"name": "orin-nano", "nodeSelector": {"jetson/board": "orin-nano"}},
                              {"name": "xavier-nx", "nodeSelector": {"jetson/board": "xavier-nx"}}]}),
     "agent3-no-sockets-wave": {"agent": {"remoteWrite": {"url": URL}, "image": {"tag": "v3.5.0"}},
+                               "priorityClass": {"create": False, "name": "edge-critical", "value": 0},
                                "argusSocket": False, "jtopSocket": False, "maxUnavailable": "20%",
                                "nodeSelector": {"jetson-edge/enabled": "true", "jetson-edge/wave": "2"},
                                "engineCache": {"hostPath": "/var/lib/jetson-edge/engines",
@@ -97,6 +98,21 @@ def test_chart_lints_strictly_for_kubernetes_1_33(helm):
     ({"config": {"fps": 1e308}}, "fps"),
     ({"config": {"budgetMs": 0.0001}}, "budgetMs"),
     ({"gate": {"boardTypes": [{"name": "Orin Nano", "nodeSelector": {"a": "b"}}]}}, "name"),
+    # issue 43: no limits, every pod at once, kubelet's own folders, a camera password in the ConfigMap
+    # (`limits: {}` keeps the defaults: Helm merges maps; null removes them)
+    ({"resources": {"requests": {"cpu": "500m"}, "limits": None}}, "limits"),
+    ({"resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "4", "memory": None}}}, "memory"),
+    ({"resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "4", "memory": "2Gi"}}},
+     "memory"),  # the memory request is the limit, not a value of its own
+    ({"maxUnavailable": "100%"}, "maxUnavailable"),
+    ({"maxUnavailable": "51%"}, "maxUnavailable"),
+    ({"engineCache": {"hostPath": "/var/lib/kubelet"}}, "hostPath"),
+    ({"engineCache": {"hostPath": "/var/lib/kubelet/pods"}}, "hostPath"),
+    ({"engineCache": {"hostPath": "/var/lib/rancher/k3s/storage"}}, "hostPath"),
+    ({"agent": {"remoteWrite": {"url": URL}, "walHostPath": "/var/lib/containerd/wal"}}, "walHostPath"),
+    ({"config": {"source": "rtsp://admin:S3cret@cam.local/stream"}}, "source"),
+    ({"config": {"source": "rtsp://token@cam.local/stream"}}, "source"),
+    ({"priorityClass": {"create": True, "name": "", "value": 2000000000}}, "priorityClass/value"),
 ])
 def test_the_schema_refuses_typos_wrong_types_and_inline_secrets(helm, values, problem):
     merged = dict(BASE, **values) if "agent" not in values else values
@@ -297,8 +313,13 @@ def test_the_gate_is_a_job_per_board_type_before_the_daemonset_moves(helm):
         assert job["spec"]["backoffLimit"] == 0
         spec = job["spec"]["template"]["spec"]
         assert spec["containers"][0]["args"] == ["gate"] and spec["securityContext"]["runAsUser"] == 10001
-        assert spec["nodeSelector"]["jetson-edge/enabled"] == "true"
-    assert jobs[1]["spec"]["template"]["spec"]["nodeSelector"]["jetson/board"] == "xavier-nx"
+        # a gate node: labelled (no DaemonSet pod there), tainted or cordoned (nothing else there)
+        assert spec["nodeSelector"]["jetson-edge/gate"] == "true"
+        assert {"key": "jetson-edge/gate", "operator": "Exists"} in spec["tolerations"]
+        assert {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+                "effect": "NoSchedule"} in spec["tolerations"]
+    assert jobs[1]["spec"]["template"]["spec"]["nodeSelector"] == {"jetson/board": "xavier-nx",
+                                                                   "jetson-edge/gate": "true"}
     gate_config, = [c for c in docs(rendered, "ConfigMap") if c["metadata"]["name"] == "edge-gate-config"]
     assert gate_config["metadata"]["annotations"]["helm.sh/hook-weight"] == "-1"  # before the Jobs that read it
     assert gate_config["data"] == configmap(rendered, "config")  # the config the pods will run
@@ -317,3 +338,39 @@ def test_an_agent_config_change_is_applied_without_a_pod_restart(helm):
     assert reloader["args"][:2] == ["--watched-dir=/etc/prometheus-agent",
                                     "--reload-url=http://127.0.0.1:9090/-/reload"]
     assert {"name": "agent-config", "mountPath": "/etc/prometheus-agent", "readOnly": True} in reloader["volumeMounts"]
+
+
+def node_terms(spec):
+    return [{e["key"]: (e["operator"], e["values"]) for e in term["matchExpressions"]} for term in
+            spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
+
+
+def test_pods_run_only_on_listed_board_types_never_on_a_gate_node(helm):
+    not_gate = {"jetson-edge/gate": ("NotIn", ["true"])}
+    assert node_terms(pod(render(helm, BASE))) == [not_gate]
+    gated = pod(render(helm, VALUE_SETS["gated-per-board-type"]))
+    assert node_terms(gated) == [dict(not_gate, **{"jetson/board": ("In", ["orin-nano"])}),
+                                 dict(not_gate, **{"jetson/board": ("In", ["xavier-nx"])})]
+    assert gated["nodeSelector"] == {"jetson-edge/enabled": "true"}
+    assert "jetson-edge/gate" not in str(gated.get("tolerations"))
+
+
+def test_memory_requested_as_limited_and_a_priority_class(helm):
+    """Every container asks for the memory it may use (never evicted for using more than it asked), and the pods
+    outrank batch work: the chart's PriorityClass, an existing one by name, or none."""
+    rendered = render(helm, dict(BASE, devices={"mode": "plugin", "pluginResources": {"squat.ai/video": 1}}))
+    spec = pod(rendered)
+    for container in spec["containers"] + spec["initContainers"]:
+        limits = container["resources"]["limits"]
+        assert container["resources"].get("requests", limits)["memory"] == limits["memory"], container["name"]
+    assert spec["containers"][0]["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"},
+                                                 "limits": {"cpu": "4", "memory": "2Gi", "squat.ai/video": 1}}
+    klass, = docs(rendered, "PriorityClass")
+    assert (klass["metadata"]["name"], klass["value"], klass["globalDefault"]) == ("edge-jetson-edge", 1000000, False)
+    assert spec["priorityClassName"] == "edge-jetson-edge"
+    named = render(helm, VALUE_SETS["agent3-no-sockets-wave"])
+    assert pod(named)["priorityClassName"] == "edge-critical" and not docs(named, "PriorityClass")
+    kept = pod(render(helm, dict(BASE, resources={"requests": {"cpu": "1"}, "limits": {}})))
+    assert kept["containers"][0]["resources"]["limits"] == {"cpu": "4", "memory": "2Gi"}  # {} merges, keeps them
+    none = render(helm, dict(BASE, priorityClass={"create": False, "name": "", "value": 0}))
+    assert "priorityClassName" not in pod(none) and not docs(none, "PriorityClass")

@@ -119,6 +119,24 @@ def test_scrape_counts_the_delivered_frames(sink):
     assert value(p, "edge_ram_used_ratio") == 0.25
 
 
+def test_the_per_class_counter_is_bounded_to_the_first_classes_seen_and_other(sink):
+    """A 1000-class model cannot make 1000 series: MAX_CLASS_SERIES classes each, every later one as "other"."""
+    from edge.infer.postprocess import Prediction
+    from edge.service.metrics import MAX_CLASS_SERIES
+
+    s, port = sink
+    names = ["class{}".format(i) for i in range(MAX_CLASS_SERIES + 5)]
+    for i, name in enumerate(names * 2 + ["class0"], start=1):
+        r = result(i, "ok")
+        r.prediction = Prediction([i], [0.9], [name])
+        s.on_result(r)
+    s.on_result(result(99, "error"))  # no prediction: not a class
+    p = samples(scrape(port))
+    series = {dict(k[1])["class"]: v for k, v in p.items() if k[0] == "edge_class_frames_total"}
+    assert len(series) == MAX_CLASS_SERIES + 1 and series["class0"] == 3 and series["other"] == 10
+    assert sum(series.values()) == len(names) * 2 + 1
+
+
 def test_each_sink_has_its_own_registry(sink):
     s, port = sink
     other = MetricsSink(20.0)  # would raise "Duplicated timeseries" on a shared registry

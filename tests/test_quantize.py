@@ -17,7 +17,7 @@ from edge.model import quantize as quant
 from edge.model.calibration import CalibrationSet, load_calibration_set
 from edge.model.placement import pairs_outside, residual_inputs, tensorrt_placement
 from edge.model.qdq_rules import max_opset, validate_qdq
-from edge.model.quantize import PreprocessedReader, compute_ranges, quantize_qdq, sensitive_nodes
+from edge.model.quantize import PreprocessedReader, compute_ranges, kept_in_float, quantize_qdq, sensitive_nodes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 quiet = lambda *a: None  # noqa: E731
@@ -380,6 +380,12 @@ def test_modelopt_output_is_for_tensorrt_10_and_leaves_its_input_alone(modelopt_
     assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT  # not converted to fp16
     # the sensitive nodes (first Conv, classifier), handed to ModelOpt as nodes_to_exclude
     assert info["excluded_nodes"] == sensitive_nodes(onnx.load(tiny_classifiers[0])) == ["/0/Conv", "/6/Gemm"]
+
+
+def test_the_nodes_kept_in_float_are_named():
+    assert kept_in_float([]) == "0 nodes kept in float"
+    assert kept_in_float(["/0/Conv"]) == "1 node kept in float (/0/Conv)"
+    assert kept_in_float(list("abcde")) == "5 nodes kept in float (a, b, c, +2 more)"
 
 
 def test_modelopt_refuses_percentile_in_one_line(small_model, tmp_path):

@@ -43,15 +43,19 @@ def get(key, section="Service"):
     return values[-1] if len(values) == 1 else values
 
 
-def test_unit_passes_systemd_analyze_verify(tmp_path):
+ENGINE_UNIT = os.path.join(REPO, "systemd", "jetson-edge-engine.service")
+
+
+@pytest.mark.parametrize("unit", [UNIT, ENGINE_UNIT], ids=["service", "engine"])
+def test_unit_passes_systemd_analyze_verify(tmp_path, unit):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze not installed (Debian package systemd; scripts/bootstrap.sh --dev as root)")
     edge_bin = os.path.join(os.path.dirname(sys.executable), "edge")
     assert os.access(edge_bin, os.X_OK), "the edge console script is not installed in this venv"
-    text = open(UNIT,
+    text = open(unit,
                 encoding="utf-8").read().replace("/opt/jetson-edge/.venv/bin/edge", edge_bin)  # verify checks it exists
-    copy = tmp_path / "jetson-edge.service"
+    copy = tmp_path / os.path.basename(unit)
     copy.write_text(text, encoding="utf-8")
     proc = subprocess.run([analyze, "verify", str(copy)], capture_output=True,
                           encoding="utf-8", errors="replace", cwd=str(tmp_path))
@@ -59,8 +63,8 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     assert proc.returncode == 0 and ours == [], proc.stdout + proc.stderr  # verify also *warns* with rc 0
     # and it does check: a unit whose binary is missing fails
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "jetson-edge.service").write_text(open(UNIT, encoding="utf-8").read(), encoding="utf-8")
-    bad = subprocess.run([analyze, "verify", str(tmp_path / "bad" / "jetson-edge.service")], capture_output=True,
+    (tmp_path / "bad" / os.path.basename(unit)).write_text(open(unit, encoding="utf-8").read(), encoding="utf-8")
+    bad = subprocess.run([analyze, "verify", str(tmp_path / "bad" / os.path.basename(unit))], capture_output=True,
                          encoding="utf-8", errors="replace")
     assert bad.returncode != 0 and "/opt/jetson-edge/.venv/bin/edge" in bad.stdout + bad.stderr
 
@@ -69,7 +73,9 @@ def test_unit_is_a_hardened_notify_service_that_keeps_devices_visible():
     assert get("Type") == "notify" and get("NotifyAccess") == "main"
     assert get("Restart") == "on-failure" and get("RestartSec") and get("WatchdogSec") == "10s"
     assert get("RestartPreventExitStatus") == "2"  # a config error or a missing model: stop at once
-    assert get("StartLimitIntervalSec", "Unit") and get("StartLimitBurst", "Unit")
+    # never gives up for good (issue 42 item 8): no start limit, exit 2 alone stops it
+    assert get("StartLimitIntervalSec", "Unit") == "0" and "StartLimitBurst" not in {k for _, k, _ in unit_settings()}
+    assert get("LimitCORE") == "0"  # no core dump of a watchdog SIGABRT on the SD card
     assert get("User") == "jetson-edge"
     assert set(get("SupplementaryGroups").split()) == {"video", "render", "jtop"}
     assert get("NoNewPrivileges") == "yes" and get("ProtectSystem") == "strict" and get("ProtectHome") == "yes"
@@ -80,11 +86,14 @@ def test_unit_is_a_hardened_notify_service_that_keeps_devices_visible():
     text = open(UNIT, encoding="utf-8").read()
     assert "PrivateDevices" in text and "/dev/nvhost" in text  # the reason is written down
     assert {"jtop.service", "nvargus-daemon.service"} <= set(get("After", "Unit").split())
+    # no boot waits for the network (issue 42 item 9): a network source is retried; the drop-in is documented
+    assert "network-online.target" not in get("After", "Unit") + get("Wants", "Unit")
     assert get("Environment") == ["PYTHONUNBUFFERED=1", "TMPDIR=/run/jetson-edge"]
     assert get("RuntimeDirectory") == "jetson-edge"  # TMPDIR: the host's /tmp is read-only (ProtectSystem=strict)
     assert get("ExecStart") == "/opt/jetson-edge/.venv/bin/edge run --config /etc/jetson-edge/config.yaml"
     assert get("ExecReload") == "/bin/kill -HUP $MAINPID"
-    assert "#ExecStartPre=+/usr/sbin/nvpmodel -m 0" in text and "#ExecStartPre=+/usr/bin/jetson_clocks" in text
+    # power mode and clocks are set outside the unit (issue 42 item 5): no `nvpmodel -m 0` (not the max everywhere)
+    assert "nvpmodel -m" not in text and "ExecStartPre" not in keys
     assert get("WantedBy", "Install") == "multi-user.target"
 
 
@@ -384,6 +393,64 @@ def test_a_private_tmp_with_the_socket_file_bound_keeps_the_dead_socket(tmp_path
     assert before == "daemon 1" and after.startswith("error")
 
 
+JTOP_PIN = "7.2.2"
+
+
+def jtop_unit_template():
+    """jetson-stats' own jtop.service, as `jtop --install-service` installs it, from the venv's jetson-stats."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("jetson-stats")
+    except metadata.PackageNotFoundError:
+        pytest.skip("jetson-stats not installed (pip install -e '.[jetson]' -c constraints/jetpack6.txt)")
+    assert dist.version == JTOP_PIN, "the venv's jetson-stats is {}, the constraints pin {}".format(
+        dist.version, JTOP_PIN)
+    unit, = [f for f in dist.files if f.name == "jtop.service"]
+    return open(str(dist.locate_file(unit)), encoding="utf-8").read()
+
+
+def boot_order(tmp_path, jtop_unit, extra=None):
+    """systemd-analyze verify of multi-user.target with jetson-edge.service and `jtop_unit` installed and enabled
+    (its .wants links) under a unit path of their own, the jtop drop-in applied: what systemd says at boot."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed (Debian package systemd; scripts/bootstrap.sh --dev as root)")
+    units = tmp_path / "units"
+    (units / "multi-user.target.wants").mkdir(parents=True)
+    (units / "jtop.service.d").mkdir()
+    ours = open(UNIT, encoding="utf-8").read().replace("/opt/jetson-edge/.venv/bin/edge", "/bin/true")
+    (units / "jetson-edge.service").write_text(ours, encoding="utf-8")
+    (units / "jtop.service").write_text(jtop_unit, encoding="utf-8")
+    dropin = open(os.path.join(REPO, "systemd", "jtop.service.d", "jetson-edge.conf"), encoding="utf-8").read()
+    (units / "jtop.service.d" / "jetson-edge.conf").write_text(
+        dropin.replace("/opt/jetson-edge/.venv/bin/jtop", "/bin/true"), encoding="utf-8")
+    for name, text in (extra or {}).items():
+        (units / name).write_text(text, encoding="utf-8")
+    for name in ["jetson-edge.service", "jtop.service"] + list(extra or {}):
+        os.symlink(os.path.join("..", name), str(units / "multi-user.target.wants" / name))
+    proc = subprocess.run([analyze, "verify", "multi-user.target", "jetson-edge.service"], capture_output=True,
+                          encoding="utf-8", errors="replace", cwd=str(tmp_path),
+                          env=dict(os.environ, SYSTEMD_UNIT_PATH=str(units) + ":"))
+    return proc.stdout + proc.stderr
+
+
+def test_the_pinned_jtop_unit_and_ours_boot_without_an_ordering_cycle(tmp_path):
+    """Issue 42 item 7: jetson-stats 7.2.2 (pinned in every constraints file) orders jtop.service after
+    systemd-modules-load.service; a jtop.service ordered After=multi-user.target (other versions) makes a cycle
+    with our After=jtop.service, and systemd deletes a start job at boot: the same check finds it."""
+    for jetpack in ("jetpack5", "jetpack6", "jetpack7"):
+        lines = open(os.path.join(REPO, "constraints", jetpack + ".txt"), encoding="utf-8").read().splitlines()
+        assert "jetson-stats==" + JTOP_PIN in lines, jetpack
+    template = jtop_unit_template()
+    out = boot_order(tmp_path / "pinned", template)
+    assert "ordering cycle" not in out and "jetson-edge" not in out and "jtop" not in out, out
+    cyclic = re.sub(r"^After=.*$", "After=multi-user.target", template, flags=re.M)
+    assert cyclic != template
+    out = boot_order(tmp_path / "other", cyclic)
+    assert "Found ordering cycle" in out and "deleted to break ordering cycle" in out, out
+
+
 def test_jtop_service_runs_the_venvs_jtop_and_the_container_default_matches_it():
     """The drop-in replaces jetson-stats' ExecStart=/usr/local/bin/jtop (never installed by the recipe, or another
     version) with the venv's jtop, under --prefix; the container's default jetson-stats satisfies setup.py's pin, so
@@ -399,3 +466,82 @@ def test_jtop_service_runs_the_venvs_jtop_and_the_container_default_matches_it()
     dockerfile = open(os.path.join(REPO, "deploy", "container", "Dockerfile"), encoding="utf-8").read()
     default = re.search(r"^ARG JTOP_VERSION=(\S+)$", dockerfile, re.M).group(1)
     assert Version(default) in SpecifierSet(spec), (default, spec)
+
+
+def power_mode_run(tmp_path, conf, want, current):
+    """install_service.sh's set_power_mode (sourced, as tests/test_install_recipe.py runs the recipe's parts) for
+    `--power-mode want` on a board's own nvpmodel.conf, with an `nvpmodel` on PATH that answers `-q` with `current`
+    and logs each call and what it read on stdin."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "nvpmodel.log"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvpmodel"
+    fake.write_text('#!/bin/sh\nif [ "$1" = -q ]; then echo "NV Power Mode: X"; echo {}; exit 0; fi\n'
+                    'read answer; echo "$* <$answer" >> {}\n'.format(current, log), encoding="utf-8")
+    fake.chmod(0o755)
+    conf_path = os.path.join(REPO, "tests", "nvpmodel", conf)
+    proc = subprocess.run(["bash", "-c", 'source "$1"; power_mode="$2"; set_power_mode "$3" "$4"', "bash", INSTALL,
+                           want, sys.executable, conf_path], capture_output=True, encoding="utf-8", errors="replace",
+                          env=dict(os.environ, PATH="{}:{}".format(bin_dir, os.environ["PATH"])), timeout=60)
+    calls = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+    return proc, calls
+
+
+@pytest.mark.parametrize("conf, want, expected", [
+    ("xavier_nx_r35.conf", "max", "-m 8 <NO"),  # MODE_20W_6CORE, not mode 0 (MODE_15W_2CORE)
+    ("orin_nano_8gb_super_r36.conf", "max", "-m 2 <NO"),  # MAXN_SUPER
+    ("agx_orin_64gb_r36.conf", "max", "-m 0 <NO"),  # MAXN
+    ("xavier_nx_r35.conf", "7", "-m 7 <NO"),
+])
+def test_installer_sets_the_power_mode_once_and_never_reboots(tmp_path, conf, want, expected):
+    """Issue 42 item 5: `--power-mode max` is the board's maximum as edge.board judges it; nvpmodel's reboot
+    question is answered no; a board already in that mode is left alone."""
+    proc, calls = power_mode_run(tmp_path, conf, want, current=1)
+    assert proc.returncode == 0 and calls == [expected], proc.stdout + proc.stderr
+    assert "if nvpmodel asks for a reboot, reboot to apply it" in proc.stdout
+    (tmp_path / "again").mkdir()
+    again, calls = power_mode_run(tmp_path / "again", conf, want, current=expected.split()[1])
+    assert again.returncode == 0 and calls == [] and "already set" in again.stdout, again.stdout + again.stderr
+
+
+def test_installer_refuses_a_power_mode_the_board_does_not_have(tmp_path):
+    proc, calls = power_mode_run(tmp_path, "xavier_nx_r35.conf", "9", current=2)
+    assert proc.returncode == 2 and calls == []
+    assert "--power-mode 9: no such mode in " in proc.stderr and "MODE_20W_6CORE (8)" in proc.stderr
+    refused = run_install("--power-mode", "fast", destdir=tmp_path / "stage")
+    assert refused.returncode == 2 and "--power-mode is max or a mode ID" in refused.stderr
+    assert not (tmp_path / "stage").exists()  # refused before anything is written
+    staged = run_install("--power-mode", "max", destdir=tmp_path / "stage")
+    assert staged.returncode == 0 and "staged: --power-mode max is set on the device itself" in staged.stdout
+
+
+def test_the_clocks_unit_pins_clocks_once_between_jtop_and_the_service(tmp_path):
+    """jetson-edge-clocks.service (--clocks): a oneshot after nvpmodel.service and jtop.service, before
+    jetson-edge.service; systemd-analyze verifies it, and booting with it, ours and jtop's enabled has no cycle."""
+    clocks = os.path.join(REPO, "systemd", "jetson-edge-clocks.service")
+    settings = {(s, k): v for s, k, v in unit_settings(clocks)}
+    assert settings[("Service", "Type")] == "oneshot" and settings[("Service", "RemainAfterExit")] == "yes"
+    assert set(settings[("Unit", "After")].split()) == {"nvpmodel.service", "jtop.service"}
+    assert settings[("Unit", "Before")] == "jetson-edge.service"
+    assert settings[("Service", "ExecStart")] == "/usr/bin/jetson_clocks"
+    out = boot_order(tmp_path, jtop_unit_template(), extra={"jetson-edge-clocks.service": open(
+        clocks, encoding="utf-8").read().replace("/usr/bin/jetson_clocks", "/bin/true")})
+    assert "ordering cycle" not in out and "jetson-edge" not in out, out
+    plain = run_install(destdir=tmp_path / "plain")  # optional: not installed without --clocks
+    assert plain.returncode == 0
+    assert not (tmp_path / "plain" / "etc" / "systemd" / "system" / "jetson-edge-clocks.service").exists()
+    staged = run_install("--clocks", destdir=tmp_path / "stage")
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    installed = tmp_path / "stage" / "etc" / "systemd" / "system" / "jetson-edge-clocks.service"
+    assert installed.read_text(encoding="utf-8") == open(clocks, encoding="utf-8").read()
+
+
+def test_the_engine_unit_builds_only_when_needed_beside_a_serving_service():
+    """jetson-edge-engine.service: skipped by its condition unless the engine is missing or stale, never ordered
+    before the service (which serves on the CPU meanwhile), and reloads the service onto what it built."""
+    settings = [(s, k, v) for s, k, v in unit_settings(ENGINE_UNIT)]
+    values = {k: v for _, k, v in settings}
+    assert values["Type"] == "oneshot" and values["User"] == "jetson-edge"
+    assert "--needed" in values["ExecCondition"] and "--needed" not in values["ExecStart"]
+    assert values["ExecStartPost"].startswith("+") and "try-reload-or-restart jetson-edge.service" in values[
+        "ExecStartPost"]
+    assert "jetson-edge.service" not in values.get("Before", "") and values["TimeoutStartSec"] == "3h"

@@ -5,6 +5,7 @@ so Ctrl-C at any point reaches the command's one error path.
 """
 
 import argparse
+import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -60,7 +61,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from edge.model.imagenet_set import imagenet1k_wordnet
 
         relabel = class_index_of(load_labels(args.labels) if args.labels else None, imagenet1k_wordnet, args.src)
-        import_calibration_set(args.src, args.out, config_from_args(args).build.min_images, relabel=relabel)
+        build = config_from_args(args).build
+        import_calibration_set(args.src, args.out, build.min_images, relabel=relabel,
+                               regression=os.path.abspath(args.out) == os.path.abspath(build.regression_dir))
         return EXIT_OK
     if args.calibrate_command == "imagenet":
         from edge.model.imagenet_set import DEFAULT_OUT, make_imagenet_set

@@ -8,6 +8,10 @@ built by edge.infer.stages.build_stages as for `edge run`. A folder means every 
 Prints a table, or one JSON line per image with --json (never a NaN: a non-finite output is a failed image).
 Unreadable or missing files, image types it does not read (.gif, .ico, .jp2, ...) and images the model failed on
 are named on stderr and skipped; exit 2 when none could be classified.
+
+A folder laid out as torchvision's ImageFolder (FOLDER/<class name>/image.jpg, or FOLDER/<class index>/ as the
+calibration sets are) is scored: the top-1 and top-5 accuracy of its images against their folder's class is the
+last line (stderr with --json), with the folders that name no class of the model's labels.
 """
 
 import argparse
@@ -15,7 +19,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.errors import EXIT_OK, EdgeError, first_line
@@ -32,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON line per image instead of the table")
 
 
-def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str]]]:
-    """(path, None) for every file to read, (path, why) for a path that gives nothing."""
+def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str], str]]:
+    """(path, None, class folder) for every file to read, (path, why, "") for a path that gives nothing. The class
+    folder is the first folder below a FOLDER argument that the image lies in ("" for an image right in it)."""
     from edge.sources.source import IMAGE_EXTENSIONS
 
     for path in paths:
@@ -42,17 +47,64 @@ def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str]]]:
                            if not name.startswith("."))
             found = {n for n in names if n.lower().endswith(IMAGE_EXTENSIONS)}
             if not found:
-                yield path, "folder has no images ({})".format(" ".join(IMAGE_EXTENSIONS))
+                yield path, "folder has no images ({})".format(" ".join(IMAGE_EXTENSIONS)), ""
             for name in names:
                 if name in found:
-                    yield name, None
+                    parts = os.path.relpath(name, path).split(os.sep)
+                    yield name, None, parts[0] if len(parts) > 1 else ""
                 elif name.lower().endswith(OTHER_IMAGE_TYPES):
                     yield name, "{} images are not read ({})".format(os.path.splitext(name)[1].lower(),
-                                                                     " ".join(IMAGE_EXTENSIONS))
+                                                                     " ".join(IMAGE_EXTENSIONS)), ""
         elif os.path.exists(path):
-            yield path, None
+            yield path, None, ""
         else:
-            yield path, "no such file or folder"
+            yield path, "no such file or folder", ""
+
+
+class Accuracy:
+    """Top-1/top-5 of images against the class their folder names (a label, or a class index)."""
+
+    def __init__(self, labels: Sequence[str], k: int):
+        self.index = {label: i for i, label in enumerate(labels)}
+        self.classes = len(labels)
+        self.top5_known = k >= min(5, self.classes)  # the top-k printed holds the top 5
+        self.images = self.top1 = self.top5 = 0
+        self.unknown: Dict[str, int] = {}  # folders that name no class: their images, not scored
+
+    def truth(self, folder: str) -> Optional[int]:
+        if folder in self.index:
+            return self.index[folder]
+        if folder.isdigit() and int(folder) < self.classes:
+            return int(folder)
+        return None
+
+    def add(self, folder: str, indices: Sequence[int]) -> None:
+        if not folder:
+            return
+        truth = self.truth(folder)
+        if truth is None:
+            self.unknown[folder] = self.unknown.get(folder, 0) + 1
+            return
+        self.images += 1
+        self.top1 += int(indices[0] == truth)
+        self.top5 += int(truth in indices[:5])
+
+    def line(self) -> Optional[str]:
+        """The accuracy line, or None when no image lay in a folder naming a class (not an ImageFolder tree)."""
+        if not self.images:
+            return None
+        text = "accuracy: top-1 {} top-5 {} over {} images in class folders".format(
+            _share(self.top1, self.images), _share(self.top5, self.images) if self.top5_known else "- (--top-k 5)",
+            self.images)
+        if self.unknown:
+            names = sorted(self.unknown)
+            text += "; not scored: {} images in {} folders that name no class ({}{})".format(
+                sum(self.unknown.values()), len(names), ", ".join(names[:5]), ", ..." if len(names) > 5 else "")
+        return text
+
+
+def _share(right: int, total: int) -> str:
+    return "{:.1%} ({}/{})".format(right / total, right, total)
 
 
 def _table_rows(path: str, top: List[Any]) -> List[str]:
@@ -65,10 +117,11 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
     stages = build_stages(config_from_args(args))
     classified, skipped = 0, 0
+    accuracy = Accuracy(stages.postprocess.labels, stages.postprocess.k)
     try:
         if stages.warning:
             print("edge classify: {} ({})".format(stages.warning, stages.model_info.get("weights")), file=sys.stderr)
-        for path, why in image_files(args.paths):
+        for path, why, folder in image_files(args.paths):
             image, why = (None, why) if why else read_image(path)[1:]
             if image is None:
                 print("edge classify: skipped {}: {}".format(path, why), file=sys.stderr)
@@ -82,6 +135,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
                 skipped += 1
                 continue
             top = prediction.as_dict()["top"]
+            accuracy.add(folder, prediction.indices)
             if args.json:
                 print(json.dumps({"file": path, "top": top, "ms": round((time.monotonic() - started) * 1e3, 2)},
                                  allow_nan=False))
@@ -94,6 +148,9 @@ def cmd_classify(args: argparse.Namespace) -> int:
         stages.close()
     if not classified:
         raise EdgeError("no image could be read ({} skipped)".format(skipped))
+    line = accuracy.line()
+    if line:
+        print(line, file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 

@@ -25,7 +25,7 @@ from edge.cli.common import PIPELINE_KEYS, add_command, add_config_flags, config
 from edge.config import Config, with_overrides
 from edge.errors import EXIT_OK, EdgeError, require
 from edge.fields import add_flags, check_options, leaves, options_from, setting
-from edge.store.artifact import UNTRAINED_WARNING, read_model_info
+from edge.store.model_info import UNTRAINED_WARNING, read_model_info
 from edge.uri import redact
 
 

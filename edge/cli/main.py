@@ -9,8 +9,8 @@ from edge import __version__
 from edge.cli.common import execute
 
 # modules in edge/cli/
-COMMANDS = ("run", "export", "build", "check", "sweep", "rebuild", "demo", "classify", "doctor", "cache", "init",
-            "release")
+COMMANDS = ("run", "export", "model", "build", "check", "sweep", "rebuild", "demo", "classify", "doctor", "cache",
+            "init", "release")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,9 @@
-"""`edge run`: the classifier as a foreground command or a systemd service (edge/service/loop.py)."""
+"""`edge run`: the classifier as a foreground command or a systemd service (edge/service/loop.py).
+
+On stdout, JSON lines: the start, a summary every runtime.report_every frames (with the classes most often top-1),
+errors, source and reload events, and the report; each missed frame's `frame_miss` line only with --json or under
+systemd (the journal). Then the per-stage table on stderr, ending with what it classified. Every frame's result
+for another program: service.results.path (docs/service.md#results)."""
 
 import argparse
 from typing import Any
@@ -10,15 +15,21 @@ from edge.service.signals import StopFlag  # light: signal and threading only
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, *PIPELINE_KEYS, "runtime.frames")
+    p.add_argument("--json", action="store_true",
+                   help="every event as a JSON line on stdout, each missed frame's frame_miss too (always so under "
+                        "systemd, where stdout is the journal); without it: the start, a summary per "
+                        "runtime.report_every frames, errors and the report, then the table on stderr")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     with StopFlag() as stop:  # first, before anything slow: a SIGHUP or SIGTERM while starting is noted, not fatal
+        from edge.service.log import JsonLog
         from edge.service.loop import run
         from edge.service.runtime import Runtime
 
         # SIGHUP re-reads the config file and re-applies the same flags.
         runtime = Runtime(config_from_args(args, serves_cameras=True),
+                          log=JsonLog(quiet=() if args.json else ("frame_miss",)),
                           reload_config=lambda: config_from_args(args, serves_cameras=True))
         run(runtime, stop, table="edge run")
     return EXIT_OK

@@ -84,4 +84,8 @@ def format_table(summary: Dict[str, object], header: List[str]) -> str:
             name, s["p50"], s["p90"], s["p99"], s["max"], s["mean"]))
     lines.append("budget {:g} ms: {} of {} frames missed ({:.2%})".format(
         summary["budget_ms"], summary["misses"], summary["frames"], summary["miss_rate"]))
+    top = summary.get("top_classes")
+    if isinstance(top, list) and top:  # what a run classified (edge.service.frame_log.report_fields)
+        lines.append("classified (top-1): " + ", ".join("{} {:.1%} ({})".format(c["label"], c["share"], c["frames"])
+                                                      for c in top))
     return "\n".join(lines)

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.infer.latency import LatencyRecorder
-from edge.infer.postprocess import Prediction
+from edge.infer.postprocess import ClassCounts, Prediction
 from edge.infer.stages import Stages
 
 
@@ -44,6 +44,7 @@ class Result:
     camera: str = ""  # several cameras: the one this frame is from (sources[].name)
     batch: int = 1  # frames in the batch this one was served in
     cameras: Any = None  # several cameras: their owner (edge.sources.cameras.CameraSet), for per-camera figures
+    classes: Optional[ClassCounts] = None  # the timed frames' top-1 classes so far
 
 
 class Sink:
@@ -71,6 +72,7 @@ class Pipeline:
         self.frame_id = 0
         self.errors = 0
         self.consecutive_errors = 0
+        self.classes = ClassCounts()
 
     def process(self, frame: Frame, record: bool = True) -> Result:
         """The frame's Result; `record=False` (warm-up) times the frame without recording it."""
@@ -84,6 +86,8 @@ class Pipeline:
         self.consecutive_errors = 0
         stage_ms["end_to_end"] = (time.monotonic() - frame.captured) * 1e3
         missed = self.recorder.record(stage_ms) if record else False
+        if record:
+            self.classes.add(prediction)
         return self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None)
 
     def process_batch(self, frames: Sequence[Frame], cameras: Sequence[str], timed: int) -> List[Result]:
@@ -104,6 +108,8 @@ class Pipeline:
             stage_ms = dict(batch_ms, capture=frame.capture_ms, frame_age=(t0 - frame.captured) * 1e3,
                             end_to_end=(end - frame.captured) * 1e3)
             missed = self.recorder.record(stage_ms) if i < timed else False
+            if i < timed:
+                self.classes.add(prediction)
             results.append(self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None, camera,
                                         len(frames)))
         return results
@@ -126,4 +132,4 @@ class Pipeline:
                 error: Optional[str], camera: str = "", batch: int = 1) -> Result:
         return Result(self.frame_id, frame.seq, stage_ms, prediction, status, error, frame.image,
                       self.recorder.frames, self.recorder.misses, self.errors, self.consecutive_errors,
-                      camera=camera, batch=batch)
+                      camera=camera, batch=batch, classes=self.classes)

@@ -3,7 +3,7 @@ not given softmax again; a non-finite output is a failed frame, never a score.""
 
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -18,9 +18,32 @@ class Prediction:
     scores: List[float]
     labels: List[str]
 
+    def top1(self) -> Dict[str, Any]:
+        """The best class: what each frame line says it classified."""
+        return {"label": self.labels[0], "score": round(self.scores[0], 4)}
+
     def as_dict(self) -> dict:
         return {"top": [{"index": i, "label": lab, "score": round(s, 4)}
                         for i, lab, s in zip(self.indices, self.labels, self.scores)]}
+
+
+class ClassCounts:
+    """How often each class was a timed frame's top-1: what `edge run`'s summary lines, final report and table say
+    it classified. Bounded by the labels (one counter per class seen)."""
+
+    def __init__(self) -> None:
+        self.counts: Dict[str, int] = {}
+        self.total = 0
+
+    def add(self, prediction: Prediction) -> None:
+        label = prediction.labels[0]
+        self.counts[label] = self.counts.get(label, 0) + 1
+        self.total += 1
+
+    def top(self, k: int = 3) -> List[Dict[str, Any]]:
+        """The `k` most frequent top-1 classes (ties by label): label, frames, share of the frames counted."""
+        best = sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))[:k]
+        return [{"label": label, "frames": n, "share": round(n / self.total, 4)} for label, n in best]
 
 
 def load_labels(path: str) -> List[str]:

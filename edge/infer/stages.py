@@ -20,7 +20,8 @@ from edge.infer.backend import Backend
 from edge.infer.cuda_session import CudaSession
 from edge.infer.postprocess import Prediction, TopK
 from edge.infer.preprocess import Preprocessor, model_preprocess
-from edge.store.artifact import UNTRAINED_WARNING, read_model_info, read_set
+from edge.store.artifact import read_set
+from edge.store.model_info import UNTRAINED_WARNING, provenance, read_model_info
 
 # the config keys the stages read (create_stages and build_stages): a reload builds new stages from the new config,
 # so these reload=APPLY keys (edge/config.py) are applied by the swap; the others need an applier in
@@ -49,6 +50,11 @@ class Stages:
     @property
     def warning(self) -> Optional[str]:
         return None if self.trained else UNTRAINED_WARNING
+
+    @property
+    def provenance(self) -> str:
+        """What a header says about the weights: 'weights: ...', or the untrained warning."""
+        return provenance(self.model_info)
 
     @property
     def preprocess_name(self) -> str:

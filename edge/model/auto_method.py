@@ -15,7 +15,7 @@ from edge.config import PreprocessConfig
 from edge.errors import EdgeError, first_line, require
 from edge.model.calibration import CalibrationSet
 from edge.model.fidelity import HELD_OUT, Fidelity, split
-from edge.model.quantize import quantize_qdq
+from edge.model.quantize import kept_in_float, quantize_qdq
 from edge.store.fileio import temp_dir
 
 AUTO = "auto"
@@ -56,11 +56,11 @@ def quantize(fp32_path: str, out_path: str, images: CalibrationSet, preprocess: 
     summary.update(chosen_by=AUTO, candidates=tried, seconds=round(time.monotonic() - started, 2),
                    chosen_on={"calibrated_on": len(calibrate_on), "held_out": len(held_out)})
     log("quantize: {} -> {} ({} auto: {}; damage (1 - logit cosine) on {} held-out calibration images, each method "
-        "calibrated on the other {}: {}; then calibrated on all {}; {} nodes kept in float, {} Q/DQ nodes) in "
+        "calibrated on the other {}: {}; then calibrated on all {}; {}, {} Q/DQ nodes) in "
         "{:.1f} s{}".format(
             os.path.basename(fp32_path), out_path, quantizer, summary["method"], len(held_out), len(calibrate_on),
             ", ".join("{} {}".format(m, r["damage"] if "damage" in r else "failed") for m, r in tried.items()),
-            len(images), len(summary["excluded_nodes"]), summary["qdq_nodes"], summary["seconds"],
+            len(images), kept_in_float(summary["excluded_nodes"]), summary["qdq_nodes"], summary["seconds"],
             "" if len(held_out) >= HELD_OUT else "; fewer than {} held out: a larger calibration set makes the "
             "choice surer".format(HELD_OUT)))
     return summary

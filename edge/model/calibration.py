@@ -281,7 +281,8 @@ def class_index_of(labels: Optional[List[str]], wordnet: Callable[[], Dict[str, 
     """ImageFolder labels: a class-per-folder name -> the class index the set stores (`<index>/<image>`, what the
     gate reads without a labels file). A folder is a class index, a line of `labels` (the model's labels file) or
     an ImageNet WordNet id (n01440764: ImageNet-1k's index, from `wordnet()`); anything else is an EdgeError naming
-    the folder under `where`. Without `labels`, other names are kept as they are (the gate reads them as labels)."""
+    the folder under `where`. Without `labels`, other names are kept as they are (the gate reads them as labels;
+    the import says so)."""
     lines = {name: i for i, name in enumerate(labels or [])}
 
     def resolve(folder: str) -> str:
@@ -310,11 +311,10 @@ def _relabelled(rel: str, relabel: Optional[Callable[[str], str]]) -> str:
 
 
 def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, source: Optional[str] = None,
-                           log: Callable[..., None] = print,
-                           relabel: Optional[Callable[[str], str]] = None) -> CalibrationSet:
+                           log: Callable[..., None] = print, relabel: Optional[Callable[[str], str]] = None,
+                           regression: bool = False) -> CalibrationSet:
     """Copy the usable images under `src_dir` (subfolders kept: they are labels, renamed by `relabel`, e.g.
-    class_index_of) into a new set at `out_dir`.
-
+    class_index_of) into a new set at `out_dir` (`regression`: build.regression_dir's, advised as such: _advise).
     3-channel 8-bit images are copied byte for byte; grey, 4-channel and 16-bit ones are converted to BGR PNG.
     Sizes are recorded as the set is read (EXIF orientation applied); names that are not UTF-8 are skipped. Zero-byte,
     unreadable, non-image and too-small (< MIN_SIDE px) files are skipped and listed in one line."""
@@ -367,5 +367,23 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
         manifest = write_set_manifest(tmp, hashes, sizes, source or os.path.abspath(src_dir),
                                    {"skipped": {k: sorted(v) for k, v in skipped.items()}})
     log("calibration: imported {} images into {} (set sha256 {})".format(len(hashes), out_dir, manifest["sha256"][:12]))
-    warn_if_few(len(hashes), log)
+    _advise(list(hashes), regression, log)
     return CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest)
+
+
+def _advise(files: List[str], regression: bool, log: Callable[..., None]) -> None:
+    """After an import: folders kept by name (the build matches them against the model's labels), and the size
+    advice of what the set is: a regression set (every image in a class folder, or build.regression_dir) gets the
+    gate's, a calibration set TensorRT's."""
+    folders, images = sorted({name.split("/")[0] for name in files if "/" in name}), len(files)
+    regression = regression or all("/" in name for name in files)
+    names = [f for f in folders if not f.isdigit()]
+    if names:
+        log("import: {} class folders kept by name ({}{}): the build reads them as lines of the model's labels "
+            "file; pass --labels to check them now".format(len(names), ", ".join(names[:3]),
+                                                           ", ..." if len(names) > 3 else ""))
+    if regression:
+        log("regression: {} images in {} classes; the gate's top-1 claim of +-1 pp needs ~2,400-4,700 labelled "
+            "images (docs/build.md)".format(images, len(folders)))
+    else:
+        warn_if_few(images, log)

@@ -73,9 +73,11 @@ def _shown(value: Optional[float]) -> str:
 
 
 def resolve_labels(images: CalibrationSet, labels: Optional[Sequence[str]]) -> List[Optional[int]]:
-    """Class index per image (None when unlabelled); an unknown subfolder name is an EdgeError."""
+    """Class index per image (None when unlabelled); a subfolder naming no class of the model is an EdgeError that
+    says how many do not (a set labelled for another model: 1000 ImageNet folders against 5 classes)."""
     lookup = {name: i for i, name in enumerate(labels or [])}
     out: List[Optional[int]] = []
+    unknown: List[str] = []
     for name in images.files:
         label = images.label_of(name)
         if label is None:
@@ -84,9 +86,17 @@ def resolve_labels(images: CalibrationSet, labels: Optional[Sequence[str]]) -> L
             out.append(lookup[label])
         elif label.isdigit() and (labels is None or int(label) < len(labels)):
             out.append(int(label))
-        else:
-            raise EdgeError("{}: subfolder '{}' is neither a label in the model's labels file nor a class index".format(
-                images.path(label), label))
+        elif label not in unknown:
+            unknown.append(label)
+    if len(unknown) == 1:
+        raise EdgeError("{}: subfolder '{}' is neither a label in the model's labels file nor a class index".format(
+            images.path(unknown[0]), unknown[0]))
+    if unknown:
+        folders = {images.label_of(name) for name in images.files} - {None}
+        raise EdgeError("{}: labelled for another model: {} of its {} class folders ({}, ...) name no class of the "
+                        "model's {} labels; use your own labelled images (docs/own-model.md)".format(
+                            images.path(""), len(unknown), len(folders), ", ".join(unknown[:2]),
+                            len(labels or [])))
     return out
 
 

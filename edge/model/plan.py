@@ -20,7 +20,7 @@ from edge.model.artifacts import verify_onnx
 from edge.model.calibration import CalibrationSet, load_calibration_set
 from edge.model.gate import Infer, resolve_labels
 from edge.model.qdq_rules import OPSET_MAX, OPSET_MIN, max_opset
-from edge.store.artifact import engine_expectations, info_path, is_current, read_set, sha256_file
+from edge.store.artifact import engine_expectations, is_current, read_set, sha256_file
 from edge.store.versions import recover_folder
 
 Log = Callable[..., None]
@@ -203,12 +203,9 @@ def check_source(source: str, crop: int, where: str, tensorrt: Optional[str] = N
 
 
 def source_model_info(source: str, info: Dict[str, Any], *, untrained: bool = False) -> Dict[str, Any]:
-    """The source's model info (`info`, read with its set). None beside it (a user's own ONNX): of unknown
-    provenance, gated as trained. `untrained` (--untrained): declared untrained, so the gate is reported and not
+    """The source's model info (`info`, read with its set; none beside it: a user's own ONNX, "yours (no model
+    info)", gated as trained). `untrained` (--untrained): declared untrained, so the gate is reported and not
     enforced."""
-    if not os.path.lexists(info_path(source)):
-        info = {"weights": "unknown (no {}): gated as trained".format(os.path.basename(info_path(source))),
-                "trained": True}
     if untrained:
         info = dict(info, trained=False, weights="{} (declared untrained: --untrained)".format(info.get("weights")))
     return info

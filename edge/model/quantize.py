@@ -246,13 +246,20 @@ def install_validated(staged: str, out_path: str, fp32_path: str, tensorrt: Opti
     os.replace(staged, out_path)
 
 
+def kept_in_float(excluded: List[str], shown: int = 3) -> str:
+    """'2 nodes kept in float (/features/0/Conv, /classifier/Gemm)': the count and the first names."""
+    names = ", ".join(excluded[:shown]) + (", +{} more".format(len(excluded) - shown) if len(excluded) > shown else "")
+    return "{} node{} kept in float{}".format(len(excluded), "" if len(excluded) == 1 else "s",
+                                             " ({})".format(names) if excluded else "")
+
+
 def summarise(quantizer: str, fp32_path: str, out_path: str, method: str, images: int, exclude_sensitive: bool,
               excluded: List[str], seconds: float, log: Callable[..., None]) -> Dict[str, Any]:
     """The one log line and the summary the model info records (build.quantize)."""
     model = require("onnx").load(out_path, load_external_data=False)
     qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
-    log("quantize: {} -> {} ({} {}, {} images, {} nodes kept in float, {} Q/DQ nodes) in {:.1f} s".format(
-        os.path.basename(fp32_path), out_path, quantizer, method, images, len(excluded), qdq, seconds))
+    log("quantize: {} -> {} ({} {}, {} images, {}, {} Q/DQ nodes) in {:.1f} s".format(
+        os.path.basename(fp32_path), out_path, quantizer, method, images, kept_in_float(excluded), qdq, seconds))
     return {"quantizer": quantizer, "method": method, "images": images, "exclude_sensitive": exclude_sensitive,
             "excluded_nodes": excluded, "seconds": round(seconds, 2), "opset": opset_of(model), "qdq_nodes": qdq}
 

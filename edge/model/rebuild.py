@@ -28,8 +28,9 @@ from edge.model.plan import BuildPlan, Log, check_inputs
 from edge.model.rebuild_options import RebuildOptions
 from edge.model.steps import CALIBRATE, ENGINE, FALLBACK, GATE, BuildState, Step, step_install
 from edge.sources.source import open_capture
-from edge.store.artifact import install, labels_file, lookup, read_model_info, served_note
+from edge.store.artifact import install, labels_file, lookup, served_note
 from edge.store.fileio import check_output, check_replaceable, temp_dir
+from edge.store.model_info import read_model_info
 from edge.store.versions import discard, move, recover_folder, replace_folder
 from edge.uri import redact
 

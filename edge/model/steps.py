@@ -35,7 +35,6 @@ from edge.model.fidelity import Fidelity, split
 from edge.model.gate import GateResult, enforce, evaluate, kernel_distance, record_look, write_report
 from edge.model.plan import BuildPlan, Log, fused_runner, onnx_runner
 from edge.store.artifact import (
-    UNTRAINED_WARNING,
     install,
     labels_file,
     make_model_info,
@@ -46,6 +45,7 @@ from edge.store.artifact import (
     withdraw,
     writing,
 )
+from edge.store.model_info import UNTRAINED_WARNING
 
 EXIT_INTERRUPTED = 130
 

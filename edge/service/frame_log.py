@@ -1,5 +1,6 @@
 """What a frame deserves in the log: misses and errors one line each (rate-limited, misses naming the stage
-that overran most against its recent p50) and a summary every `runtime.report_every` timed frames.
+that overran most against its recent p50 and what the frame was classified as) and a summary every
+`runtime.report_every` timed frames, with the classes most often top-1 (`top_classes`, as the final report).
 
 Frames that meet the budget are not logged one by one: at 30 fps that would flood the journal; they are in
 the summaries and the Prometheus histograms. Beyond `MAX_FRAME_LINES_PER_S` lines a second, misses and errors
@@ -7,16 +8,18 @@ are only counted (`suppressed`) and still in the metrics.
 """
 
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from edge.infer.latency import LatencyRecorder
 from edge.infer.pipeline import Result, Sink
+from edge.infer.postprocess import ClassCounts
 
 MAX_FRAME_LINES_PER_S = 10  # frame_miss + frame_error lines per second before they are only counted
 CULPRIT_STAGES = ("frame_age", "preprocess", "infer", "postprocess")  # the parts of end_to_end
 P50_REFRESH_FRAMES = 64  # recompute the per-stage p50 used to name a miss's culprit this often
+TOP_CLASSES = 3  # the most frequent top-1 classes a summary and the final report name
 
 
 class RateLimit:
@@ -45,11 +48,14 @@ class RateLimit:
 
 
 def report_fields(recorder: LatencyRecorder, source: Dict[str, int], errors: int, reloads: Dict[str, int],
-                  telemetry: Any) -> Dict[str, Any]:
-    """What the periodic summary line and the final report say: latency statistics and every counter."""
+                  telemetry: Any, classes: Optional[ClassCounts] = None) -> Dict[str, Any]:
+    """What the periodic summary line and the final report say: latency statistics, every counter and the classes
+    most often top-1."""
     out: Dict[str, Any] = recorder.summary()
     out.update(source, errors=errors, reloads=dict(reloads),
                telemetry=telemetry.brief() if telemetry is not None else None)
+    if classes is not None:
+        out["top_classes"] = classes.top(TOP_CLASSES)
     return out
 
 
@@ -92,6 +98,7 @@ class FrameLogSink(Sink):
             self.event("frame_miss", level="warning", frame=result.frame_id, seq=result.seq, status="miss",
                        **({"camera": result.camera, "batch": result.batch} if result.camera else {}),
                        end_to_end_ms=round(result.stage_ms["end_to_end"], 3), budget_ms=self.budget_ms,
+                       top1=result.prediction.top1() if result.prediction is not None else None,
                        stage_ms={k: round(v, 3) for k, v in result.stage_ms.items()}, worst_stage=stage,
                        worst_stage_over_p50_ms=round(over, 3), worst_stage_p50_ms=round(p50, 3),
                        suppressed=self.lines.take_suppressed(), telemetry=snap.brief() if snap is not None else None)
@@ -102,7 +109,8 @@ class FrameLogSink(Sink):
                        error_type=error.split(":", 1)[0], error=error, consecutive=result.consecutive_errors,
                        suppressed=self.lines.take_suppressed())
         if result.frames and result.frames % self.report_every == 0 and result.status != "error":
-            fields = report_fields(self.recorder, result.source, result.errors, result.reloads, result.telemetry)
+            fields = report_fields(self.recorder, result.source, result.errors, result.reloads, result.telemetry,
+                                   result.classes)
             if result.cameras is not None:  # several cameras: each one's figures
                 fields.update(result.cameras.figures())
             self.event("summary", frame_lines_suppressed=self.lines.suppressed_total, **fields)

@@ -1,6 +1,9 @@
 """One JSON object per line on stdout; under systemd (JOURNAL_STREAM set) each line gets a syslog
 priority prefix (<3> error, <4> warning, <6> info) that journald turns into the entry's priority.
 
+`quiet` events (`edge run` without --json: the per-frame `frame_miss`) are not written to a terminal or a pipe, only
+to the journal: a loaded machine's hundreds of misses would bury the table; the summaries and metrics count them.
+
 A line that cannot be written (stdout on a full disk, a closed pipe) is dropped and counted, never fatal: inference
 goes on, and the next line written carries `log_lines_dropped`. A line goes to the file descriptor in one
 unbuffered write, so nothing dropped is left in a buffer to fail again at exit. Never a bare NaN: a non-finite
@@ -11,7 +14,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, Optional, TextIO
+from typing import Any, Dict, Optional, Sequence, TextIO
 
 from edge.uri import redact
 
@@ -30,13 +33,17 @@ def _finite(value: Any) -> Any:
 
 
 class JsonLog:
-    def __init__(self, stream: Optional[TextIO] = None, extra: Optional[Dict[str, Any]] = None):
+    def __init__(self, stream: Optional[TextIO] = None, extra: Optional[Dict[str, Any]] = None,
+                 quiet: Sequence[str] = ()):
         self.stream = stream or sys.stdout
         self.prefix = "JOURNAL_STREAM" in os.environ
         self.extra = dict(extra or {})  # fields on every line (e.g. the untrained-weights warning)
         self.dropped = 0  # lines that could not be written
+        self.quiet = () if self.prefix else tuple(quiet)  # the journal gets every event
 
     def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
+        if event in self.quiet:
+            return
         record = {"ts": round(time.time(), 3), "level": level, "event": event}
         record.update(fields)
         record.update(self.extra)

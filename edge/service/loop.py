@@ -39,7 +39,7 @@ def _finish(runtime: Runtime, table: Optional[str], failure: Optional[TooManyErr
     report = runtime.final_report(failure)
     if table and report["frames"]:
         header = "{}: {} on {} - {}".format(table, runtime.facts.get("backend", "?"), runtime.facts.get("source"),
-                                           runtime.stages.warning or "trained weights")
+                                           runtime.stages.provenance)
         text = format_table(report, [header])
         if "cameras" in report:
             text += "\n" + format_cameras(report)

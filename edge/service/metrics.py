@@ -18,6 +18,8 @@ base units (seconds, hertz, watts, ratios 0-1), `_total` on counters, the stage 
   edge_source_reconnects_total           counter    successful source reopenings
   edge_source_broken_frames_total        counter    images rejected as broken
   edge_reloads_total{result}             counter    SIGHUP reloads: ok | failed
+  edge_class_frames_total{class}         counter    timed frames by top-1 class: the first MAX_CLASS_SERIES classes
+                                                    seen (in a steady scene, the frequent ones) each, then "other"
   edge_camera_frame_latency_seconds{camera}  histogram  several cameras (config sources): each one's end to end
   edge_camera_frames_total{camera,status}    counter    ... its frames: ok | miss | error
   edge_camera_dropped_frames_total{camera,reason}  counter  ... superseded (a newer frame came) | expired (could
@@ -32,7 +34,8 @@ base units (seconds, hertz, watts, ratios 0-1), `_total` on counters, the stage 
   edge_build_info{version,python,release,board,l4t,tensorrt}, edge_engine_info{backend,precision,model,sha256}
   process_resident_memory_bytes, process_cpu_seconds_total, ...   prometheus_client's process collector
 
-The `camera` label takes the names in config `sources` only (at most edge.config.MAX_CAMERAS): bounded.
+The `camera` label takes the names in config `sources` only (at most edge.config.MAX_CAMERAS), the `class` label
+at most MAX_CLASS_SERIES labels and "other": bounded, whatever the model.
 Histogram buckets are derived from the budget and dense around it, with one bucket exactly at the budget
 so `edge_frame_latency_seconds_bucket{le="<budget>"}` answers "what fraction met the deadline".
 """
@@ -57,6 +60,8 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 STATUSES = ("ok", "miss", "error")
 MAX_SCRAPERS = 8  # connections served at once (Prometheus, a probe, a person); more are answered 503
 SCRAPE_TIMEOUT_S = 10.0
+MAX_CLASS_SERIES = 10  # classes with a series of their own; a 1000-class model's others count as "other"
+OTHER_CLASS = "other"
 HEALTHZ_STALE_S = 10.0  # no completed frame for longer: /healthz fails (the unit's WatchdogSec; covers a reload)
 # Multiples of the budget: fine below and around it, a few coarse ones for the tail.
 BUDGET_FACTORS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25,
@@ -218,6 +223,10 @@ class MetricsSink(ServicePart):
         self.frames = prom.Counter("edge_frames", "Frames processed, by status", ["status"], registry=self.registry)
         self.misses = prom.Counter("edge_deadline_misses", "Frames over the latency budget", registry=self.registry)
         self.reloads = prom.Counter("edge_reloads", "SIGHUP reloads, by result", ["result"], registry=self.registry)
+        self.class_frames = prom.Counter("edge_class_frames", "Timed frames by top-1 class (the first {} classes "
+                                         "seen, then other)".format(MAX_CLASS_SERIES), ["class"],
+                                         registry=self.registry)
+        self._classes: Dict[str, Any] = {}  # label -> its series, at most MAX_CLASS_SERIES
         budget = prom.Gauge("edge_budget_seconds", "The end-to-end latency budget", registry=self.registry)
         budget.set(budget_ms / 1000.0)
         self.build = prom.Info("edge_build", "jetson-edge build, the deployed release and the board",
@@ -271,6 +280,16 @@ class MetricsSink(ServicePart):
         self.latency_hist.observe(stage_ms["end_to_end"] / 1000.0)
         if result.status == "miss":
             self.misses.inc()
+        if result.prediction is not None:
+            self._class_series(result.prediction.labels[0]).inc()
+
+    def _class_series(self, label: str) -> Any:
+        series = self._classes.get(label)
+        if series is None:
+            if len(self._classes) >= MAX_CLASS_SERIES:
+                return self.class_frames.labels(OTHER_CLASS)
+            series = self._classes[label] = self.class_frames.labels(label)
+        return series
 
     def health(self) -> Tuple[bool, str]:
         """(healthy, one line) for /healthz."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from edge.errors import require
 from edge.infer.pipeline import Result
-from edge.store.artifact import UNTRAINED_WARNING
+from edge.store.model_info import UNTRAINED_WARNING
 
 GREEN = (0, 200, 0)  # BGR: frame within budget
 RED = (0, 0, 230)  # BGR: frame over budget (or failed)

@@ -33,6 +33,7 @@ from edge.service.log import JsonLog
 from edge.service.notify import Notifier, NotifySink
 from edge.service.parts import ServicePart, WarningTag
 from edge.service.reload import Loading
+from edge.service.results import results_sinks
 from edge.service.signals import StopFlag
 from edge.sources.cameras import Batch, CameraSet
 from edge.sources.source import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
@@ -161,6 +162,7 @@ class Runtime:
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
         self.sinks.append(FrameLogSink(self.event, recorder, cfg.runtime.budget_ms, cfg.runtime.report_every))
         self.sinks.append(NotifySink(self.notifier, recorder, degraded=lambda: self.stages.degraded))
+        self.sinks.extend(results_sinks(cfg.service.results))
         self.sinks.append(WarningTag(self.log.extra))
 
     def _parts(self) -> List[ServicePart]:
@@ -205,7 +207,7 @@ class Runtime:
         """The counters and latency statistics so far."""
         assert self.pipeline is not None and self.source is not None
         out = report_fields(self.pipeline.recorder, self.source.stats(), self.pipeline.errors, self.reloads,
-                            self.telemetry.latest() if self.telemetry is not None else None)
+                            self.telemetry.latest() if self.telemetry is not None else None, self.pipeline.classes)
         out.update(self.source.figures())
         return out
 

@@ -22,25 +22,25 @@ inputs, an engine's board). Writers: `install` and `rollback`, each under `writi
 import contextlib
 import hashlib
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edge.board import current_system
 from edge.errors import EdgeError
-from edge.inputs import load_json, read_regular
+from edge.inputs import read_regular
 from edge.store import layout as store
 from edge.store import versions
 from edge.store.fileio import check_folder, temp_name, write_json_atomic
+from edge.store.model_info import UNTRAINED_WARNING as UNTRAINED_WARNING  # re-exported: readers import it here
+from edge.store.model_info import in_set, info_path, model_info_at
+from edge.store.model_info import read_model_info as read_model_info  # re-exported, as UNTRAINED_WARNING
 
-UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
 MAX_ARTIFACT_BYTES = 2 << 30  # an engine of a large model is hundreds of MB; more is not an artifact
 # What a TensorRT engine only runs on. Not the GPU name ("Orin" for 4 to 16 SMs) and not L4T: an L4T patch that
 # keeps TensorRT and CUDA keeps engines valid (a changed L4T is a warning).
 ENGINE_SYSTEM_KEYS = ("board", "sm_count", "compute_capability", "tensorrt", "cuda")
 ENGINE_WARN_KEYS = ("l4t",)
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_LABELS_BYTES = 16 << 20
 MAX_LABEL_CHARS = 256  # a class name; a longer "label" is not one (it would fill every log line and page)
 
@@ -54,10 +54,6 @@ def sha256_file(path: str) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def info_path(model_path: str) -> str:
-    return os.path.splitext(model_path)[0] + ".json"
 
 
 def labels_file(model_path: str) -> str:
@@ -97,38 +93,6 @@ def parse_labels(data: bytes, path: str) -> List[str]:
             raise EdgeError("{}: line {}: a label of {} characters; at most {}".format(
                 path, number, len(label), MAX_LABEL_CHARS))
     return labels
-
-
-def _in_set(model_path: str) -> str:
-    """Where a reader finds `model_path`'s file: in the set folder its link names (resolved once), else as is."""
-    folder, in_set = store.resolve(model_path)
-    return os.path.join(folder, os.path.basename(model_path)) if in_set else model_path
-
-
-def read_model_info(model_path: str, *, required: bool = False) -> Dict[str, Any]:
-    """The model info of `model_path`'s set. Absent: of unknown (so untrained) provenance, or an EdgeError when
-    `required`. Present but not a JSON object with a boolean `trained` (and, when given, sha256s of 64 hex digits
-    and this file's name as `artifact`): an EdgeError naming the file."""
-    return _model_info(_in_set(model_path), model_path, required)
-
-
-def _model_info(found: str, model_path: str, required: bool) -> Dict[str, Any]:
-    path = info_path(found)
-    if not os.path.lexists(path):
-        if required:
-            raise EdgeError("{}: no model info {} beside it".format(model_path, os.path.basename(path)))
-        return {"weights": "unknown (no {})".format(os.path.basename(path)), "trained": False}
-    info = load_json(path, "model info")
-    if not isinstance(info, dict) or not isinstance(info.get("trained"), bool):
-        raise EdgeError("{}: model info must be a JSON object with a boolean 'trained'".format(path))
-    for key in ("sha256", "labels_sha256"):
-        if info.get(key) is not None and not (isinstance(info[key], str) and _SHA256.match(info[key])):
-            raise EdgeError("{}: model info '{}' must be 64 hex digits".format(path, key))
-    named = info.get("artifact", os.path.basename(model_path))
-    if named != os.path.basename(model_path):
-        raise EdgeError("{}: model info describes {!r}, not {} (renamed by hand? rebuild or rename it back)".format(
-            path, str(named)[:80], os.path.basename(model_path)))
-    return info
 
 
 def lookup(info: Dict[str, Any], dotted: str) -> Any:
@@ -183,12 +147,12 @@ def read_set(model_path: str, *, labels: str = "", expected: Optional[Dict[str, 
     `expected` ('source.sha256', 'system.tensorrt', ...). Anything wrong: a one-line EdgeError with the reason
     and, when given, the command that rebuilds it."""
     tail = "; rebuild with: " + rebuild if rebuild else ""
-    found = _in_set(model_path)
+    found = in_set(model_path)
     data = _read_bytes(found, model_path, "model", tail)
     if data is None:
         raise EdgeError("{}: {}".format(model_path, "not built yet" + tail if rebuild else
                                         "model file not found (create it with: edge export)"))
-    info = _model_info(found, model_path, required_info)
+    info = model_info_at(found, model_path, required_info)
     sha = hashlib.sha256(data).hexdigest()
     if required_info and "sha256" not in info:
         raise EdgeError("{}: its model info records no sha256{}".format(model_path, tail))
@@ -395,6 +359,15 @@ def rollback(dest: str, *, verify_kept: Optional[Verify] = None, log: Log = prin
         for note in model.notes:
             log("rollback: " + note)
         store.swap_with_previous(dest)
-    log("rollback: {} restored from {}/ (run rollback again to undo)".format(dest, store.PREVIOUS))
+    log("rollback: {} restored from {}/: {} (run rollback again to undo)".format(
+        dest, store.PREVIOUS, describe_build(model.info)))
     return dest
+
+
+def describe_build(info: Dict[str, Any]) -> str:
+    """What a set's model info says of its build: precision, when, and the gate's verdict."""
+    gate = info.get("gate") if isinstance(info.get("gate"), dict) else {}
+    verdict = gate.get("verdict") or ("passed" if gate.get("passed") else "not gated" if not gate else "failed")
+    return "{} built {}, gate {}{}".format(info.get("precision", "?"), info.get("built_at", "at an unknown date"),
+                                          verdict, "" if gate.get("enforced", True) else " (not enforced)")
 

@@ -49,3 +49,18 @@ for spec in "$@"; do
   exit 1
 done
 {{- end -}}
+
+{{/* A container's resources ({resources, extra}): the memory request is the memory limit, so the pod never uses
+more memory than it asked for (the last kubelet evicts under memory pressure); `extra` are more limits (device
+plugin resources). */}}
+{{- define "jetson-edge.resources" -}}
+{{- $limits := merge (deepCopy (.extra | default dict)) .resources.limits -}}
+{{- toYaml (dict "requests" (dict "cpu" .resources.requests.cpu "memory" .resources.limits.memory) "limits" $limits) -}}
+{{- end -}}
+
+{{/* The pods' PriorityClass: an existing one by name, the chart's own, or none (""). */}}
+{{- define "jetson-edge.priorityClassName" -}}
+{{- if .Values.priorityClass.name -}}{{ .Values.priorityClass.name }}
+{{- else if .Values.priorityClass.create -}}{{ printf "%s-jetson-edge" .Release.Name }}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,154 @@
+"""A user's own model: never called untrained, and `edge model add` records its labels, preprocessing and
+provenance (adapting a BGR or NHWC input once) so that every command feeds it as it was trained."""
+
+import json
+import os
+
+import cv2
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from service_helpers import write_config
+
+from edge.store.model_info import NO_INFO_WEIGHTS, UNTRAINED_WARNING, read_model_info
+
+from conftest import assert_refused, edge_here, run_edge
+
+COLOURS = {"blue": (255, 0, 0), "green": (0, 255, 0), "red": (0, 0, 255)}  # BGR, as OpenCV writes them
+
+
+def colour_model(path, *, layout="nchw", colour="rgb", size=32):
+    """A 3-class classifier whose score of class i is the mean of input channel i: trained on `colour` order, it
+    names an image's dominant colour; its labels (in that order) beside it, no model info."""
+    order = ["red", "green", "blue"] if colour == "rgb" else ["blue", "green", "red"]
+    shape, axes = ([1, 3, size, size], [2, 3]) if layout == "nchw" else ([1, size, size, 3], [1, 2])
+    node = helper.make_node("ReduceMean", ["image"], ["scores"], axes=axes, keepdims=0)
+    graph = helper.make_graph([node], "colour", [helper.make_tensor_value_info("image", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    path.with_suffix(".labels.txt").write_text("\n".join(order) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def colour_images(folder, per_class=2):
+    """An ImageFolder tree: <colour>/<n>.png of that colour."""
+    for name, bgr in COLOURS.items():
+        (folder / name).mkdir(parents=True)
+        for n in range(per_class):
+            cv2.imwrite(str(folder / name / "{}.png".format(n)), np.full((48, 64, 3), bgr, np.uint8))
+    return folder
+
+
+def test_a_model_without_model_info_is_yours_never_untrained(tmp_path):
+    model = colour_model(tmp_path / "mine.onnx")
+    assert read_model_info(model) == {"weights": NO_INFO_WEIGHTS, "trained": True}
+    config = write_config(tmp_path / "edge.yaml", {"preprocess": {"resize": 37, "crop": 32}})
+    proc = run_edge("classify", colour_images(tmp_path / "val"), "--config", config, "--model", model)
+    assert proc.returncode == 0, proc.stderr
+    assert "untrained" not in (proc.stdout + proc.stderr).lower() and "accuracy: top-1 100.0% (6/6)" in proc.stdout
+    proc = run_edge("run", "--config", config, "--model", model, "--source", "synthetic", "--frames", 3, "--json")
+    assert proc.returncode == 0, proc.stderr
+    start = json.loads(proc.stdout.splitlines()[0])
+    assert start["weights"] == NO_INFO_WEIGHTS and start["trained"] is True and "warning" not in start
+    assert "untrained" not in (proc.stdout + proc.stderr).lower() and "weights: " + NO_INFO_WEIGHTS in proc.stderr
+
+
+def test_untrained_stays_for_edges_own_seeded_random_export(small_model):
+    assert read_model_info(small_model)["trained"] is False
+    proc = run_edge("run", "--model", small_model, "--source", "synthetic", "--frames", 3, "--json")
+    assert proc.returncode == 0 and UNTRAINED_WARNING in proc.stderr
+
+
+@pytest.mark.parametrize("layout,colour", [("nchw", "rgb"), ("nchw", "bgr"), ("nhwc", "rgb"), ("nhwc", "bgr")])
+def test_model_add_records_what_the_model_was_trained_with_and_classify_feeds_it_so(tmp_path, layout, colour):
+    model = colour_model(tmp_path / "shapes.onnx", layout=layout, colour=colour)
+    labels = str(tmp_path / "shapes.labels.txt")
+    assert edge_here("model", "add", model, "--labels", labels, "--layout", layout, "--colour", colour,
+                     "--mean", "0,0,0", "--std", "1,1,1", "--expected-top1", "0.96",
+                     "--weights", "colours v1").returncode == 0
+    info = read_model_info(model)
+    assert info["weights"] == "colours v1" and info["trained"] is True and info["expected_top1"] == 0.96
+    assert info["preprocess"] == {"resize": 37, "crop": 32, "mean": [0, 0, 0], "std": [1, 1, 1]}
+    assert info["input"]["shape"] == [1, 3, 32, 32] and info["labels"] == "shapes.labels.txt"
+    assert info.get("trained_input") == (None if (layout, colour) == ("nchw", "rgb") else
+                                         {"colour": colour, "layout": layout})
+    proc = run_edge("classify", colour_images(tmp_path / "val"), "--model", model, "--preprocess", "cpu", "--json")
+    assert proc.returncode == 0, proc.stderr
+    for line in proc.stdout.splitlines():  # each image named as its colour: fed as the model was trained
+        record = json.loads(line)
+        assert record["top"][0]["label"] == os.path.basename(os.path.dirname(record["file"]))
+    assert "accuracy: top-1 100.0% (6/6)" in proc.stderr
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--mean", "2,3"], "--mean must be three numbers"),
+    (["--mean", "0.5,nan,0.5"], "--mean must be three numbers"),
+    (["--std", "0,1,1"], "--std must be three numbers between 0.001 and 1.0"),
+    (["--size", "100"], "its input is [32, 32] pixels, --size 100"),
+    (["--resize", "20"], "--resize 20 must not be smaller than the input size 32"),
+    (["--expected-top1", "96"], "--expected-top1 must be between 0.0 and 1.0"),
+    (["--layout", "nhwc"], "--layout nhwc means [N, H, W, 3]"),
+    (["--labels", "four.txt"], "four.txt: 4 labels, but"),
+    (["--labels", "missing.txt"], "missing.txt: labels file not found"),
+])
+def test_model_add_refuses_a_bad_value_in_one_line_and_writes_nothing(tmp_path, flags, named):
+    model = colour_model(tmp_path / "m.onnx")
+    (tmp_path / "four.txt").write_text("a\nb\nc\nd\n", encoding="utf-8")
+    flags = [str(tmp_path / f) if f.endswith(".txt") else f for f in flags]
+    before = sorted(os.listdir(str(tmp_path)))
+    assert_refused(edge_here("model", "add", model, *flags), named)
+    assert sorted(os.listdir(str(tmp_path))) == before  # no model info, no temporary file
+
+
+def test_model_add_refuses_what_is_not_a_user_model(tmp_path, small_model):
+    (tmp_path / "notes.onnx").write_text("not a model", encoding="utf-8")
+    assert_refused(edge_here("model", "add", tmp_path / "notes.onnx"), "notes.onnx: not a valid ONNX model")
+    assert_refused(edge_here("model", "add", tmp_path / "m.pt"), "m.pt: not an .onnx file")
+    proc = edge_here("model", "add", tmp_path / "notes.onnx", "--colour", "grey")  # argparse's refusal
+    assert proc.returncode == 2 and "invalid choice: 'grey'" in proc.stderr.splitlines()[-1]
+    model = colour_model(tmp_path / "m.onnx", layout="nhwc")
+    assert edge_here("model", "add", model, "--layout", "nhwc").returncode == 0
+    assert_refused(edge_here("model", "add", model, "--layout", "nhwc"), "its input was adapted already")
+    assert edge_here("model", "add", model).returncode == 0  # recorded again: the adaptation is remembered
+    assert read_model_info(model)["trained_input"] == {"colour": "rgb", "layout": "nhwc"}
+
+
+def test_a_build_refuses_a_regression_set_labelled_for_another_model_in_one_line(tmp_path):
+    """The device config's labelled set is ImageNet's (class-index folders): a 3-class model is not gated on it."""
+    model = colour_model(tmp_path / "colours.onnx")
+    assert edge_here("model", "add", model).returncode == 0
+    for i in range(10):  # class-index folders 0..9, as `edge calibrate imagenet` stores 1000
+        (tmp_path / "imagenet" / str(i)).mkdir(parents=True)
+        cv2.imwrite(str(tmp_path / "imagenet" / str(i) / "a.png"), np.full((48, 64, 3), 20 * i, np.uint8))
+    (tmp_path / "frames").mkdir()
+    for i in range(4):
+        cv2.imwrite(str(tmp_path / "frames" / "{}.png".format(i)), np.full((48, 64, 3), 60 * i, np.uint8))
+    imported = {}
+    for name, src in (("regression", "imagenet"), ("calibration", "frames")):
+        proc = run_edge("calibrate", "import", tmp_path / src, tmp_path / name, "--min-images", 1)
+        assert proc.returncode == 0, proc.stderr
+        imported[name] = proc.stdout
+    assert "regression: 10 images in 10 classes" in imported["regression"]  # the gate's advice, not TensorRT's
+    assert "TensorRT recommends" not in imported["regression"] and "TensorRT recommends" in imported["calibration"]
+    config = write_config(tmp_path / "edge.yaml", {"model": {"path": model}, "build": {
+        "calibration_dir": str(tmp_path / "calibration"), "regression_dir": str(tmp_path / "regression"),
+        "engines_dir": str(tmp_path / "engines"), "min_images": 1}})
+    line = assert_refused(run_edge("build", "--config", config, "--no-progress"), str(tmp_path / "regression"))
+    assert "labelled for another model: 7 of its 10 class folders (3, 4, ...) name no class of the model's 3 " \
+           "labels" in line
+    assert not os.path.exists(str(tmp_path / "engines" / "colours.int8.onnx"))
+
+
+def test_an_import_says_which_class_folders_it_kept_by_name_without_labels(tmp_path):
+    """Without --labels a class-name folder cannot be checked at import: it is kept, and the import says so."""
+    from edge.model.calibration import class_index_of, import_calibration_set
+
+    folder = colour_images(tmp_path / "val")
+    lines = []
+    imported = import_calibration_set(str(folder), str(tmp_path / "set"), min_images=1, log=lines.append,
+                                      relabel=class_index_of(None, dict, str(folder)))
+    assert sorted({imported.label_of(n) for n in imported.files}) == ["blue", "green", "red"]
+    assert "import: 3 class folders kept by name (blue, green, red): the build reads them as lines of the " \
+           "model's labels file; pass --labels to check them now" in lines
+    assert not any("TensorRT recommends" in line for line in lines)  # a labelled set: the gate's advice
