@@ -418,7 +418,7 @@ def test_reload_in_process_swaps_the_backend_object(small_model, tmp_path):
         assert rt.stages.backend is not old and old.session is None  # the old one was closed
         assert rt.process(next(frames)).status in ("ok", "miss")
         assert not rt.reload()
-        assert rt.stages.backend.model_path == b and rt.reloads == {"ok": 1, "failed": 1}
+        assert rt.stages.model_path == b and rt.reloads == {"ok": 1, "failed": 1}
 
 
 def test_run_turns_too_many_errors_into_an_exit_code_1_edge_error(small_model):

@@ -65,9 +65,9 @@ def gpu_path(engine_path: str, cuda_graph: bool = False) -> Iterator[Tuple[Any, 
     pre = None
     try:
         pre = CudaPreprocessor(PreprocessConfig(), session)
-        backend.load()
-        pre.write_as(backend.input_dtype)
-        yield pre, backend
+        loaded = backend.load()
+        pre.write_as(loaded.input_dtype)
+        yield pre, loaded
     finally:
         close_stages(pre, backend, session)
 
@@ -115,7 +115,7 @@ def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Ca
         frame = photo("astronaut")
         tensor = pre(frame)
         from_gpu = backend.infer(tensor)
-        assert backend.runner.input_ptr() == tensor.ptr  # the preprocessor's buffer, bound in place
+        assert backend.engine.input_ptr() == tensor.ptr  # the preprocessor's buffer, bound in place
         assert set(backend.device_ms()) == {"infer_gpu", "preprocess_gpu"}
         from_cpu = backend.infer(CpuPreprocessor(PreprocessConfig())(frame))
         np.testing.assert_allclose(from_gpu, from_cpu, atol=1e-2, rtol=1e-2)
