@@ -39,7 +39,7 @@ class CheckOptions(RegressionOptions):
     plot: str = setting("latency-check.png", "PNG figure, 1200x900 px ('' for none)", flag="--plot")
 
 
-def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, clock_root: str = "/",
+def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, *, clock_root: str = "/",
               out: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> Dict[str, Any]:
     """Run the check with config `cfg` (its runtime.budget_ms applies; options.warmup is its runtime.warmup);
     returns the report.
@@ -81,11 +81,12 @@ def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None
     clocks, warnings = with_jtop_clocks(clocks, warnings, telemetry.first)
     if summary["ended_by"] != "frames":
         warnings.append("source ended after {} of {} frames".format(summary["frames"], frames))
-    report = build_report(cfg, runtime.facts, runtime.stages.warning, summary, frames, series.duration_s(),
-                          warnings, telemetry.summary(), system_info(clocks))
+    report = build_report(cfg, summary, facts=runtime.facts, warning=runtime.stages.warning, frames=frames,
+                          duration_s=series.duration_s(), warnings=warnings, telemetry=telemetry.summary(),
+                          system=system_info(clocks))
     if prev:
-        report["comparison"] = compare(report["stages_ms"], prev, previous or "", options.regression_pct,
-                                       options.regression_ms)
+        report["comparison"] = compare(report["stages_ms"], prev, previous or "", pct=options.regression_pct,
+                                       ms=options.regression_ms)
     if plot_path:
         report["figure"] = plot(plot_path, report, series, telemetry.samples, series.t0 or 0.0)
     if json_path:

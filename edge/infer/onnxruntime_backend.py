@@ -47,7 +47,7 @@ def session_options(ort: Any, threads: int, spinning: bool) -> Any:
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, model_path: str, intra_op_threads: int = 0, spinning: bool = True,
+    def __init__(self, model_path: str, intra_op_threads: int = 0, *, spinning: bool = True,
                  emulate_int8: bool = True):
         self.model_path = model_path
         self.intra_op_threads = intra_op_threads  # 0: ORT's default (all cores), measured fastest on 2 cores

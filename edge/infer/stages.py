@@ -132,7 +132,8 @@ def create_stages(cfg: Config) -> StageParts:
         from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
         from edge.infer.preprocess import cpu_preprocessor
 
-        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
+        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads,
+                                     spinning=cfg.backend.intra_op_spinning)
         if pre_device != "cuda":
             return StageParts(cpu_preprocessor(cfg.preprocess), backend, reason)
         session = CudaSession()  # explicit CUDA preprocessing beside ONNX Runtime: a GPU check, the tensor downloaded

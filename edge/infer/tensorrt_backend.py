@@ -132,8 +132,8 @@ class LoadedTensorRT(LoadedBackend):
         with self.session:
             self._events: Tuple[Any, Any] = (self.session.event(), self.session.event())
             # sizes above 1 of an engine with a profile per size
-            self.batch: Optional[BatchRunner] = batch_runner(engine.engine, self.session, inp, engine.output,
-                                                             self._batch_graphs())
+            self.batch: Optional[BatchRunner] = batch_runner(engine.engine, self.session, inp=inp, out=engine.output,
+                                                             graphs=self._batch_graphs())
 
     def _batch_graphs(self) -> Any:
         if not self.cuda_graph:
