@@ -89,6 +89,7 @@ def test_a_runner_is_used_only_through_what_its_load_returned(tmp_path):
         runner.infer(np.ones((1, 3, 8, 8), np.float32))
     loaded = runner.load()
     assert isinstance(loaded, LoadedOnnxRuntime) and runner.load() is loaded  # loaded once
+    assert loaded(np.ones((1, 3, 8, 8), np.float32)).shape == (1, 3)  # the gate's callable
     assert runner.infer(np.ones((1, 3, 8, 8), np.float32)).shape == (1, 3)
     runner.close()
     with pytest.raises(EdgeError, match="not loaded"):

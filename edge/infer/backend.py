@@ -7,8 +7,9 @@
 
 A Runner is what to load (a path, options, a borrowed CUDA session) and nothing loaded: `load()` makes the loaded
 object, a type of its own whose fields are all there (no Optional narrowed frame by frame); `close()` frees it. The
-stages hold the LoadedBackend. `Runner.infer` is the gate's way in (edge.model.plan runs a runner as a callable
-between load() and close()); called unloaded it is one line naming the runner.
+stages hold the LoadedBackend, and a loaded runner is the gate's callable (`with runner as infer`). `Runner.infer`
+is there for edge.model.plan's `_Inference`, which calls load(), infer and close() on the runner itself; called
+unloaded it is one line naming the runner.
 GPU backends accept, besides a NumPy array, the device tensor their paired GPU preprocessor wrote.
 """
 
@@ -30,6 +31,10 @@ class Loaded:
 
     def infer(self, tensor: Any) -> np.ndarray:
         raise NotImplementedError
+
+    def __call__(self, tensor: Any) -> np.ndarray:
+        """A loaded runner is the gate's Infer (edge.model.gate): `with runner as infer: infer(x)`."""
+        return self.infer(tensor)
 
     def close(self) -> None:
         """Free what the load allocated; safe to call twice."""
