@@ -48,16 +48,17 @@ def main() -> None:
         quantize_qdq(args.model, qdq, load_calibration_set(os.path.join(ROOT, "calibration", "default")), pre,
                      "minmax", True, show_progress=False, log=print)
         judged = None
-        for name, backend, precision in (
+        for name, runner, precision in (
                 ("fp32", OnnxRuntimeBackend(args.model), "1"),
                 ("int8 emulated (judged)", OnnxRuntimeBackend(qdq, emulate_int8=True), "1"),
                 ("int8 as served", OnnxRuntimeBackend(qdq), "1"),
                 ("int8 fused, x64quantprecision", OnnxRuntimeBackend(qdq, emulate_int8=False), "1"),
                 ("int8 fused, without it", OnnxRuntimeBackend(qdq, emulate_int8=False), "0")):
-            with precision_option(precision), backend:
+            with precision_option(precision), runner as backend:
                 started = time.monotonic()
                 out = np.stack([np.asarray(backend.infer(x), np.float64).reshape(-1) for x, _ in data])
                 ms = (time.monotonic() - started) / len(data) * 1e3
+                int8 = backend.describe().get("int8", "")
             top1 = np.mean(out.argmax(1) == np.asarray([y for _, y in data]))
             judged = out if judged is None and "judged" in name else judged
             if judged is None or name == "fp32":
@@ -67,7 +68,7 @@ def main() -> None:
                 versus = "agreement with judged {:6.1%}, max relative difference {:.2e}".format(
                     np.mean(out.argmax(1) == judged.argmax(1)), difference.max())
             print("{:<30} top-1 {:6.1%} on {} images, {:6.1f} ms/image  {}  {}".format(
-                name, top1, len(data), ms, versus, backend.describe().get("int8", "")))
+                name, top1, len(data), ms, versus, int8))
 
 
 @contextlib.contextmanager

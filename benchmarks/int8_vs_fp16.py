@@ -34,9 +34,9 @@ def run_frames(engine: str, frames: int) -> Dict[str, float]:
     session = CudaSession()
     wall, device = [], []
     try:
-        backend = TensorRTBackend(engine, session)
+        runner = TensorRTBackend(engine, session)
         pre = CudaPreprocessor(PreprocessConfig(), session)
-        with backend:
+        with runner as backend:
             pre.write_as(backend.input_dtype)
             for i in range(frames + WARMUP):
                 t0 = time.perf_counter()

@@ -33,7 +33,6 @@ from edge.model import quantize
 from edge.model.calibration import load_calibration_set
 from edge.model.export import export_model
 from edge.model.gate import evaluate
-from edge.model.plan import _Inference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,8 +45,8 @@ def busy() -> None:
 def gate_seconds(fp32: str, qdq: str, regression, preprocess, spinning: bool, threads: int = 0):
     """(wall s, CPU s) of one gate run."""
     wall, cpu = time.monotonic(), time.process_time()
-    with _Inference(OnnxRuntimeBackend(fp32, threads, spinning=spinning)) as reference, \
-            _Inference(OnnxRuntimeBackend(qdq, threads, spinning=spinning, emulate_int8=True)) as candidate:
+    with OnnxRuntimeBackend(fp32, threads, spinning=spinning) as reference, \
+            OnnxRuntimeBackend(qdq, threads, spinning=spinning, emulate_int8=True) as candidate:
         evaluate(reference, candidate, regression, preprocess, GateConfig())
     return time.monotonic() - wall, time.process_time() - cpu
 

@@ -27,9 +27,8 @@ def main():
     model = os.path.join(tempfile.mkdtemp(prefix="edge-ort-"), args.arch + ".onnx")
     export_model(args.arch, "random", model, log=lambda *a: None)
     settings = {"default (0)": (0, True), "1 thread": (1, True), "2 threads": (2, True), "0, no spin": (0, False)}
-    backends = {name: OnnxRuntimeBackend(model, threads, spin) for name, (threads, spin) in settings.items()}
-    for backend in backends.values():
-        backend.load()
+    backends = {name: OnnxRuntimeBackend(model, threads, spinning=spin).load()
+                for name, (threads, spin) in settings.items()}
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     samples = {name: [] for name in settings}
     for _ in range(args.rounds):

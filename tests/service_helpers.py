@@ -2,6 +2,7 @@
 files, injectable sources and backends, the service loop on a thread. Each is defined here only (tests/test_static.py
 refuses a second definition)."""
 
+import functools
 import json
 import os
 import shutil
@@ -303,7 +304,8 @@ class RaisingCapture(Capture):
 
 
 class ControlledBackend(OnnxRuntimeBackend):
-    """The real ONNX Runtime backend, with hooks: hang on an Event, fail or slow down chosen calls."""
+    """The real ONNX Runtime backend, with hooks on what it loads: hang on an Event, fail or slow down chosen
+    inferences (the blank run of the load is not counted)."""
 
     def __init__(self, model, slow_every=0, slow_s=0.0, fail_every=0):
         super().__init__(model, 1, spinning=False)
@@ -313,7 +315,12 @@ class ControlledBackend(OnnxRuntimeBackend):
         self.release = threading.Event()
         self.hanging = threading.Event()
 
-    def infer(self, tensor):
+    def _load(self, model):
+        loaded = super()._load(model)
+        loaded.infer = functools.partial(self._infer, loaded.infer)  # what the frame path calls from now on
+        return loaded
+
+    def _infer(self, infer, tensor):
         self.calls += 1
         if self.hang.is_set():
             self.hanging.set()
@@ -324,7 +331,7 @@ class ControlledBackend(OnnxRuntimeBackend):
             raise RuntimeError("injected inference failure")
         if self.slow_every and self.calls % self.slow_every == 0:
             time.sleep(self.slow_s)
-        return super().infer(tensor)
+        return infer(tensor)
 
 
 def stages_with(backend):

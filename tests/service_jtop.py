@@ -24,6 +24,7 @@ import time
 
 SOCKET = "/run/jtop.sock"
 FAKE_SYS = "/fake_sys"
+READY = "jtop.service - service ready"  # the service's log line once its control loop runs
 
 # What the fake board reports, and what a reader should therefore see.
 CPU_CUR_KHZ = 1200000
@@ -185,7 +186,10 @@ class JtopService:
             os.mkdir(FAKE_SYS)
             self.made_fake_sys = True
 
-    def start(self, timeout=15.0):
+    def start(self, timeout=30.0):
+        """Start the service and wait for it to say it serves: its control loop reads the queue from its
+        `service ready` line on (the socket exists earlier, while the service still initialises its board)."""
+        ready = self.log().count(READY)
         env = dict(os.environ, T=self.root, BASE=sys.base_prefix,
                    JTOP=os.path.join(os.path.dirname(sys.executable), "jtop"))
         log = open(self.log_path, "ab")
@@ -194,19 +198,16 @@ class JtopService:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if os.path.exists(SOCKET):
-                time.sleep(0.3)  # the socket exists a moment before the service answers
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.log().count(READY) > ready and os.path.exists(SOCKET):
                 return
-            if self.proc.poll() is not None:
-                break
             time.sleep(0.05)
-        raise RuntimeError("jtop service did not start: " + self.log())
+        raise RuntimeError("jtop service did not start: " + self.log()[-3000:])
 
     def log(self):
         try:
             with open(self.log_path, "r", errors="replace", encoding="utf-8") as fh:
-                return fh.read()[-3000:]
+                return fh.read()
         except OSError:
             return ""
 

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+from store_helpers import debris, state_of
 
 from edge.board import current_system, read_l4t
 from edge.errors import EdgeError
@@ -27,26 +28,6 @@ from edge.store.artifact import (
 from conftest import assert_refused, run_edge
 
 quiet = lambda *a: None  # noqa: E731
-
-
-def snapshot(folder):
-    """{relative path: sha256, or 'link -> target', or 'folder'} of everything under `folder`, dot files too."""
-    out = {}
-    for root, dirs, files in os.walk(str(folder)):
-        for name in files + dirs:
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, str(folder))
-            if os.path.islink(path):
-                out[rel] = "link -> " + os.readlink(path)
-            elif os.path.isdir(path):
-                out[rel] = "folder"
-            else:
-                out[rel] = sha256_file(path)
-    return out
-
-
-def debris(folder):
-    return sorted(rel for rel in snapshot(folder) if os.path.basename(rel).startswith(".") or rel.endswith(".swap"))
 
 
 def staged_copy(src, dest):
@@ -222,7 +203,7 @@ def test_every_file_of_an_artifact_is_0644_whatever_the_umask(tiny_classifiers, 
             rollback(dest, verify_kept=verify_onnx, log=quiet)
         finally:
             os.umask(old)
-        modes = {rel: oct(os.lstat(str(engines / rel)).st_mode & 0o777) for rel, kind in snapshot(engines).items()
+        modes = {rel: oct(os.lstat(str(engines / rel)).st_mode & 0o777) for rel, kind in state_of(engines).items()
                  if kind not in ("folder",) and not kind.startswith("link")}
         assert len(modes) == 6 and set(modes.values()) == {"0o644"}, (umask, modes)  # two sets of three files
         held += 1
@@ -280,11 +261,11 @@ def test_rollback_verifies_what_it_puts_back_and_changes_nothing_otherwise(tiny_
         _install(first, dest, "one")
         _install(second, dest, "two")
         outside = _planted(engines, dest, plant)
-        before, outside_before = snapshot(engines.parent), outside.read_text(encoding="utf-8")
+        before, outside_before = state_of(engines.parent), outside.read_text(encoding="utf-8")
         with pytest.raises(EdgeError) as err:
             rollback(dest, verify_kept=verify_onnx, log=quiet)
         assert "\n" not in str(err.value) and "engines" in str(err.value), (plant, err.value)
-        assert snapshot(engines.parent) == before, plant  # nothing swapped, no .staged or .swap left
+        assert state_of(engines.parent) == before, plant  # nothing swapped, no .staged or .swap left
         assert outside.read_text(encoding="utf-8") == outside_before
         held += 1
     assert held == len(ROLLBACK_PLANTS)
@@ -302,11 +283,11 @@ def test_a_previous_that_is_a_symlink_is_never_written_through(tiny_classifiers,
     target.mkdir()
     shutil.rmtree(str(engines / "previous"), ignore_errors=True)
     os.symlink(str(target), str(engines / "previous"))
-    before = snapshot(tmp_path)
+    before = state_of(tmp_path)
     with pytest.raises(EdgeError, match="previous: is not a folder .*refusing to write through it"):
         _install(second, dest, "two")
     assert os.listdir(str(target)) == []
-    assert {k: v for k, v in snapshot(tmp_path).items() if ".staged" not in k} == before
+    assert {k: v for k, v in state_of(tmp_path).items() if ".staged" not in k} == before
 
 
 
@@ -321,12 +302,12 @@ def test_one_writer_at_a_time_the_second_is_one_line_exit_2(tiny_classifiers, tm
     dest = str(tmp_path / "engines" / "m.int8.onnx")
     labelled(dest, tiny_classifiers[0], "a")
     labelled(dest, tiny_classifiers[1], "b")
-    before = snapshot(tmp_path / "engines")
+    before = state_of(tmp_path / "engines")
     with af.writing(str(tmp_path / "engines"), "edge build"):  # a build (or rebuild, fetch, export) is running
         proc = run_edge("rollback", "--artifact", dest)
         assert_refused(proc, str(tmp_path / "engines"), "in use by another edge command",
                        "pid {}".format(os.getpid()))  # the holder, named
-        assert {k: v for k, v in snapshot(tmp_path / "engines").items() if k != ".lock"} == before
+        assert {k: v for k, v in state_of(tmp_path / "engines").items() if k != ".lock"} == before
     assert not os.path.lexists(str(tmp_path / "engines" / ".lock"))  # a lock file only while held
     assert run_edge("rollback", "--artifact", dest).returncode == 0  # once it has ended
     assert af.read_set(dest).labels == ["a{}".format(i) for i in range(10)]
@@ -381,7 +362,7 @@ def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_pat
     dest = str(engines / "m.int8.onnx")
     labelled(dest, tiny_classifiers[0], "a")
     labelled(dest, tiny_classifiers[1], "b")
-    kept = snapshot(engines)
+    kept = state_of(engines)
     left = [engines / ".m.int8.onnx.0123456789abcdef.staged", engines / ".m.int8.qdq.onnx.fedcba9876543210.staged",
             engines / ".m.int8.gate.json.00112233445566aa.tmp", engines / "m.int8.sets" / ".new-0123456789abcdef",
             engines / ".cache-0123456789abcdef.aabbccddeeff0011", engines / "m.int8.sets" / "0009"]
@@ -396,5 +377,5 @@ def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_pat
         af.rollback(dest, log=quiet)
         af.rollback(dest, log=quiet)
     assert [p for p in left if os.path.lexists(str(p))] == []
-    after = {k: v for k, v in snapshot(engines).items() if k != "m.int8.sets/0001/previous"}  # set by the rollback
+    after = {k: v for k, v in state_of(engines).items() if k != "m.int8.sets/0001/previous"}  # set by the rollback
     assert after == dict(kept, **{"notes.txt": sha256_file(str(engines / "notes.txt"))})

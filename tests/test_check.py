@@ -179,7 +179,8 @@ def test_compare_needs_both_thresholds():
     current = {"a": {"p50": 1.15, "p99": 2.3}, "b": {"p50": 10.5, "p99": 0.5}}
     previous = {"stages_ms": {"a": {"p50": 1.0, "p99": 2.0}, "b": {"p50": 10.0, "p99": 0.0}}}
     defaults = check.CheckOptions()  # 10 % and 0.2 ms
-    result = check_report.compare(current, previous, "prev.json", defaults.regression_pct, defaults.regression_ms)
+    result = check_report.compare(current, previous, "prev.json", pct=defaults.regression_pct,
+                                  ms=defaults.regression_ms)
     assert not result["stages"]["a"]["p50"]["regressed"]  # +15 % but only +0.15 ms
     assert result["stages"]["a"]["p99"]["regressed"]  # +15 % and +0.3 ms
     assert not result["stages"]["b"]["p50"]["regressed"]  # +0.5 ms but only +5 %

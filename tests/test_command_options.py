@@ -69,8 +69,8 @@ def test_the_rebuild_job_built_in_code_is_the_one_the_command_line_gives():
 
 
 def test_the_check_reads_back_exactly_the_options_its_callers_pass():
-    """check_in_process spells the options with as_argv; `edge check`'s parser reads them back unchanged, and no
-    flag given is the declared default."""
+    """Options spelled as flags (as_argv) are read back unchanged by `edge check`'s parser, and no flag given is the
+    declared default."""
     assert options_from(_parse(check_command.add_arguments, []), check.CheckOptions) == check.CheckOptions()
     wanted = check.CheckOptions(frames=7, warmup=0, json="r.json", plot="", regression_pct=2.5, regression_ms=0.0)
     assert options_from(_parse(check_command.add_arguments, as_argv(wanted)), check.CheckOptions) == wanted
@@ -78,7 +78,7 @@ def test_the_check_reads_back_exactly_the_options_its_callers_pass():
 
 
 def test_the_rebuild_spells_neither_the_checks_flags_nor_its_report_keys():
-    """edge.bench.check owns the check's command line (check_in_subprocess) and its report's keys (verdict)."""
+    """edge.bench.check owns the check's options (CheckOptions) and its report's keys (verdict)."""
     import ast
 
     import edge.model.rebuild

@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import yaml
+from store_helpers import debris
 
 from edge.config import load_config
 from edge.model import engine_cache
@@ -64,10 +65,6 @@ def served(dest):
         return None
     model = af.read_set(dest)
     return model.sha256, tuple(model.labels or ())
-
-
-def debris(folder):
-    return sorted(n for root, dirs, files in os.walk(folder) for n in dirs + files if n.startswith("."))
 
 
 def stage_set(folder, name, model, tag):

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import onnx
@@ -286,17 +285,14 @@ def test_sigterm_finishes_the_frame_reports_and_exits_0_promptly(small_model, tm
     try:
         out = Reader(proc)
         out.wait(lambda r: r["event"] == "summary", timeout=120)  # a timed frame is through
-        sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        took = time.monotonic() - sent
+        proc.wait(timeout=30)  # a shutdown that hangs fails here
         out.thread.join(timeout=5)
     finally:
         proc.kill()
     assert proc.returncode == 0, proc.stderr.read()
     report = out.records[-1]
     assert report["event"] == "report" and report["ended_by"] == "signal 15" and report["frames"] > 0
-    print("SIGTERM -> exit: {:.3f} s".format(took))
 
 
 def test_a_sighup_while_starting_is_noted_not_fatal(small_model, tmp_path):
@@ -418,7 +414,7 @@ def test_reload_in_process_swaps_the_backend_object(small_model, tmp_path):
         assert rt.stages.backend is not old and old.session is None  # the old one was closed
         assert rt.process(next(frames)).status in ("ok", "miss")
         assert not rt.reload()
-        assert rt.stages.backend.model_path == b and rt.reloads == {"ok": 1, "failed": 1}
+        assert rt.stages.model_path == b and rt.reloads == {"ok": 1, "failed": 1}
 
 
 def test_run_turns_too_many_errors_into_an_exit_code_1_edge_error(small_model):

@@ -68,3 +68,4 @@ def test_the_reported_sha256_is_of_the_bytes_loaded(tmp_path):
         assert backend.sha256 == loaded
         assert backend.sha256 != hashlib.sha256((tmp_path / "m.onnx").read_bytes()).hexdigest()
         assert backend.infer(np.ones((1, 3, 8, 8), np.float32)).shape == (1, 3)
+

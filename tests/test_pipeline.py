@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from service_helpers import JsonLines, json_lines, write_config
+from service_helpers import ControlledBackend, JsonLines, json_lines, write_config
 
 from edge.config import SourceConfig, load_config
 from edge.infer.latency import LatencyRecorder
@@ -43,11 +43,10 @@ def test_onnxruntime_backend_runs_the_exported_model(small_model):
 
 def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
     cfg = load_config(None)
-    backend = backend or OnnxRuntimeBackend(model)
-    backend.load()
+    loaded = (backend or OnnxRuntimeBackend(model)).load()
     reader = FrameReader(open_capture(SourceConfig(uri=video, fps=1000, loop=loop))).start()
     labels = load_labels(labels_path(model))
-    stages = Stages(CpuPreprocessor(cfg.preprocess), backend, TopK(labels), "test", model)
+    stages = Stages(CpuPreprocessor(cfg.preprocess), loaded, TopK(labels), "test", model)
     return Pipeline(stages, LatencyRecorder(30.0), max_errors), reader
 
 
@@ -69,20 +68,8 @@ def test_pipeline_times_every_stage(small_model, video_file):
     assert pipeline.recorder.frames == len(results)
 
 
-class FlakyBackend(OnnxRuntimeBackend):
-    def __init__(self, model, fail_every):
-        super().__init__(model)
-        self.calls, self.fail_every = 0, fail_every
-
-    def infer(self, tensor):
-        self.calls += 1
-        if self.calls % self.fail_every == 0:
-            raise RuntimeError("injected inference failure")
-        return super().infer(tensor)
-
-
 def test_a_failed_frame_is_counted_and_the_loop_continues(small_model, video_file):
-    pipeline, reader = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=3))
+    pipeline, reader = make_pipeline(small_model, video_file, ControlledBackend(small_model, fail_every=3))
     statuses = []
     try:
         for _ in range(9):
@@ -94,7 +81,8 @@ def test_a_failed_frame_is_counted_and_the_loop_continues(small_model, video_fil
 
 
 def test_too_many_consecutive_failures_raise(small_model, video_file):
-    pipeline, reader = make_pipeline(small_model, video_file, FlakyBackend(small_model, fail_every=1), max_errors=2)
+    failing = ControlledBackend(small_model, fail_every=1)
+    pipeline, reader = make_pipeline(small_model, video_file, failing, max_errors=2)
     try:
         pipeline.process(reader.get())
         pipeline.process(reader.get())

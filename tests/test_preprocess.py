@@ -46,7 +46,7 @@ def test_geometry_matches_torchvision(w, h):
     import torch
     import torchvision.transforms.functional as F
 
-    g = crop_geometry(w, h, 256, 224)
+    g = crop_geometry(w, h, resize=256, crop=224)
     new_h, new_w = F.resize(torch.zeros(1, h, w), 256, antialias=True).shape[1:]
     assert (g.src_w / g.scale_x, g.src_h / g.scale_y) == pytest.approx((new_w, new_h))
     assert g.offset_y == int(round((new_h - 224) / 2.0)) and g.offset_x == int(round((new_w - 224) / 2.0))
@@ -72,7 +72,7 @@ def test_weights_rows_sum_to_one():
     import torchvision.transforms.functional as F
 
     # one axis of a 1280-wide frame resized to 455 and cropped to 224 from 116
-    matrix, first = axis_weights(224, 116, 1280 / 455, 1280)
+    matrix, first = axis_weights(224, offset=116, scale=1280 / 455, in_size=1280)
     assert np.allclose(matrix.sum(axis=1), 1.0, atol=1e-6)
     # the source window [first, first + span) is where those 224 samples come from: torchvision's resize and crop
     line = np.random.default_rng(0).random(1280)

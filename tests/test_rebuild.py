@@ -134,6 +134,41 @@ def test_dry_run_prints_the_plan_and_changes_nothing(ws, capsys, monkeypatch):
     assert tree(ws, "") == before
 
 
+def test_the_latency_step_measures_in_this_process(ws, capsys, monkeypatch):
+    """The figures the installed model info records are those of edge check's run in the rebuild's own process (no
+    `edge check` process whose JSON is read back): the candidate's stages, timed through the Runtime."""
+    from edge.model import rebuild as steps
+
+    measured = []
+
+    def spy(cfg, options, **kw):
+        report = real(cfg, options, **kw)
+        measured.append((os.getpid(), cfg.model.path, report))
+        return report
+
+    started = []
+
+    class Recorded(subprocess.Popen):  # what the check's system facts run (uname) is fine; an `edge` is not
+        def __init__(self, args, *a, **kw):
+            started.append(list(args) if isinstance(args, (list, tuple)) else [args])
+            super().__init__(args, *a, **kw)
+
+    real = steps.run_check
+    monkeypatch.setattr(steps, "run_check", spy)
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    monkeypatch.chdir(ws)
+    rc, out, err = rebuild_cli(capsys, "--config", "cfg.yaml", "--no-reload", *CHEAP)
+    assert rc == 0, out[-3000:] + err
+    [(pid, model, report)] = measured
+    assert pid == os.getpid() and os.path.basename(model) == "candidate.onnx"
+    assert not [argv for argv in started if "edge" in " ".join(map(str, argv))], started
+    recorded = json.loads((ws / "engines/m.int8.json").read_text(encoding="utf-8"))["latency"]
+    end_to_end = report["stages_ms"]["end_to_end"]
+    assert (recorded["p50_ms"], recorded["p99_ms"]) == (end_to_end["p50"], end_to_end["p99"])
+    assert recorded["frames"] == report["frames"] == 5 and recorded["verdict"] == "pass"
+    assert json.loads((ws / "engines/m.int8.latency.json").read_text(encoding="utf-8")) == report
+
+
 def test_reload_target_is_checked_before_any_work(ws, capsys, monkeypatch):
     monkeypatch.chdir(ws)
     before = tree(ws, "")

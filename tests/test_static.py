@@ -65,7 +65,7 @@ def test_a_schedule_naming_a_missing_or_repeated_file_is_refused():
         "test_static.py is listed twice", "test_gone.py is no file in " + HERE]
 
 
-SHARED_HELPERS = ("conftest.py", "service_helpers.py")
+SHARED_HELPERS = ("conftest.py", "service_helpers.py", "store_helpers.py")
 
 
 def _defined(path, top_level_only):

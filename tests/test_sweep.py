@@ -160,9 +160,9 @@ def test_compare_flags_a_cell_that_got_worse():
     now = [cell_figures([window(40, 20)] * 3, streams=2, batch=2, fps=30.0, budget_ms=30.0, stable=True,
                         all_windows=3)]
     before = {"cells": [dict(now[0], goodput_fps=60.0, p99_ms=12.0)]}
-    result = compare(now, before, "old.json", 10.0, 0.5)
+    result = compare(now, before, "old.json", pct=10.0, ms=0.5)
     assert len(result["regressions"]) == 2 and "goodput_fps" in result["regressions"][0]
-    assert not compare(now, {"cells": now}, "same.json", 10.0, 0.5)["regressions"]
+    assert not compare(now, {"cells": now}, "same.json", pct=10.0, ms=0.5)["regressions"]
 
 
 @pytest.mark.parametrize("args, names", [

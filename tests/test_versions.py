@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 import pytest
+from store_helpers import state_of
 
 from edge.errors import EdgeError
 from edge.store import artifact as af
@@ -18,23 +19,6 @@ from edge.store import durable, versions
 from conftest import NOBODY, assert_refused, run_edge
 
 quiet = lambda *a: None  # noqa: E731
-
-
-def tree(folder):
-    """{relative path: bytes, 'link -> target' or 'folder'} of everything under `folder` (the lock file aside)."""
-    out = {}
-    for root, dirs, files in os.walk(str(folder)):
-        for name in files + dirs:
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, str(folder))
-            if os.path.islink(path):
-                out[rel] = "link -> " + os.readlink(path)
-            elif os.path.isdir(path):
-                out[rel] = "folder"
-            elif name != versions.LOCK:
-                with open(path, "rb") as fh:
-                    out[rel] = fh.read()
-    return out
 
 
 def install(dest, model, tag):
@@ -83,13 +67,13 @@ def test_a_current_link_the_store_did_not_write_is_refused_and_nothing_is_remove
     if spelling == "LOOP":
         os.symlink("current", os.path.join(sets, "loop"))
     relink(current, {"ABSOLUTE": os.path.join(sets, "0002"), "LOOP": "loop"}.get(spelling, spelling))
-    before = tree(tmp_path)
+    before = state_of(tmp_path)
     refused_in_one_line(lambda: af.read_set(dest), current)  # a reader: served before
     refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), current)
     refused_in_one_line(lambda: af.rollback(dest, log=quiet), current)
     refused_in_one_line(lambda: af.writable_set(dest, "artifact"), current)  # a build's preflight
     assert_refused(run_edge("rollback", "--artifact", dest), current)
-    assert tree(tmp_path) == before  # nothing removed, nothing written
+    assert state_of(tmp_path) == before  # nothing removed, nothing written
 
 
 def test_doctor_no_longer_says_a_foreign_current_can_run(tiny_classifiers, tmp_path):
@@ -109,11 +93,11 @@ def test_a_previous_link_the_store_did_not_write_is_refused_and_nothing_is_remov
     previous = os.path.join(sets, "0002", "previous")
     for target in ("../0001/", os.path.join(sets, "0001"), "previous"):
         relink(previous, target)
-        before = tree(tmp_path)
+        before = state_of(tmp_path)
         refused_in_one_line(lambda: af.read_set(str(tmp_path / "engines" / "previous" / "m.int8.onnx")), previous)
         refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), previous)
         assert_refused(run_edge("rollback", "--artifact", dest), previous)
-        assert tree(tmp_path) == before, target
+        assert state_of(tmp_path) == before, target
 
 
 def test_a_flat_copy_beside_a_foreign_link_never_costs_the_sets_folder(tiny_classifiers, tmp_path):
@@ -126,9 +110,9 @@ def test_a_flat_copy_beside_a_foreign_link_never_costs_the_sets_folder(tiny_clas
         with open(path, "wb") as fh:
             fh.write(data)
     relink(os.path.join(sets, "current"), "0002/")
-    before = tree(tmp_path)
+    before = state_of(tmp_path)
     refused_in_one_line(lambda: install(dest, tiny_classifiers[0], "c"), os.path.join(sets, "current"))
-    assert tree(tmp_path) == before
+    assert state_of(tmp_path) == before
 
 
 def test_a_copy_that_resolved_the_links_migrates_as_its_plain_files(tiny_classifiers, tmp_path):
@@ -160,14 +144,14 @@ def test_a_set_folder_that_is_a_symlink_loop_is_named_as_one(tiny_classifiers, t
 
 def test_nothing_current_or_its_previous_resolves_to_is_removed(tiny_classifiers, tmp_path):
     dest, sets = two_sets(tmp_path, tiny_classifiers)
-    kept = {n: tree(os.path.join(sets, n)) for n in ("0001", "0002")}
+    kept = {n: state_of(os.path.join(sets, n)) for n in ("0001", "0002")}
     os.symlink("0002", os.path.join(sets, "0009"))  # leftovers that resolve to the sets kept
     os.symlink(os.path.join(sets, "0001"), os.path.join(sets, ".new-0123456789abcdef"))
     os.mkdir(os.path.join(sets, "0007"))  # a set no link reaches
     with af.writing(str(tmp_path / "engines"), "test"):
         removed = versions.collect(sets)
     assert sorted(removed) == [".new-0123456789abcdef", "0007", "0009"]
-    assert {n: tree(os.path.join(sets, n)) for n in ("0001", "0002")} == kept
+    assert {n: state_of(os.path.join(sets, n)) for n in ("0001", "0002")} == kept
     assert sorted(os.listdir(sets)) == ["0001", "0002", "current"]
 
 

@@ -1,18 +1,15 @@
 """The on-device latency check's run: warm-up, then N timed frames through the same Runtime `edge run` uses, a
-report (edge.bench.check_report) with a verdict, and that verdict read back by those that run the check (the
-rebuild's latency step). `edge check` (edge/cli/check.py) is its command line."""
+report (edge.bench.check_report) with a verdict, and that verdict read back by those that run the check: `edge check`
+(edge/cli/check.py, its command line) and the rebuild's latency step, in the rebuild's own process."""
 
 import io
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
-from edge.config import Config, as_dict, with_overrides
-from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, first_line, require
-from edge.fields import as_argv, check_options, declared_range, setting
-from edge.inputs import load_json
+from edge.config import Config, with_overrides
+from edge.errors import EdgeError, first_line, require
+from edge.fields import check_options, declared_range, setting
 from edge.store.fileio import check_output, write_json_atomic
 
 MAX_FRAMES = 1000000  # the per-frame series are kept in memory (6 stages x 8 bytes per frame)
@@ -33,7 +30,7 @@ class RegressionOptions:
 @dataclass(frozen=True)
 class CheckOptions(RegressionOptions):
     """`edge check`'s own flags with their defaults and bounds, declared once (edge.fields); a caller that runs the
-    check in code or as a process (the rebuild's latency step) builds these."""
+    check in code (the rebuild's latency step) builds these."""
 
     frames: int = setting(1000, "timed frames", low=1, high=MAX_FRAMES, flag="--frames")
     warmup: int = setting(50, "frames run first and not timed (engine, caches, clocks)", low=_WARMUP_LOW,
@@ -42,7 +39,7 @@ class CheckOptions(RegressionOptions):
     plot: str = setting("latency-check.png", "PNG figure, 1200x900 px ('' for none)", flag="--plot")
 
 
-def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, clock_root: str = "/",
+def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, *, clock_root: str = "/",
               out: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> Dict[str, Any]:
     """Run the check with config `cfg` (its runtime.budget_ms applies; options.warmup is its runtime.warmup);
     returns the report.
@@ -84,11 +81,12 @@ def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None
     clocks, warnings = with_jtop_clocks(clocks, warnings, telemetry.first)
     if summary["ended_by"] != "frames":
         warnings.append("source ended after {} of {} frames".format(summary["frames"], frames))
-    report = build_report(cfg, runtime.facts, runtime.stages.warning, summary, frames, series.duration_s(),
-                          warnings, telemetry.summary(), system_info(clocks))
+    report = build_report(cfg, summary, facts=runtime.facts, warning=runtime.stages.warning, frames=frames,
+                          duration_s=series.duration_s(), warnings=warnings, telemetry=telemetry.summary(),
+                          system=system_info(clocks))
     if prev:
-        report["comparison"] = compare(report["stages_ms"], prev, previous or "", options.regression_pct,
-                                       options.regression_ms)
+        report["comparison"] = compare(report["stages_ms"], prev, previous or "", pct=options.regression_pct,
+                                       ms=options.regression_ms)
     if plot_path:
         report["figure"] = plot(plot_path, report, series, telemetry.samples, series.t0 or 0.0)
     if json_path:
@@ -130,20 +128,3 @@ def verdict(report: Any, where: str) -> CheckVerdict:
     except (KeyError, TypeError) as exc:
         raise EdgeError("{}: not a latency report ({})".format(where, first_line(exc))) from None
     return CheckVerdict(summary["verdict"] == "pass", str(summary["verdict_reason"]), summary)
-
-
-def check_in_subprocess(cfg: Config, options: CheckOptions, work: str) -> CheckVerdict:
-    """`edge check` with `cfg` (written to `work`) in a process of its own, as a user runs it: its own runtime, signal
-    handling and device memory, all gone when it exits. options.json (required) receives the report.
-    A check that could not run (exit other than 0 or 1) is an EdgeError with its last error line."""
-    if not options.json:
-        raise EdgeError("check_in_subprocess: options.json must name the report")
-    config = os.path.join(work, "check.yaml")
-    write_json_atomic(config, as_dict(cfg))  # JSON is YAML
-    command = [sys.executable, "-m", "edge", "check", "--config", config] + as_argv(options)
-    proc = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace")
-    if proc.returncode not in (EXIT_OK, EXIT_FAIL) or not os.path.isfile(options.json):
-        lines = proc.stderr.strip().splitlines()
-        raise EdgeError("latency check: edge check exited {}: {}".format(
-            proc.returncode, lines[-1] if lines else "no output"), exit_code=EXIT_FAIL)
-    return verdict(load_json(options.json, "latency report"), options.json)

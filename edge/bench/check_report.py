@@ -19,7 +19,7 @@ TELEMETRY_METRICS = (("temperature_c", "temperature (°C)"), ("gpu_clock_mhz", "
                      ("power_w", "power (W)"))
 
 
-def build_report(cfg: Config, facts: Dict[str, Any], warning: Optional[str], summary: Dict[str, Any], frames: int,
+def build_report(cfg: Config, summary: Dict[str, Any], *, facts: Dict[str, Any], warning: Optional[str], frames: int,
                  duration_s: float, warnings: List[str], telemetry: Dict[str, Any],
                  system: Dict[str, Any]) -> Dict[str, Any]:
     """The report (edge.bench.report.SCHEMA_VERSION, docs/latency-check.md) of a run's `summary`
@@ -201,7 +201,7 @@ def load_previous(path: str) -> Dict[str, Any]:
     return report.load_previous(path, tool="edge check", rows="stages_ms")
 
 
-def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: str, pct: float,
+def compare(current: Dict[str, Any], previous: Dict[str, Any], previous_path: str, *, pct: float,
             ms: float) -> Dict[str, Any]:
     """Per-stage p50/p99 deltas (edge.bench.report.judge: worse by more than `pct` percent AND `ms` ms)."""
     stages: Dict[str, Any] = {}

@@ -281,7 +281,7 @@ def _check_cell(path: str, where: str, cell: Any) -> None:
                                                                                          show(value)))
 
 
-def compare(cells: List[Dict[str, Any]], previous: Dict[str, Any], path: str, pct: float,
+def compare(cells: List[Dict[str, Any]], previous: Dict[str, Any], path: str, *, pct: float,
             ms: float) -> Dict[str, Any]:
     """Cell by cell (same cameras and batch), by edge.bench.report.judge: goodput lower by more than `pct` percent,
     or p99 higher by more than `pct` percent and `ms` ms, is a regression."""

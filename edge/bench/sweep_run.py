@@ -39,7 +39,7 @@ class SweepCamera(Capture):
 
     live = True
 
-    def __init__(self, frames: List[np.ndarray], fps: float, phase_s: float, jitter_s: float, seed: int):
+    def __init__(self, frames: List[np.ndarray], *, fps: float, phase_s: float, jitter_s: float, seed: int):
         self.frames, self.period, self.phase_s, self.jitter_s = frames, 1.0 / fps, phase_s, jitter_s
         self.rng = random.Random(seed)
         self.description = "synthetic {}x{}@{:g}, phase {:.1f} ms, jitter {:g} ms".format(
@@ -158,8 +158,8 @@ def open_window(cfg: Config, stages: Any, frames: List[np.ndarray], *, streams: 
     from edge.service.signals import StopFlag
 
     rng = random.Random(seed)
-    cameras = {"cam{}".format(i): SweepCamera(frames, fps, rng.uniform(0.0, 1.0 / fps), jitter_s,
-                                              rng.randrange(1 << 30)) for i in range(streams)}
+    cameras = {"cam{}".format(i): SweepCamera(frames, fps=fps, phase_s=rng.uniform(0.0, 1.0 / fps), jitter_s=jitter_s,
+                                              seed=rng.randrange(1 << 30)) for i in range(streams)}
     window_cfg = with_overrides(cfg, {"sources": [{"name": name} for name in cameras], "source.fps": fps,
                                       "runtime.batching.max_batch": batch, "runtime.frames": 0,
                                       "runtime.warmup": WARMUP_FRAMES, "service.metrics.enabled": False})
@@ -293,8 +293,8 @@ def run_sweep(cfg: Config, options: SweepOptions, out: Callable[[str], None] = p
                 "frame": [cfg.source.width, cfg.source.height]}
     report = build_report(results, settings, facts, system_info(clock_state()[0]))
     if previous is not None:
-        report["comparison"] = compare(results, previous, options.compare, options.regression_pct,
-                                       options.regression_ms)
+        report["comparison"] = compare(results, previous, options.compare, pct=options.regression_pct,
+                                       ms=options.regression_ms)
     write_outputs(report, options)
     out(format_report(report))
     return report

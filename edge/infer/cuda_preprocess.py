@@ -207,7 +207,7 @@ class CudaPreprocessor(Preprocessor):
                 copy_frame(staging.host, frame)
                 source = staging.host
                 self.copied += 1
-            g = crop_geometry(frame.shape[1], frame.shape[0], self.cfg.resize, self.cfg.crop)
+            g = crop_geometry(frame.shape[1], frame.shape[0], resize=self.cfg.resize, crop=self.cfg.crop)
             self._start.record(stream)
             drv.memcpy_htod_async(staging.device, source, stream)
             grid = ((g.crop + _BLOCK[0] - 1) // _BLOCK[0], (g.crop + _BLOCK[1] - 1) // _BLOCK[1])

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from edge.errors import EdgeError, first_line, require
-from edge.infer.backend import Backend
+from edge.infer.backend import Backend, LoadedBackend
 from edge.infer.postprocess import check_first_output
 from edge.infer.qdq_emulation import emulated_model, is_qdq
 from edge.store.artifact import ModelSet, read_set
@@ -47,7 +47,7 @@ def session_options(ort: Any, threads: int, spinning: bool) -> Any:
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, model_path: str, intra_op_threads: int = 0, spinning: bool = True,
+    def __init__(self, model_path: str, intra_op_threads: int = 0, *, spinning: bool = True,
                  emulate_int8: bool = True):
         self.model_path = model_path
         self.intra_op_threads = intra_op_threads  # 0: ORT's default (all cores), measured fastest on 2 cores
@@ -56,11 +56,8 @@ class OnnxRuntimeBackend(Backend):
         # on any CPU, and faster than the fused int8 kernels on AVX2 and VNNI (benchmarks/int8_served.py); False:
         # ONNX Runtime's fused int8 kernels (the gate's this_cpu_int8_kernels figure, the benchmark)
         self.emulate_int8 = emulate_int8
-        self.session: Optional[Any] = None
-        self.sha256 = "unknown"  # of the bytes read from model_path, the ones the session was made from
-        self._int8 = "none"
 
-    def load(self, model: Optional[ModelSet] = None) -> None:
+    def _load(self, model: Optional[ModelSet]) -> "LoadedOnnxRuntime":
         ort, onnx = require("onnxruntime"), require("onnx")
         model = model or read_set(self.model_path)
         model_bytes = model.data  # read once: the session, the checks and the sha256 see the same bytes
@@ -69,29 +66,18 @@ class OnnxRuntimeBackend(Backend):
         except Exception as exc:  # protobuf's DecodeError
             raise EdgeError("{}: not a loadable ONNX model: {}".format(self.model_path, first_line(exc))) from None
         self._check_model(graph_model)
-        self.sha256 = model.sha256
-        self.probabilities = ends_in_softmax(graph_model.graph)
+        int8 = "none"
         if is_qdq(graph_model):
-            self._int8 = "emulated" if self.emulate_int8 else "onnxruntime-kernels"
+            int8 = "emulated" if self.emulate_int8 else "onnxruntime-kernels"
             if self.emulate_int8:
                 model_bytes = emulated_model(graph_model).SerializeToString()
         try:
-            self.session = ort.InferenceSession(model_bytes, session_options(ort, self.intra_op_threads, self.spinning),
-                                                providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(model_bytes, session_options(ort, self.intra_op_threads, self.spinning),
+                                           providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own exception types for bad files
             raise EdgeError("{}: not a loadable ONNX model: {}".format(self.model_path, first_line(exc))) from None
-        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        self._input_name = inputs[0].name
-        self._output_names = [outputs[0].name]
-        self.max_batch = 1 if isinstance(inputs[0].shape[0], int) else DYNAMIC_MAX_BATCH
-        self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
-        try:
-            blank = self.session.run(self._output_names, {self._input_name: np.zeros(self._input_shape, np.float32)})
-        except Exception as exc:  # a model that cannot run here fails every frame: refuse it now
-            self.session = None
-            raise EdgeError("{}: does not run on a blank input: {}".format(self.model_path, first_line(exc))) from None
-        check_first_output(np.asarray(blank[0]), self.model_path)
-        self._output_shape = tuple(np.asarray(blank[0]).shape)
+        return LoadedOnnxRuntime(self, session, sha256=model.sha256, probabilities=ends_in_softmax(graph_model.graph),
+                                 int8=int8)
 
     def _check_model(self, model: Any) -> None:
         """Refused at load, naming the file: what would otherwise fail every frame or read other bytes."""
@@ -111,6 +97,29 @@ class OnnxRuntimeBackend(Backend):
             raise EdgeError("{}: input '{}' is {} {}; the pipeline gives float32 [1, 3, H, W]".format(
                 self.model_path, inputs[0].name, elem, [d if d is not None else "?" for d in dims]))
 
+
+class LoadedOnnxRuntime(LoadedBackend):
+    """An ONNX Runtime session that ran once on a blank input (refused at load, naming the file, if it cannot)."""
+
+    name = OnnxRuntimeBackend.name
+
+    def __init__(self, runner: OnnxRuntimeBackend, session: Any, *, sha256: str, probabilities: bool,
+                 int8: str) -> None:
+        self.runner, self.session = runner, session
+        self.sha256, self.probabilities, self._int8 = sha256, probabilities, int8
+        inputs, outputs = session.get_inputs(), session.get_outputs()
+        self._input_name = inputs[0].name
+        self._output_names = [outputs[0].name]
+        self.max_batch = 1 if isinstance(inputs[0].shape[0], int) else DYNAMIC_MAX_BATCH
+        self._input_shape = tuple(d if isinstance(d, int) else 1 for d in inputs[0].shape)
+        try:
+            blank = np.asarray(self.infer(np.zeros(self._input_shape, np.float32)))
+        except Exception as exc:  # a model that cannot run here fails every frame: refuse it now
+            raise EdgeError("{}: does not run on a blank input: {}".format(runner.model_path, first_line(exc))) \
+                from None
+        check_first_output(blank, runner.model_path)
+        self._output_shape = tuple(blank.shape)
+
     @property
     def input_shape(self) -> Tuple[int, ...]:
         return self._input_shape
@@ -120,23 +129,23 @@ class OnnxRuntimeBackend(Backend):
         return self._output_shape
 
     def infer(self, tensor: Any) -> np.ndarray:
-        assert self.session is not None, "load() first"
         return self.session.run(self._output_names, {self._input_name: np.asarray(tensor)})[0]  # a DeviceTensor too
 
     def describe(self) -> Dict[str, Any]:
+        runner = self.runner
         described: Dict[str, Any] = {
             "backend": self.name,
-            "model": self.model_path,
+            "model": runner.model_path,
             "precision": "fp32" if self._int8 == "none" else "int8-qdq",
-            "threads": self.intra_op_threads or "auto",
-            "spinning": self.spinning,
+            "threads": runner.intra_op_threads or "auto",
+            "spinning": runner.spinning,
         }
         if self._int8 != "none":
             described["int8"] = self._int8
         return described
 
     def close(self) -> None:
-        self.session = None
+        self.session = None  # ONNX Runtime frees it with its last reference
 
 
 def ends_in_softmax(graph: Any) -> bool:

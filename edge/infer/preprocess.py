@@ -91,7 +91,7 @@ def model_preprocess(cfg: PreprocessConfig, info: Dict[str, Any], model_path: st
     return dataclasses.replace(cfg, **chosen)
 
 
-def crop_geometry(src_w: int, src_h: int, resize: int, crop: int) -> Geometry:
+def crop_geometry(src_w: int, src_h: int, *, resize: int, crop: int) -> Geometry:
     if src_w <= src_h:
         new_w, new_h = resize, int(resize * src_h / src_w)
     else:
@@ -104,7 +104,7 @@ def crop_geometry(src_w: int, src_h: int, resize: int, crop: int) -> Geometry:
     )
 
 
-def axis_weights(n_out: int, offset: int, scale: float, in_size: int) -> Tuple[np.ndarray, int]:
+def axis_weights(n_out: int, *, offset: int, scale: float, in_size: int) -> Tuple[np.ndarray, int]:
     """Dense (n_out, span) float32 resampling matrix over source indices [first, first + span)."""
     support = max(scale, 1.0)
     taps: List[Tuple[int, np.ndarray]] = []
@@ -138,8 +138,8 @@ class _Plan:
 
     def __init__(self, geometry: Geometry):
         g = geometry
-        wy, self.y0 = axis_weights(g.crop, g.offset_y, g.scale_y, g.src_h)
-        wx, self.x0 = axis_weights(g.crop, g.offset_x, g.scale_x, g.src_w)
+        wy, self.y0 = axis_weights(g.crop, offset=g.offset_y, scale=g.scale_y, in_size=g.src_h)
+        wx, self.x0 = axis_weights(g.crop, offset=g.offset_x, scale=g.scale_x, in_size=g.src_w)
         self.y1, self.x1 = self.y0 + wy.shape[1], self.x0 + wx.shape[1]
         self.rows = _blocks(wy)
         # Horizontal pass on interleaved BGR rows: column weights expanded to act on x*3+c.
@@ -181,7 +181,7 @@ class CpuPreprocessor(Preprocessor):
         self._plans: "OrderedDict[Tuple[int, int], _Plan]" = OrderedDict()  # most recently used last
 
     def geometry(self, frame_shape: Tuple[int, ...]) -> Geometry:
-        return crop_geometry(frame_shape[1], frame_shape[0], self.cfg.resize, self.cfg.crop)
+        return crop_geometry(frame_shape[1], frame_shape[0], resize=self.cfg.resize, crop=self.cfg.crop)
 
     def _plan(self, shape: Tuple[int, ...]) -> _Plan:
         key = (shape[0], shape[1])

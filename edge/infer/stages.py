@@ -10,13 +10,13 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from edge.config import Config, with_overrides
 from edge.errors import EdgeError
-from edge.infer.backend import Backend
+from edge.infer.backend import Backend, LoadedBackend
 from edge.infer.cuda_session import CudaSession
 from edge.infer.postprocess import Prediction, TopK
 from edge.infer.preprocess import Preprocessor, model_preprocess
@@ -32,7 +32,7 @@ STAGE_KEYS = ("model.", "preprocess.", "backend.", "runtime.top_k")
 @dataclass
 class Stages:
     preprocess: Preprocessor
-    backend: Backend  # loaded
+    backend: LoadedBackend
     postprocess: TopK
     reason: str  # why this backend and preprocessor were chosen
     model_path: str
@@ -98,7 +98,8 @@ class Stages:
         close_stages(self.preprocess, self.backend, self.session)
 
 
-def close_stages(preprocessor: Preprocessor, backend: Backend, session: Optional[CudaSession] = None) -> None:
+def close_stages(preprocessor: Preprocessor, backend: Union[Backend, LoadedBackend],
+                 session: Optional[CudaSession] = None) -> None:
     """The preprocessor, then the backend, then the CUDA session both ran on: each one even if one before fails."""
     with contextlib.ExitStack() as later:
         if session is not None:
@@ -118,7 +119,7 @@ class StageParts(NamedTuple):
     """What a stages factory makes: CPU stages hold no CUDA session."""
 
     preprocessor: Preprocessor
-    backend: Any  # not yet loaded
+    backend: Backend  # not yet loaded
     reason: str
     session: Optional[CudaSession] = None
 
@@ -131,7 +132,8 @@ def create_stages(cfg: Config) -> StageParts:
         from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
         from edge.infer.preprocess import cpu_preprocessor
 
-        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads, cfg.backend.intra_op_spinning)
+        backend = OnnxRuntimeBackend(cfg.model.path, cfg.backend.intra_op_threads,
+                                     spinning=cfg.backend.intra_op_spinning)
         if pre_device != "cuda":
             return StageParts(cpu_preprocessor(cfg.preprocess), backend, reason)
         session = CudaSession()  # explicit CUDA preprocessing beside ONNX Runtime: a GPU check, the tensor downloaded
@@ -167,7 +169,7 @@ def preprocessor_on_session(cfg: Config, session: CudaSession, device: str, reas
     return cpu_preprocessor(cfg.preprocess), reason
 
 
-def check_fit(cfg: Config, backend: Backend, labels_file: str, labels: int) -> None:
+def check_fit(cfg: Config, backend: LoadedBackend, labels_file: str, labels: int) -> None:
     """A model that does not fit the config is refused at load (exit 2, naming the file), not frame by frame."""
     shape = tuple(backend.input_shape)
     crop = cfg.preprocess.crop
@@ -210,14 +212,14 @@ def build_stages(cfg: Config, factory: Callable[[Config], Any] = create_stages) 
         model = read_set(cfg.model.path, labels=cfg.model.labels)
         if model.info != info:  # an install or rollback switched the set in between
             raise EdgeError("{}: its set changed while it was being loaded; load it again".format(cfg.model.path))
-        backend.load(model)
-        preprocessor.write_as(backend.input_dtype)  # a GPU preprocessor writes the engine's input dtype
+        loaded = backend.load(model)
+        preprocessor.write_as(loaded.input_dtype)  # a GPU preprocessor writes the engine's input dtype
         if model.labels is None:
             raise EdgeError("{}: labels file not found".format(model.labels_path))
-        check_fit(cfg, backend, model.labels_path, len(model.labels))
-        postprocess = TopK(model.labels, cfg.runtime.top_k, backend.probabilities)
-        return Stages(preprocessor, backend, postprocess, reason, cfg.model.path, model.info, model.sha256,
-                      dict(backend.describe()), session, model.notes, fallback[1] if fallback else None)
+        check_fit(cfg, loaded, model.labels_path, len(model.labels))
+        postprocess = TopK(model.labels, cfg.runtime.top_k, loaded.probabilities)
+        return Stages(preprocessor, loaded, postprocess, reason, cfg.model.path, model.info, model.sha256,
+                      dict(loaded.describe()), session, model.notes, fallback[1] if fallback else None)
     except BaseException:
         close_stages(preprocessor, backend, session)
         raise

@@ -25,13 +25,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edge.errors import EdgeError, first_line
-from edge.infer.backend import Backend
+from edge.errors import EXIT_FAIL, EdgeError, first_line
+from edge.infer.backend import Backend, LoadedBackend
 from edge.infer.cuda_preprocess import DeviceTensor
 from edge.infer.cuda_session import CudaSession, driver_library
 from edge.infer.postprocess import check_first_output
 from edge.infer.tensorrt_batch import BatchRunner, batch_runner
-from edge.infer.tensorrt_runner import EngineRunner, require_tensorrt
+from edge.infer.tensorrt_runner import EngineRunner, LoadedEngine, require_tensorrt
 from edge.store.artifact import ModelSet, check_engine, lookup, read_set
 
 _GRAPH_TRIALS = 20  # launches timed each way before deciding on a CUDA graph
@@ -90,46 +90,50 @@ class TensorRTBackend(Backend):
         self.config_path = config_path  # named in a refusal's remedy
         self.session = session  # its owner's (edge.infer.stages), released after close()
         self.cuda_graph = cuda_graph
-        self.runner = EngineRunner(engine_path, session)
-        self._device_ms: Dict[str, float] = {}
-        self.graph_status = "off (backend.cuda_graph: false)" if not cuda_graph else "not tried yet"
-        self._info: Dict[str, Any] = {}
-        self._warnings: List[str] = []
-        self._events: Tuple[Any, Any] = (None, None)
-        self._graph_api: Optional[_GraphApi] = None
-        self._graph = 0
-        self.batch: Optional[BatchRunner] = None  # sizes above 1 of an engine with a profile per size
-        self._row0: Any = None
 
-    def load(self, model: Optional[ModelSet] = None) -> None:
+    def _load(self, model: Optional[ModelSet]) -> "LoadedTensorRT":
         """Any refusal (no TensorRT, a model info for another board, an engine that does not deserialise) frees
         what was loaded at once; the session's owner still releases it (edge.infer.stages does on every failure
         path, so a refused SIGHUP reload leaves no CUDA context behind)."""
+        require_tensorrt()
+        warnings: List[str] = []
+        model = model or read_set(self.engine_path, required_info=True)
+        info = check_engine(model, warn=warnings.append, config_path=self.config_path)
+        engine = EngineRunner(self.engine_path, self.session).load(model.data)
         try:
-            require_tensorrt()
-            self._warnings = []
-            model = model or read_set(self.engine_path, required_info=True)
-            self._info = check_engine(model, warn=self._warnings.append, config_path=self.config_path)
-            self.runner.load(model.data)
-            self.sha256 = model.sha256
-            self.probabilities = lookup(model.info, "output.softmax") is True
-            assert self.runner.input is not None
-            if self.runner.input.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
-                raise EdgeError("{}: input '{}' is {} {}; jetson-edge feeds float32 or float16 1x3xHxW".format(
-                    self.engine_path, self.runner.input.name, self.runner.input.dtype,
-                    "x".join(str(d) for d in self.runner.input.shape)))
-            assert self.runner.output is not None
-            check_first_output(self.runner.infer(np.zeros(self.runner.input.shape, np.float32)), self.engine_path,
-                               self.runner.output.dtype)
-            with self.session:
-                self._events = (self.session.event(), self.session.event())
-                assert self.runner.output is not None
-                self.batch = batch_runner(self.runner.engine, self.session, self.runner.input, self.runner.output,
-                                          self._batch_graphs())
+            return LoadedTensorRT(self, engine, model=model, info=info, warnings=warnings)
         except BaseException:
-            self._close_batch()
-            self.runner.close()
+            engine.close()
             raise
+
+
+class LoadedTensorRT(LoadedBackend):
+    """A loaded engine that ran once on a blank input, its CUDA events, and the batch contexts of an engine with a
+    profile per size."""
+
+    name = TensorRTBackend.name
+
+    def __init__(self, backend: TensorRTBackend, engine: LoadedEngine, *, model: ModelSet, info: Dict[str, Any],
+                 warnings: List[str]) -> None:
+        self.backend, self.engine, self.session = backend, engine, backend.session
+        self.sha256, self._info, self._warnings = model.sha256, info, warnings
+        self.probabilities = lookup(model.info, "output.softmax") is True
+        self.cuda_graph = backend.cuda_graph
+        self.graph_status = "off (backend.cuda_graph: false)" if not self.cuda_graph else "not tried yet"
+        self._device_ms: Dict[str, float] = {}
+        self._graph_api: Optional[_GraphApi] = None
+        self._graph = 0
+        self._row0: Any = None
+        inp = engine.input
+        if inp.dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+            raise EdgeError("{}: input '{}' is {} {}; jetson-edge feeds float32 or float16 1x3xHxW".format(
+                backend.engine_path, inp.name, inp.dtype, "x".join(str(d) for d in inp.shape)))
+        check_first_output(engine.infer(np.zeros(inp.shape, np.float32)), backend.engine_path, engine.output.dtype)
+        with self.session:
+            self._events: Tuple[Any, Any] = (self.session.event(), self.session.event())
+            # sizes above 1 of an engine with a profile per size
+            self.batch: Optional[BatchRunner] = batch_runner(engine.engine, self.session, inp=inp, out=engine.output,
+                                                             graphs=self._batch_graphs())
 
     def _batch_graphs(self) -> Any:
         if not self.cuda_graph:
@@ -153,7 +157,9 @@ class TensorRTBackend(Backend):
     def infer_rows(self, n: int) -> np.ndarray:
         if n == 1:
             return self.infer(self._row0)
-        assert self.batch is not None, "a batch-1 engine"
+        if self.batch is None:
+            raise EdgeError("{}: a batch-1 engine takes one row, not {}".format(self.backend.engine_path, n),
+                            exit_code=EXIT_FAIL)
         start, end = self._events
         with self.session:
             stream = self.session.stream
@@ -164,49 +170,38 @@ class TensorRTBackend(Backend):
             self._device_ms = {"infer_gpu": float(start.time_till(end))}
             return self.batch.result(n)
 
-    def _close_batch(self) -> None:
-        if self.batch is not None:
-            with self.session:
-                self.batch.close()
-            self.batch = None
-
     @property
     def input_shape(self) -> Tuple[int, ...]:
-        assert self.runner.input is not None, "load() first"
-        return self.runner.input.shape
+        return self.engine.input.shape
 
     @property
     def input_dtype(self) -> np.dtype:
-        assert self.runner.input is not None, "load() first"
-        return self.runner.input.dtype
+        return self.engine.input.dtype
 
     @property
     def output_shape(self) -> Tuple[int, ...]:
-        assert self.runner.output is not None, "load() first"
-        return self.runner.output.shape
+        return self.engine.output.shape
 
     def device_ms(self) -> Dict[str, float]:
         return dict(self._device_ms)
 
     def _bind(self, tensor: Any) -> None:
         """A device tensor is bound as the input in place; an array is copied into the runner's own buffer."""
-        runner, inp = self.runner, self.runner.input
-        assert inp is not None
+        engine, inp = self.engine, self.engine.input
         if isinstance(tensor, DeviceTensor):
             if tensor.shape != inp.shape or tensor.dtype != inp.dtype:
                 raise ValueError("device tensor {} {} does not match the engine input {} {}".format(
                     tensor.shape, tensor.dtype, inp.shape, inp.dtype))
-            rebound = runner.bind_input(tensor.ptr)
+            rebound = engine.bind_input(tensor.ptr)
         else:
-            rebound = runner.bind_input(0)
-            runner.copy_in(tensor)
+            rebound = engine.bind_input(0)
+            engine.copy_in(tensor)
         if rebound and self._graph:  # the graph reads the old buffer: capture again
             self._drop_graph()
             self.graph_status = "not tried yet"
 
     def infer(self, tensor: Any) -> np.ndarray:
-        runner, session = self.runner, self.session
-        assert runner.input is not None, "load() first"
+        engine, session = self.engine, self.session
         start, end = self._events
         with session:
             stream = session.stream
@@ -215,14 +210,14 @@ class TensorRTBackend(Backend):
             if self._graph and self._graph_api is not None:
                 self._graph_api.launch(self._graph, stream.handle)
             else:
-                runner.enqueue()
+                engine.enqueue()
             end.record(stream)
             stream.synchronize()
             self._device_ms = {"infer_gpu": float(start.time_till(end))}
             preprocess_ms = tensor.source.device_ms() if isinstance(tensor, DeviceTensor) else None
             if preprocess_ms is not None:
                 self._device_ms["preprocess_gpu"] = preprocess_ms
-            logits = runner.result()
+            logits = engine.result()
             if self.cuda_graph and self.graph_status == "not tried yet":
                 self._try_graph()
         return logits
@@ -238,7 +233,7 @@ class TensorRTBackend(Backend):
 
     def _try_graph(self) -> None:
         """Capture the runner's enqueue (after one direct run, as TensorRT requires); keep it only if faster."""
-        handle, enqueue = self.session.stream.handle, self.runner.enqueue
+        handle, enqueue = self.session.stream.handle, self.engine.enqueue
         try:
             api = self._graph_api = _GraphApi()
             direct_ms = self._time_launches(enqueue)
@@ -264,7 +259,7 @@ class TensorRTBackend(Backend):
 
         return {
             "backend": self.name,
-            "model": self.engine_path,
+            "model": self.backend.engine_path,
             "precision": self._info.get("precision", "unknown"),
             "tensorrt": trt.__version__,
             "gpu": self.session.gpu_name(),
@@ -275,9 +270,7 @@ class TensorRTBackend(Backend):
 
     def _context_memory_mb(self) -> Optional[float]:
         """The device memory the engine's execution contexts hold (one per batch size): on a Jetson, shared RAM."""
-        engine = self.runner.engine
-        if engine is None:
-            return None
+        engine = self.engine.engine
         size = getattr(engine, "device_memory_size_v2", None) or getattr(engine, "device_memory_size", None)
         if size is None:  # TensorRT 8.5 through 10.x have one of the two; anything else: not reported
             return None
@@ -285,11 +278,14 @@ class TensorRTBackend(Backend):
         return round(int(size) * contexts / 2 ** 20, 1)
 
     def close(self) -> None:
-        """Free the CUDA graph, the events and the engine; safe to call twice. The session stays its owner's."""
-        if self._events[0] is None:  # never loaded, a refused load (freed at once) or closed already
+        """Free the CUDA graph, the batch contexts, the events and the engine; safe to call twice. The session stays
+        its owner's."""
+        if self._events[0] is None:  # closed already
             return
-        self._close_batch()
         with self.session:
+            if self.batch is not None:
+                self.batch.close()
+                self.batch = None
             self._drop_graph()
             self._events = (None, None)
-        self.runner.close()
+        self.engine.close()

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class BatchRunner:
     """Contexts for profiles 1.. of `engine`; `sizes[i]` is context i's batch."""
 
-    def __init__(self, engine: "trt.ICudaEngine", session: CudaSession, inp: TensorSpec, out: TensorSpec,
+    def __init__(self, engine: "trt.ICudaEngine", session: CudaSession, *, inp: TensorSpec, out: TensorSpec,
                  graphs: Any = None) -> None:
         drv, stream = session.drv, session.stream
         self.session, self.graphs = session, graphs  # graphs: the backend's _GraphApi, or None (no CUDA graphs)
@@ -105,9 +105,9 @@ class BatchRunner:
                 base.free()
 
 
-def batch_runner(engine: Optional["trt.ICudaEngine"], session: CudaSession, inp: TensorSpec, out: TensorSpec,
+def batch_runner(engine: "trt.ICudaEngine", session: CudaSession, *, inp: TensorSpec, out: TensorSpec,
                  graphs: Any) -> Optional[BatchRunner]:
     """A BatchRunner for an engine with more than one profile, else None (a batch-1 engine)."""
-    if engine is None or engine.num_optimization_profiles < 2:
+    if engine.num_optimization_profiles < 2:
         return None
-    return BatchRunner(engine, session, inp, out, graphs)
+    return BatchRunner(engine, session, inp=inp, out=out, graphs=graphs)

@@ -1,11 +1,11 @@
 """The one TensorRT engine loader and runner (TensorRT >= 8.5: named tensors and execute_async_v3 only).
 
-    with EngineRunner("engines/model.int8.engine") as runner:   # deserialise, allocate, bind by name
-        logits = runner.infer(tensor)                           # NumPy in, float32 NumPy out
+    with EngineRunner("engines/model.int8.engine") as engine:   # deserialise, allocate, bind by name: a LoadedEngine
+        logits = engine.infer(tensor)                           # NumPy in, float32 NumPy out
 
 Used by the runtime backend (edge.infer.tensorrt_backend), the build's verification and the accuracy gate.
 `copy_in`, `enqueue` and `result` are the asynchronous pieces the backend times and captures; they expect
-the session's context pushed (`with runner.session:`). tensorrt and pycuda load lazily.
+the session's context pushed (`with engine.session:`). tensorrt and pycuda load lazily.
 """
 
 import hashlib
@@ -15,6 +15,7 @@ import numpy as np
 
 from edge.board import tensorrt_probe
 from edge.errors import EXIT_FAIL, EdgeError, require
+from edge.infer.backend import Loaded, Runner
 from edge.infer.cuda_session import CudaSession
 
 if TYPE_CHECKING:
@@ -65,41 +66,46 @@ def io_tensors(engine: "trt.ICudaEngine") -> List[TensorSpec]:
     return specs
 
 
-class EngineRunner:
-    """A deserialised engine with one input, its first output, device buffers bound by name, pinned host copies.
+class EngineRunner(Runner["LoadedEngine"]):
+    """An engine file to run on a CudaSession: `load(data)` -> a LoadedEngine. `session`: the one its owner releases
+    (the stages'); by default one of its own, made at load and released by the LoadedEngine's close()."""
 
-    `session`: run on a CudaSession its owner releases (the stages'); by default on one of its own, released by
-    close(). `bind_input` makes the engine read another device buffer (a preprocessor's output) in place.
-    """
+    name = "engine runner"
 
     def __init__(self, engine_path: str, session: Optional[CudaSession] = None) -> None:
         self.engine_path = engine_path
-        self.session: Optional[CudaSession] = session
-        self._own_session = False  # decided at load: a session made by the runner is released by it
-        self._input_ptr = 0  # the device buffer the input tensor is bound to
-        self.input: Optional[TensorSpec] = None
-        self.output: Optional[TensorSpec] = None
+        self.session = session
+
+    def _load(self, data: Optional[bytes]) -> "LoadedEngine":
+        """Deserialise `data` (an engine's bytes already read and checked), or the file's."""
+        require_tensorrt()
+        session, own = (self.session, False) if self.session is not None else (CudaSession(), True)
+        loaded = LoadedEngine(self.engine_path, session, own_session=own)
+        try:
+            with session:
+                loaded.deserialise(data)
+        except BaseException:
+            loaded.close()
+            raise
+        return loaded
+
+
+class LoadedEngine(Loaded):
+    """A deserialised engine with one input, its first output, device buffers bound by name, pinned host copies.
+    `bind_input` makes the engine read another device buffer (a preprocessor's output) in place."""
+
+    def __init__(self, engine_path: str, session: CudaSession, *, own_session: bool) -> None:
+        self.engine_path = engine_path
+        self.session = session
+        self._own_session = own_session  # a session made by the runner is released by close()
         self.sha256 = "unknown"  # of the engine bytes it read itself (load(data): the caller has it)
-        self.context: Optional["trt.IExecutionContext"] = None
-        self.engine: Optional["trt.ICudaEngine"] = None  # a batch engine's other profiles get their own contexts
         self._device: Dict[str, Any] = {}  # tensor name -> pycuda DeviceAllocation
         self._host: List[np.ndarray] = []  # pinned input and output staging
         self._objects: List[Any] = []  # logger, runtime, engine, context: released in reverse
+        self._input_ptr = 0  # the device buffer the input tensor is bound to
 
-    def load(self, data: Optional[bytes] = None) -> None:
-        """Deserialise `data` (an engine's bytes already read and checked), or the file's."""
-        require_tensorrt()
-        if self.session is None:
-            self.session, self._own_session = CudaSession(), True
-        assert self.session is not None
-        try:
-            with self.session:
-                self._load(self.session, data)
-        except BaseException:
-            self.close()
-            raise
-
-    def _load(self, session: CudaSession, data: Optional[bytes]) -> None:
+    def deserialise(self, data: Optional[bytes]) -> None:
+        """The engine, its context, tensors and buffers (the session pushed); only load() calls it."""
         import tensorrt as trt
 
         logger = trt.Logger(trt.Logger.WARNING)  # must outlive the runtime
@@ -113,7 +119,8 @@ class EngineRunner:
         if engine is None:
             raise EdgeError("{}: TensorRT {} cannot deserialise it (built for another TensorRT version or GPU? "
                             "rebuild it on this device)".format(self.engine_path, trt.__version__))
-        self.context = engine.create_execution_context()
+        self.engine: "trt.ICudaEngine" = engine  # a batch engine's other profiles get their own contexts
+        self.context: "trt.IExecutionContext" = engine.create_execution_context()
         self._objects += [engine, self.context]
         tensors = io_tensors(engine)
         inputs = [t for t in tensors if t.is_input]
@@ -122,23 +129,21 @@ class EngineRunner:
             raise EdgeError("{}: expected one input and at least one output, got {} and {}".format(
                 self.engine_path, len(inputs), len(outputs)))
         if any(d < 0 for t in tensors for d in t.shape):
-            tensors = self._batch_one(engine, tensors)
+            tensors = self._batch_one(tensors)
             inputs, outputs = [t for t in tensors if t.is_input], [t for t in tensors if not t.is_input]
-        self.engine = engine
         self.input, self.output = inputs[0], outputs[0]
-        drv = session.drv
+        drv = self.session.drv
         for t in tensors:
             self._device[t.name] = drv.mem_alloc(max(1, int(np.prod(t.shape))) * t.dtype.itemsize)
             self.context.set_tensor_address(t.name, int(self._device[t.name]))
         self._input_ptr = int(self._device[self.input.name])
         self._host = [drv.pagelocked_empty(t.shape, t.dtype) for t in (self.input, self.output)]
 
-    def _batch_one(self, engine: "trt.ICudaEngine", tensors: List[TensorSpec]) -> List[TensorSpec]:
+    def _batch_one(self, tensors: List[TensorSpec]) -> List[TensorSpec]:
         """An engine with a dynamic batch axis and one profile per size (edge.model.tensorrt_engine): this
         context runs profile 0, batch 1 (the other sizes are edge.infer.tensorrt_batch's); the shapes it resolves."""
-        assert self.context is not None
         inp = next(t for t in tensors if t.is_input)
-        first = shape_of(engine.get_tensor_profile_shape(inp.name, 0)[1])
+        first = shape_of(self.engine.get_tensor_profile_shape(inp.name, 0)[1])
         if any(d < 0 for d in inp.shape[1:]) or first[0] != 1 or not self.context.set_input_shape(inp.name, first):
             raise EdgeError("{}: dynamic shapes other than a batch axis whose first profile is batch 1 are not "
                             "supported; rebuild it with edge build".format(self.engine_path))
@@ -151,7 +156,6 @@ class EngineRunner:
 
     def bind_input(self, ptr: int) -> bool:
         """Bind the input tensor to device memory at `ptr` (the runner's own buffer: 0); True if it changed."""
-        assert self.input is not None and self.context is not None, "load() first"
         ptr = ptr or int(self._device[self.input.name])
         if ptr == self._input_ptr:
             return False
@@ -162,7 +166,6 @@ class EngineRunner:
 
     def copy_in(self, tensor: Any) -> None:
         """Queue a host->device copy of a NumPy tensor into the runner's own input buffer, and bind that."""
-        assert self.session is not None and self.input is not None, "load() first"
         array = np.asarray(tensor)
         if array.shape != self.input.shape:
             raise ValueError("expected input {} {}, got {}".format(self.input.shape, self.input.dtype, array.shape))
@@ -172,7 +175,6 @@ class EngineRunner:
 
     def enqueue(self) -> None:
         """Queue inference and the output copy into pinned host memory on the session's stream."""
-        assert self.session is not None and self.output is not None and self.context is not None, "load() first"
         if not self.context.execute_async_v3(self.session.stream.handle):
             raise EdgeError("{}: TensorRT failed to enqueue inference".format(self.engine_path), exit_code=EXIT_FAIL)
         self.session.drv.memcpy_dtoh_async(self._host[1], self._device[self.output.name], self.session.stream)
@@ -182,7 +184,6 @@ class EngineRunner:
         return np.asarray(self._host[1]).astype(np.float32)
 
     def infer(self, tensor: Any) -> np.ndarray:
-        assert self.session is not None, "load() first"
         with self.session:
             self.copy_in(tensor)
             self.enqueue()
@@ -192,11 +193,10 @@ class EngineRunner:
     def close(self) -> None:
         """Free buffers and TensorRT objects, and release the session if it is the runner's own; safe to call
         twice."""
-        session = self.session
-        if session is None or not (self._device or self._objects or self._own_session):
+        if not (self._device or self._objects or self._own_session):
             return
-        with session:
-            session.stream.synchronize()
+        with self.session:
+            self.session.stream.synchronize()
             for alloc in self._device.values():
                 alloc.free()
             for host in self._host:
@@ -207,25 +207,15 @@ class EngineRunner:
             self._host = []
             while self._objects:
                 self._objects.pop()
-            self.context = self.engine = None
-        self.input = self.output = None
         self._input_ptr = 0
         if self._own_session:
-            self.session = None
-            session.release()
-
-    def __enter__(self) -> "EngineRunner":
-        self.load()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+            self._own_session = False
+            self.session.release()
 
 
 def verify_engine(engine_path: str) -> None:
     """Deserialise and run one inference on zeros; non-finite output is a failure."""
-    with EngineRunner(engine_path) as runner:
-        assert runner.input is not None
-        out = runner.infer(np.zeros(runner.input.shape, np.float32))
+    with EngineRunner(engine_path) as engine:
+        out = engine.infer(np.zeros(engine.input.shape, np.float32))
     if not np.all(np.isfinite(out)):
         raise EdgeError("{}: verification failed: non-finite output".format(engine_path), exit_code=EXIT_FAIL)

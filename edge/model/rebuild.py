@@ -4,8 +4,9 @@ adds the lock, the reload and the command line).
     capture -> calibrate -> fallback -> build -> gate -> latency -> install -> reload
 
 calibrate, build and gate are `edge build`'s steps (edge.model.steps) on the same BuildPlan and BuildState.
-The latency step runs `edge check` as a process on the candidate, with the service's config and its overrides
-(edge.bench.check.check_in_subprocess owns that command line and the report's keys). Install is edge build's,
+The latency step measures the candidate in this process through `edge check`'s run (edge.bench.check.run_check:
+the Runtime and frame loop `edge run` uses, with the service's config and its overrides; edge.bench.check.verdict
+reads the report's keys). Install is edge build's,
 then the captured set replaces build.calibration_dir in one step (edge.store.versions.replace_folder, the one
 versioned-folder switch) and the old set is kept as `<dir>.previous`; a `.previous` folder is only ever
 replaced when it is a set this tool wrote (its manifest lists every file in it): a user's file there stops the
@@ -18,7 +19,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
-from edge.bench.check import CheckOptions, check_in_subprocess
+from edge.bench.check import CheckOptions, run_check, verdict
 from edge.config import Config, with_overrides
 from edge.errors import EXIT_FAIL, EdgeError
 from edge.fields import check_options
@@ -111,8 +112,10 @@ def step_capture(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
 
 
 def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) -> None:
-    """p99 end_to_end of the candidate within runtime.budget_ms, measured by `edge check` (its own process) on a
-    link to the candidate in a work folder (the backend is chosen by the extension)."""
+    """p99 end_to_end of the candidate within runtime.budget_ms, measured in this process as `edge check` measures
+    (run_check) on a set of its own in a work folder (the backend is chosen by the extension). No process of its
+    own is needed: the check's stages make their CUDA session and release it at close (edge.infer.stages), as the
+    gate's runner did before them."""
     report = latency_report(plan)
     with temp_dir(os.path.dirname(os.path.abspath(plan.artifact)), ".rebuild-") as work:
         model = os.path.join(work, "candidate" + plan.fmt.suffix)  # a set of its own, as edge build installs one
@@ -122,7 +125,7 @@ def step_latency(job: RebuildJob, plan: BuildPlan, state: BuildState, log: Log) 
         cfg = with_overrides(job.cfg, {"model.path": model, "source.uri": job.check_source})
         options = CheckOptions(frames=job.options.check_frames, warmup=job.options.check_warmup, json=report,
                                plot="")
-        result = check_in_subprocess(cfg, options, work)
+        result = verdict(run_check(cfg, options, out=lambda table: None, warn=log), report)
     state.info["latency"] = dict(result.summary, report=os.path.basename(report))  # the report: beside the artifact
     if not result.passed:
         raise EdgeError("latency check failed: {} (report {})".format(result.reason, report), exit_code=EXIT_FAIL)
@@ -219,9 +222,9 @@ def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, s
              "enforced" if plan.gate_enforced else "reported, not enforced: declared untrained",
              "; inconclusive installs (--accept-inconclusive)" if plan.accept_inconclusive else
              "; inconclusive installs nothing", plan.report_path)),
-        ("latency", "edge check with the candidate: {} frames of {} after {} warm-up, p99 end_to_end <= {:g} ms -> {}"
-         .format(o.check_frames, redact(job.check_source), o.check_warmup, cfg.runtime.budget_ms,
-                 latency_report(plan))),
+        ("latency", "edge check's run, in this process, with the candidate: {} frames of {} after {} warm-up, "
+         "p99 end_to_end <= {:g} ms -> {}".format(o.check_frames, redact(job.check_source), o.check_warmup,
+                                                  cfg.runtime.budget_ms, latency_report(plan))),
         ("install", "atomic install of {} (+ .json, .labels.txt), the current one kept in {}/; the captured set "
          "replaces {}/ (current kept as {}/)".format(plan.artifact, os.path.join(b.engines_dir, "previous"),
                                                      job.calibration_dir, job.previous_set)),

@@ -127,7 +127,7 @@ class ModelSet:
         return self.info.get("trained") is True
 
 
-def _read_bytes(path: str, shown: str, what: str, tail: str) -> Optional[bytes]:
+def _read_bytes(path: str, *, shown: str, what: str, tail: str) -> Optional[bytes]:
     try:
         os.lstat(path)
     except FileNotFoundError:
@@ -148,7 +148,7 @@ def read_set(model_path: str, *, labels: str = "", expected: Optional[Dict[str, 
     and, when given, the command that rebuilds it."""
     tail = "; rebuild with: " + rebuild if rebuild else ""
     found = in_set(model_path)
-    data = _read_bytes(found, model_path, "model", tail)
+    data = _read_bytes(found, shown=model_path, what="model", tail=tail)
     if data is None:
         raise EdgeError("{}: {}".format(model_path, "not built yet" + tail if rebuild else
                                         "model file not found (create it with: edge export)"))
@@ -165,7 +165,7 @@ def read_set(model_path: str, *, labels: str = "", expected: Optional[Dict[str, 
             raise EdgeError("{}: built for {} {!r}, expected {!r}{}".format(
                 model_path, key, lookup(info, key), (expected or {})[key], tail))
     names, notes, chosen = None, [], labels or labels_file(found)
-    text = _read_bytes(chosen, labels or labels_file(model_path), "labels", "")
+    text = _read_bytes(chosen, shown=labels or labels_file(model_path), what="labels", tail="")
     if text is not None:
         if len(text) > MAX_LABELS_BYTES:
             raise EdgeError("{}: labels file larger than {} MB".format(chosen, MAX_LABELS_BYTES >> 20))
@@ -349,7 +349,7 @@ def rollback(dest: str, *, verify_kept: Optional[Verify] = None, log: Log = prin
     with versions.lock(folder, "edge rollback"):
         _settle(dest)
         previous = store.previous_set(dest, store.current_set(dest))
-        kept = store.set_file(dest, previous, os.path.basename(dest)) if previous else ""
+        kept = store.set_file(dest, number=previous, name=os.path.basename(dest)) if previous else ""
         if not os.path.lexists(kept):
             raise EdgeError("{}: nothing to roll back to (no {})".format(
                 dest, os.path.join(folder, store.PREVIOUS, os.path.basename(dest))))

@@ -139,7 +139,7 @@ def _check_out_dir(out_dir: str, what: str) -> None:
         raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(out_dir, what, probe))
 
 
-def _commit(tmp: str, out_dir: str, manifest: str) -> None:
+def _commit(tmp: str, out_dir: str, *, manifest: str) -> None:
     """Put `tmp` at `out_dir` in one step (edge.store.versions.replace_folder); the old set, one this tool wrote,
     is removed."""
     check_replaceable(out_dir, manifest)  # still true after the (long) work
@@ -172,7 +172,7 @@ def atomic_dir(out_dir: str, manifest: str, what: str, keep_out: Optional[str] =
         with temp_dir(os.path.dirname(out_dir), temp_prefix(out_dir, "tmp")) as tmp:
             yield tmp
             os.chmod(tmp, 0o755)
-            _commit(tmp, out_dir, manifest)
+            _commit(tmp, out_dir, manifest=manifest)
     except OSError as exc:
         raise EdgeError("{}: cannot write the {}: {}{}".format(
             out_dir, what, exc.strerror or first_line(exc), " ({})".format(os.path.basename(str(exc.filename)))

@@ -44,7 +44,7 @@ def previous_set(dest: str, number: Optional[str]) -> Optional[str]:
     return versions.previous(sets_dir(dest), number)
 
 
-def set_file(dest: str, number: str, name: str) -> str:
+def set_file(dest: str, *, number: str, name: str) -> str:
     """The file `name` of the set `number` (read as a plain path: no link to resolve)."""
     return os.path.join(sets_dir(dest), number, name)
 
@@ -111,7 +111,7 @@ def commit(dest: str, files: Dict[str, str], *, keep_previous: bool) -> str:
     require_lock(os.path.dirname(os.path.abspath(dest)))
     sets, current = sets_dir(dest), current_set(dest)
     number = versions.new_set(sets, files, current if keep_previous else None)
-    flip(sets, CURRENT, number)
+    flip(sets, CURRENT, target=number)
     ensure_links(dest, list(files), with_previous=keep_previous and current is not None)
     versions.collect(sets)
     return os.path.join(sets, number)
@@ -163,7 +163,7 @@ def ensure_links(dest: str, names: Sequence[str], *, with_previous: bool = True)
         for name in names:
             target = _link_target(dest, name, previous)
             if _readlink(os.path.join(base, name)) != target and not os.path.lexists(os.path.join(base, name)):
-                flip(base, name, target)
+                flip(base, name, target=target)
 
 
 def repair(dest: str, names: Sequence[str]) -> None:
@@ -202,7 +202,7 @@ def migrate(dest: str, names: Sequence[str]) -> bool:
         sets = sets_dir(dest)
         kept = versions.new_set(sets, files(backup), None, link=True) if os.path.isfile(
             os.path.join(backup, names[0])) else None
-        flip(sets, CURRENT, versions.new_set(sets, files(folder), kept, link=True))
+        flip(sets, CURRENT, target=versions.new_set(sets, files(folder), kept, link=True))
     for path in flat:
         previous = os.path.dirname(path) == backup
         target = _link_target(dest, os.path.basename(path), previous)
@@ -211,6 +211,6 @@ def migrate(dest: str, names: Sequence[str]) -> bool:
             if not filecmp.cmp(path, in_set, shallow=False):
                 raise EdgeError("{}: a file that is not part of the installed set {}; move it away".format(
                     path, os.path.relpath(os.path.realpath(in_set), folder)))
-            flip(os.path.dirname(path), os.path.basename(path), target)
+            flip(os.path.dirname(path), os.path.basename(path), target=target)
     ensure_links(dest, names, with_previous=os.path.isdir(backup))
     return True

@@ -53,7 +53,7 @@ _held: Dict[str, List[int]] = {}  # folder -> [lock fd, depth]: the lock is re-e
 
 # --- the switch itself: links and renames -------------------------------------------------------------------------
 
-def flip(folder: str, name: str, target: str) -> None:
+def flip(folder: str, name: str, *, target: str) -> None:
     """Point the link `folder/name` at `target` in one rename, then fsync `folder`."""
     tmp = temp_name(folder, ".link-")
     os.symlink(target, tmp)
@@ -332,8 +332,8 @@ def swap_with_previous(sets: str) -> Tuple[str, str]:
     now = current(sets)
     before = previous(sets, now)
     assert now is not None and before is not None
-    flip(os.path.join(sets, before), PREVIOUS, os.path.join("..", now))
-    flip(sets, CURRENT, before)
+    flip(os.path.join(sets, before), PREVIOUS, target=os.path.join("..", now))
+    flip(sets, CURRENT, target=before)
     return os.path.join(sets, before), os.path.join(sets, now)
 
 

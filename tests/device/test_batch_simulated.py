@@ -63,14 +63,14 @@ def test_each_batch_size_runs_on_its_own_context_and_graph(sim: sim_gpu.Sim, mon
 
     graphs = ReplayGraphs()
     monkeypatch.setattr(tensorrt_backend, "_GraphApi", lambda: graphs)
-    monkeypatch.setattr(tensorrt_backend.TensorRTBackend, "_time_launches", lambda self, launch: 1.0)
+    monkeypatch.setattr(tensorrt_backend.LoadedTensorRT, "_time_launches", lambda self, launch: 1.0)
     trt = fake_tensorrt(batch_sizes=[1, 2, 4])
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     owner = session()
-    backend = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), owner, cuda_graph=True)
+    runner = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), owner, cuda_graph=True)
     pre = CudaPreprocessor(PreprocessConfig(), owner)
     cpu = CpuPreprocessor(PreprocessConfig())
-    with backend:
+    with runner as backend:
         assert backend.max_batch == 4 and backend.input_shape == (1, 3, 224, 224)
         assert backend.output_shape == (1, NUM_CLASSES)
         assert [c.profile for c in trt.contexts] == [0, 1, 2]  # the runner's (batch 1), then one per size

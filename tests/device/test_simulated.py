@@ -180,10 +180,10 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(input_dtype=input_dtype))
     engine = write_engine(str(tmp_path / "model.engine"))
     owner = session()
-    backend = TensorRTBackend(engine, owner, cuda_graph=True)
+    runner = TensorRTBackend(engine, owner, cuda_graph=True)
     pre = CudaPreprocessor(PreprocessConfig(), owner)  # before load(), as edge.infer.stages does
     cpu = CpuPreprocessor(PreprocessConfig())
-    with backend:
+    with runner as backend:
         assert backend.input_shape == (1, 3, 224, 224) and backend.output_shape == (1, NUM_CLASSES)
         pre.write_as(backend.input_dtype)
         info = backend.describe()
@@ -195,10 +195,10 @@ def test_backend_paired_and_numpy_paths(sim: sim_gpu.Sim, monkeypatch: pytest.Mo
             expected = reference_logits(cpu(f))
             tol = 1e-4 if input_dtype == np.float32 else 1e-2
             np.testing.assert_allclose(backend.infer(tensor), expected, atol=tol, rtol=tol)
-            assert backend.runner.input_ptr() == tensor.ptr  # bound in place, no copy
+            assert backend.engine.input_ptr() == tensor.ptr  # bound in place, no copy
             assert backend.device_ms() == {"infer_gpu": 0.25, "preprocess_gpu": 0.25}
             np.testing.assert_allclose(backend.infer(cpu(f)), expected, atol=tol, rtol=tol)  # NumPy: copied in
-            assert backend.runner.input_ptr() != tensor.ptr and backend.device_ms() == {"infer_gpu": 0.25}
+            assert backend.engine.input_ptr() != tensor.ptr and backend.device_ms() == {"infer_gpu": 0.25}
         assert backend.graph_status == "off (capture failed: libcuda.so.1: cannot open shared object file)"
         pre.close()
     assert sim.stream_flags == [1]  # CU_STREAM_NON_BLOCKING: legacy-stream work cannot invalidate a graph capture
@@ -265,10 +265,11 @@ def test_stages_release_their_session_last_and_once(sim: sim_gpu.Sim, monkeypatc
     from edge.infer.cuda_preprocess import CudaPreprocessor
     from edge.infer.cuda_session import CudaSession
     from edge.infer.stages import build_stages
-    from edge.infer.tensorrt_backend import TensorRTBackend
+    from edge.infer.tensorrt_backend import LoadedTensorRT, TensorRTBackend
 
     closed: list = []
-    for cls, method in ((CudaPreprocessor, "close"), (TensorRTBackend, "close"), (CudaSession, "release")):
+    for cls, method in ((CudaPreprocessor, "close"), (TensorRTBackend, "close"), (LoadedTensorRT, "close"),
+                        (CudaSession, "release")):
         record_calls(monkeypatch, closed, cls, method)
     monkeypatch.setattr("edge.infer.select.gpu_unavailable", lambda: None)  # the fakes have no import spec
     trt = fake_tensorrt()
@@ -286,7 +287,10 @@ def test_stages_release_their_session_last_and_once(sim: sim_gpu.Sim, monkeypatc
     else:
         with pytest.raises(EdgeError):
             build_stages(cfg)
-    made = [] if ending == "kernel refused" else ["CudaPreprocessor", "TensorRTBackend"]
+    made = {"closed": ["CudaPreprocessor", "LoadedTensorRT"],  # the stages hold what the load returned
+            "engine refused": ["CudaPreprocessor", "TensorRTBackend"],  # nothing loaded
+            "no labels": ["CudaPreprocessor", "TensorRTBackend", "LoadedTensorRT"],  # the runner closes its load
+            "kernel refused": []}[ending]
     assert closed == made + ["CudaSession"]
     assert not sim_gpu.Allocation.live and sim.context.detached  # the preprocessor and the backend freed theirs
 
@@ -360,13 +364,13 @@ def test_cuda_graph_kept_only_when_faster(sim: sim_gpu.Sim, monkeypatch: pytest.
     graphs = ReplayGraphs()
     timings = iter([1.0, graph_ms])  # direct, then graph: tried once, after the first frame
     monkeypatch.setattr(tensorrt_backend, "_GraphApi", lambda: graphs)
-    monkeypatch.setattr(tensorrt_backend.TensorRTBackend, "_time_launches", lambda self, launch: next(timings))
+    monkeypatch.setattr(tensorrt_backend.LoadedTensorRT, "_time_launches", lambda self, launch: next(timings))
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     owner = session()
-    backend = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), owner, cuda_graph=True)
+    runner = tensorrt_backend.TensorRTBackend(write_engine(str(tmp_path / "model.engine")), owner, cuda_graph=True)
     pre = CudaPreprocessor(PreprocessConfig(), owner)
     cpu = CpuPreprocessor(PreprocessConfig())
-    with backend:
+    with runner as backend:
         for i, (h, w) in enumerate([(720, 1280)] * 4 + [(480, 640)] * 3):
             f = frame(h, w, i)
             tensor = pre(f)

@@ -65,9 +65,9 @@ def gpu_path(engine_path: str, cuda_graph: bool = False) -> Iterator[Tuple[Any, 
     pre = None
     try:
         pre = CudaPreprocessor(PreprocessConfig(), session)
-        backend.load()
-        pre.write_as(backend.input_dtype)
-        yield pre, backend
+        loaded = backend.load()
+        pre.write_as(loaded.input_dtype)
+        yield pre, loaded
     finally:
         close_stages(pre, backend, session)
 
@@ -115,7 +115,7 @@ def test_describe_and_device_tensor_path(engine: Callable[[str], str], photo: Ca
         frame = photo("astronaut")
         tensor = pre(frame)
         from_gpu = backend.infer(tensor)
-        assert backend.runner.input_ptr() == tensor.ptr  # the preprocessor's buffer, bound in place
+        assert backend.engine.input_ptr() == tensor.ptr  # the preprocessor's buffer, bound in place
         assert set(backend.device_ms()) == {"infer_gpu", "preprocess_gpu"}
         from_cpu = backend.infer(CpuPreprocessor(PreprocessConfig())(frame))
         np.testing.assert_allclose(from_gpu, from_cpu, atol=1e-2, rtol=1e-2)
@@ -139,11 +139,9 @@ def run_frames(precision_engine: str, cuda_graph: bool, frames: int = TIMED_FRAM
             if i >= 20:  # warm-up (and the CUDA graph decision) first
                 wall.append((time.monotonic() - t0) * 1e3)
                 device.append(sum(backend.device_ms().values()))
-        status = backend.graph_status
-    result = {"p50_ms": float(np.percentile(wall, 50)), "p99_ms": float(np.percentile(wall, 99)),
-              "device_p50_ms": float(np.percentile(device, 50))}
-    print("{} graph={} ({}): {}".format(precision_engine, cuda_graph, status, result))
-    return result
+    # the figures side by side, printed: benchmarks/int8_vs_fp16.py
+    return {"p50_ms": float(np.percentile(wall, 50)), "p99_ms": float(np.percentile(wall, 99)),
+            "device_p50_ms": float(np.percentile(device, 50))}
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
@@ -160,8 +158,7 @@ def test_cuda_graph_same_output_and_decision(engine: Callable[[str], str]) -> No
         with gpu_path(engine("fp32"), graph) as (pre, backend):
             outputs.append([backend.infer(pre(f)) for f in frames])
             status = backend.graph_status
-    print("cuda_graph:", status)
-    assert status.startswith("on") or status.startswith("off (no gain")
+    assert status.startswith("on") or status.startswith("off (no gain"), status
     for a, b in zip(*outputs):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
