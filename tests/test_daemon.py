@@ -83,7 +83,7 @@ def test_a_read_hung_in_the_driver_is_abandoned_and_a_fresh_capture_used(small_m
     report, runtime = run_in_process(cfg, log, capture_factory=lambda source: sh.HangingCapture(good=20))
     first = sh.HangingCapture.instances[0]
     assert report["frames"] == 60 and report["faults"] == 1
-    assert len(sh.HangingCapture.instances) == 2 and runtime.source.capture is sh.HangingCapture.instances[1]
+    assert len(sh.HangingCapture.instances) == 2 and runtime.source.cameras[0].reader.capture is sh.HangingCapture.instances[1]
     assert any(e["hung_read_restarted"] for e in log.events("source_timeout"))
     assert not first.closed  # never closed under a read in progress...
     first.release.set()
@@ -96,7 +96,7 @@ def test_stop_is_served_quickly_while_the_source_is_down(small_model):
     runtime = Runtime(cfg, log=sh.ListLog(), capture_factory=lambda source: sh.HangingCapture(good=20))
     stop, thread, out = sh.run_in_thread(runtime)
     try:
-        assert sh.wait_until(lambda: runtime.source is not None and runtime.source.stalled_for() > 0.3, 60)
+        assert sh.wait_until(lambda: runtime.source is not None and stalled_for(runtime) > 0.3, 60)
         stop.request("test stop")
         thread.join(timeout=60)  # served within a slice of the wait, not after source.timeout_s (120 s)
         assert not thread.is_alive()
