@@ -291,7 +291,7 @@ class Runtime:
         """The cameras' overload, logged as it starts and ends (and told to systemd with every STATUS)."""
         assert self.source is not None
         why = self.source.degraded
-        if why != self._overload:
+        if bool(why) != bool(self._overload):
             if why is not None:
                 self.event("overload", level="warning", reason=why, budget_ms=self.cfg.runtime.budget_ms)
             else:

@@ -54,6 +54,7 @@ class Cameras:
         self._cond = threading.Condition()
         self._error: Optional[BaseException] = None
         self._stop = threading.Event()
+        self._poke = threading.Event()  # a reader changed: the watcher looks now
         self._watcher: Optional[threading.Thread] = None
         several = len(cameras) > 1
         self.cameras = [Camera(i, cfg, capture_factory, publish=self._offer, on_event=on_event, changed=self._changed,
@@ -114,6 +115,7 @@ class Cameras:
             self._cond.notify_all()
 
     def _changed(self) -> None:
+        self._poke.set()
         with self._cond:
             self._cond.notify_all()
 
@@ -130,7 +132,8 @@ class Cameras:
                     self._error = exc
                     self._cond.notify_all()
                 return
-            self._stop.wait(max(0.005, wake - time.monotonic()))
+            self._poke.wait(max(0.0, wake - time.monotonic()))
+            self._poke.clear()
 
     def next_batch(self, wait_s: float) -> Optional[Batch]:
         """The next batch the batcher chose within `wait_s`, else None. Raises a camera's start failure or a file's
@@ -231,6 +234,7 @@ class Cameras:
 
     def stop(self) -> None:
         self._stop.set()
+        self._poke.set()
         if self._watcher is not None:
             self._watcher.join(timeout=WATCH_S * 4)
         for camera in self.cameras:

@@ -31,7 +31,7 @@ class FrameReader:
                  live: Optional[bool] = None, max_broken: int = 5, staging: Optional[Staging] = None,
                  busy: Callable[[], Iterable[Frame]] = tuple):
         self.capture, self.stats, self.publish, self.on_event = capture, stats, publish, on_event
-        self.changed = changed  # told when the reader stops (a fault, the end, an error)
+        self.changed = changed  # told when the reader stops (a fault, the end, an error) and at its first frame
         self.live = bool(capture.live) if live is None else live
         self.max_broken, self.staging, self.busy = max_broken, staging, busy
         self.lock = threading.Lock()  # guards `stats` (the watcher and the frame loop read them)
@@ -88,7 +88,7 @@ class FrameReader:
         return True
 
     def _read_until_stopped(self) -> None:
-        broken_streak = 0
+        broken_streak, first = 0, True
         while not self._stop.is_set():
             self.capture.pace()
             started = time.monotonic()
@@ -119,6 +119,9 @@ class FrameReader:
                 seq = self.stats.produced
             self.last_frame = now
             self.publish(Frame(image, seq, now, (now - started) * 1e3))
+            if first:  # the watcher sees a recovery at once
+                first = False
+                self.changed()
 
     def _read(self) -> Optional[np.ndarray]:
         """capture.read(), into a free staging buffer where there is one for the last frame's size."""
