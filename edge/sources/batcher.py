@@ -6,10 +6,10 @@ The rules (docs/throughput.md), for N cameras on one engine:
   frame per camera, and nothing queues up behind a slow engine.
 - A frame's deadline is its capture time + the budget. A frame that cannot make it even alone at the typical cost
   (now + p50 L(1) + margin > deadline) is dropped as `expired`: served late, it would be a miss and delay others.
-- Overload: when no frame can make the budget even served on arrival (p50 L(1) + margin > budget: a slow board,
-  throttling, a heavy model), nothing is dropped for being late: the cameras are served best effort in turn, each
-  batch the size that serves most frames per second, each late result a miss, and `overloaded` says why. The costs of
-  what is served keep being measured, so the overload ends with the slow spell.
+- Overload: when no waiting frame could make its deadline even served the moment it arrived (arrival + p50 L(1) +
+  margin > deadline: a slow board, throttling, a heavy model, costs not measured yet), nothing is dropped: the
+  cameras are served best effort in turn, each batch the size that serves most frames per second, each late result
+  a miss, and `overloaded` says why. What is served is measured, so the overload ends with the slow spell.
 - Earliest deadline first, ties round-robin across cameras. The batch is the largest n <= the current limit whose
   service time L(n), the p99 of the last batches of that size, still meets the earliest deadline.
 - Short of a full batch (every live camera, or the limit), it waits for the next expected frame (each camera's
@@ -129,9 +129,10 @@ class DeadlineBatcher:
 
     def decide(self, now: float) -> Decision:
         decision = Decision()
-        self._overload()
+        alone = self.cost.estimate(1, 0.5) + self.margin
+        self._overload(alone)
         if not self.overloaded:
-            self._expire(now, decision)
+            self._expire(now, alone, decision)
         waiting = sorted(self.pending(), key=self._key)
         if not waiting:
             return decision
@@ -151,11 +152,14 @@ class DeadlineBatcher:
         self.rr = (decision.serve[-1].camera + 1) % self.cameras
         return decision
 
-    def _overload(self) -> None:
-        alone = self.cost.estimate(1, 0.5) + self.margin
-        self.overloaded = None if alone <= self.budget else \
-            "overloaded: one frame alone takes {:.1f} ms (p50, with the margin), over the {:g} ms budget; every " \
-            "camera served best effort, each late result a miss".format(alone * 1e3, self.budget * 1e3)
+    def _overload(self, alone: float) -> None:
+        """Overloaded while every waiting frame was already hopeless when it arrived (the state holds while
+        nothing waits)."""
+        waiting = self.pending()
+        if waiting:
+            self.overloaded = None if any(p.arrived + alone <= p.deadline for p in waiting) else \
+                "overloaded: one frame alone takes {:.1f} ms (p50, with the margin), over the {:g} ms budget; " \
+                "every camera served best effort, each late result a miss".format(alone * 1e3, self.budget * 1e3)
 
     def _largest_in_time(self, now: float, waiting: List[Pending]) -> int:
         """The largest batch (at least 1) within the limit whose p99 cost still meets the earliest deadline."""
@@ -170,9 +174,8 @@ class DeadlineBatcher:
         rate = {n: n / max(self.cost.estimate(n, 0.5), 1e-9) for n in range(1, min(self.max_batch, waiting) + 1)}
         return max(n for n in rate if rate[n] >= 0.99 * max(rate.values()))
 
-    def _expire(self, now: float, decision: Decision) -> None:
-        """Drop what cannot make its deadline even alone at the typical (p50) cost."""
-        alone = self.cost.estimate(1, 0.5) + self.margin
+    def _expire(self, now: float, alone: float, decision: Decision) -> None:
+        """Drop what cannot make its deadline even alone at the typical (p50) cost (`alone`, with the margin)."""
         hopeless = [p for p in self.pending() if now + alone > p.deadline]
         for p in hopeless:
             decision.expired.append(p)
