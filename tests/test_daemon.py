@@ -81,7 +81,8 @@ def test_a_read_hung_in_the_driver_is_abandoned_and_a_fresh_capture_used(small_m
     report, runtime = run_in_process(cfg, log, capture_factory=lambda source: sh.HangingCapture(good=20))
     first = sh.HangingCapture.instances[0]
     assert report["frames"] == 60 and report["faults"] == 1
-    assert len(sh.HangingCapture.instances) == 2 and runtime.source.cameras[0].reader.capture is sh.HangingCapture.instances[1]
+    assert len(sh.HangingCapture.instances) == 2
+    assert runtime.source.cameras[0].reader.capture is sh.HangingCapture.instances[1]
     assert any(e["hung_read_restarted"] for e in log.events("source_timeout"))
     assert not first.closed  # never closed under a read in progress...
     first.release.set()

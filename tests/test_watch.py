@@ -59,7 +59,8 @@ def test_a_quiet_source_is_reported_every_timeout_then_less_often_and_its_recove
     verdict = w.decide(40.0, ReaderView(live=True, last_frame=0.0))
     assert names(verdict) == ["source_timeout"]  # then every 30 s
     verdict = w.decide(40.5, ReaderView(live=True, last_frame=40.2))
-    assert verdict.action == REPORT and verdict.events == [("source_recovered", {"down_s": 40.2})]  # down since its last frame
+    assert verdict.action == REPORT
+    assert verdict.events == [("source_recovered", {"down_s": 40.2})]  # down since its last frame
     assert not w.decide(40.6, ReaderView(live=True, last_frame=40.5)).events
 
 

@@ -188,7 +188,7 @@ class Runtime:
             self.event("model_note", level="warning", model=stages.model_path, note=note)
 
     def _source_event(self, name: str, fields: Dict[str, Any]) -> None:
-        """The source supervisor's faults, reconnects and timeouts: logged, and the outage told to systemd."""
+        """The cameras' faults, reconnects and timeouts: logged, and the outage told to systemd."""
         self.event(name, level="info" if name in ("source_reconnected", "source_recovered") else "warning", **fields)
         if name == "source_start_timeout" and not self.notifier.ready_sent:  # under systemd: up, degraded
             self.notifier.ready("degraded: {}; retrying with backoff".format(fields["error"]))

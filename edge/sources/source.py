@@ -1,4 +1,4 @@
-"""Frame sources: a URI -> a capture, and the supervisor of the reader thread that keeps only the newest frame.
+"""Frame sources: a URI -> a capture, and a Camera: its readers, its counters and its recovery carried out.
 
 URIs (config `source.uri`, flag `--source`):
   synthetic                generated frames, paced at `source.fps`, `source.width`x`source.height`
