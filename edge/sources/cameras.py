@@ -110,7 +110,7 @@ class Cameras:
             old = self.batcher.offer(camera.index, frame.captured, time.monotonic(), frame)
             camera.slot = frame
             if old is not None:
-                with camera.reader.lock:
+                with camera.lock:
                     camera.stats.skipped += 1
             self._cond.notify_all()
 
@@ -148,7 +148,7 @@ class Cameras:
                 for pending in decision.expired:
                     camera = self.cameras[pending.camera]
                     camera.slot = None
-                    with camera.reader.lock:
+                    with camera.lock:
                         camera.stats.expired += 1
                 if decision.serve:
                     return self._take([self.cameras[p.camera] for p in decision.serve],

@@ -26,7 +26,7 @@ class FrameReader:
     size: CudaPreprocessor.staging_buffers) gives buffers to read into: never one that holds a frame in `busy()`
     (the camera's slot, the batch being served), so a read never overwrites a frame the pipeline is copying."""
 
-    def __init__(self, capture: Capture, *, stats: SourceStats, publish: Callable[[Frame], None],
+    def __init__(self, capture: Capture, *, stats: SourceStats, lock: Any, publish: Callable[[Frame], None],
                  on_event: Callable[[str, Dict[str, Any]], None], changed: Callable[[], None] = lambda: None,
                  live: Optional[bool] = None, max_broken: int = 5, staging: Optional[Staging] = None,
                  busy: Callable[[], Iterable[Frame]] = tuple):
@@ -34,7 +34,7 @@ class FrameReader:
         self.changed = changed  # told when the reader stops (a fault, the end, an error) and at its first frame
         self.live = bool(capture.live) if live is None else live
         self.max_broken, self.staging, self.busy = max_broken, staging, busy
-        self.lock = threading.Lock()  # guards `stats` (the watcher and the frame loop read them)
+        self.lock = lock  # guards `stats`, which the camera's other readers, its watcher and the frame loop share
         self.failed_at: Optional[float] = None  # stopped on a fault then (live sources)
         self.ended = False  # a file or folder came to its end
         self.error: Optional[BaseException] = None  # a file or folder failed: the run's error

@@ -22,6 +22,7 @@ are not live: their end is the end of the run.
 """
 
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -90,6 +91,7 @@ class Camera:
         self.label = label  # what its errors start with where there are several cameras: "sources[1] (left): "
         self.capture_factory, self._publish, self._on_event, self.changed = capture_factory, publish, on_event, changed
         self.stats = SourceStats()
+        self.lock = threading.Lock()  # guards `stats`, across its readers
         self.recorder = LatencyRecorder(budget_ms, window)
         self.errors = 0  # its frames that failed in the stages
         self.watch = Watch(started=time.monotonic(), timeout_s=cfg.timeout_s, start_timeout_s=cfg.start_timeout_s,
@@ -105,7 +107,7 @@ class Camera:
         return self.reader.capture.description
 
     def _reader(self, capture: Capture) -> FrameReader:
-        return FrameReader(capture, stats=self.stats, publish=lambda frame: self._publish(self, frame),
+        return FrameReader(capture, stats=self.stats, lock=self.lock, publish=lambda frame: self._publish(self, frame),
                            on_event=self.event, changed=self.changed, staging=self.staging, busy=self._busy)
 
     def _busy(self) -> List[Frame]:
@@ -128,19 +130,21 @@ class Camera:
             pass
 
     def counters(self) -> Dict[str, int]:
-        with self.reader.lock:
+        with self.lock:
             return self.stats.counters()
 
     def watch_once(self, now: float) -> Optional[float]:
         """Carry out what the Watch decides about the reader now; when to ask again. Raises EdgeError when it gives
         up (no first frame within start_timeout_s)."""
+        if self.reader.ended or self.reader.error is not None:  # a file's end or error: nothing to watch
+            return None
         verdict = self.watch.decide(now, self.reader.view())
         if verdict.action == GIVE_UP:
             raise EdgeError("{}{}: {}".format(self.label, self.description, verdict.error))
         source = self.description
         for name, fields in verdict.events:
             if name == "source_timeout":
-                with self.reader.lock:
+                with self.lock:
                     self.stats.source_timeouts += 1
             if name == "source_start_timeout":
                 fields = dict(fields, error="{}: {}".format(source, fields["error"]))
