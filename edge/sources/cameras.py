@@ -3,7 +3,7 @@
     cameras = Cameras(camera_cfgs, cfg.runtime, capture_factory, reconnect_initial_s=..., reconnect_max_s=...,
                       on_event=log).start(stages)
     batch = cameras.next_batch(wait_s)     # the frames the deadline batcher chose to serve now, or None
-    results = pipeline.process_batch(batch.frames, batch.names, timed)
+    results = pipeline.process_batch(batch.frames, [c.name for c in batch.cameras], timed)
     cameras.finished(batch, results, timed)  # per-camera figures; the batcher learns the batch's cost and misses
 
 Each camera's reader thread publishes its frames straight into its slot in the batcher (newest wins: the frame it
