@@ -76,6 +76,20 @@ def test_a_dead_camera_among_several_is_named_by_its_place_in_the_file():
                     "open source)"
 
 
+def test_a_camera_lost_long_after_its_start_is_reopened_not_given_up_as_never_started():
+    """The first-frame deadline (start_timeout_s) is the camera's, not each new reader's: a reopen after it is a
+    reconnect like any other."""
+    camera = sh.DropoutCapture(good=120, down_s=0.3)  # 0.6 s of frames at 200 fps, then gone for 0.3 s
+    reader = sh.CameraReader(camera, timeout_s=0.2, start_timeout_s=0.2, reconnect_initial_s=0.02)
+    try:
+        while reader.stats()["reconnects"] == 0:  # across the outage: a reconnect, not "no frame within 0.2 s"
+            reader.get(30)
+        reader.get(30)
+    finally:
+        reader.stop()
+    assert reader.stats()["faults"] == 1 and "source_recovered" in reader.names()
+
+
 def test_results_carry_each_cameras_counters_as_data_not_their_owner(tmp_path, dynamic_model):
     seen = []
 

@@ -38,7 +38,6 @@ class FrameReader:
         self.failed_at: Optional[float] = None  # stopped on a fault then (live sources)
         self.ended = False  # a file or folder came to its end
         self.error: Optional[BaseException] = None  # a file or folder failed: the run's error
-        self.last_frame: Optional[float] = None
         self._busy_since: Optional[float] = None
         self._opening = False
         self._stop = threading.Event()
@@ -48,7 +47,7 @@ class FrameReader:
 
     def view(self) -> ReaderView:
         return ReaderView(live=self.live, failed_at=self.failed_at, busy_since=self._busy_since,
-                          opening=self._opening, last_frame=self.last_frame, last_fault=self.stats.last_fault)
+                          opening=self._opening, last_frame=self.stats.last_frame, last_fault=self.stats.last_fault)
 
     def start(self, reopen: bool = False) -> "FrameReader":
         """Read in a thread. A live capture is opened by the thread (an open that hangs in a driver is a stall the
@@ -116,8 +115,7 @@ class FrameReader:
             broken_streak = 0
             with self.lock:
                 self.stats.produced += 1
-                seq = self.stats.produced
-            self.last_frame = now
+                seq, self.stats.last_frame = self.stats.produced, now
             self.publish(Frame(image, seq, now, (now - started) * 1e3))
             if first:  # the watcher sees a recovery at once
                 first = False

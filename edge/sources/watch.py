@@ -51,6 +51,7 @@ class SourceStats:
     reconnects: int = 0  # successful reopenings after a fault
     source_timeouts: int = 0  # `timeout_s` without a frame
     last_fault: Optional[str] = None
+    last_frame: Optional[float] = None  # when the latest frame was published, by whichever reader
 
     def counters(self) -> Dict[str, int]:
         return {"produced": self.produced, "skipped": self.skipped, "expired": self.expired, "broken": self.broken,
@@ -65,7 +66,7 @@ class ReaderView:
     failed_at: Optional[float] = None  # the reader stopped on a fault then, and waits to be reopened
     busy_since: Optional[float] = None  # a read or open in progress since then (None between calls)
     opening: bool = False  # the call in progress is an open (a camera may take seconds)
-    last_frame: Optional[float] = None  # when the latest frame was published
+    last_frame: Optional[float] = None  # when the camera's latest frame was published (by any of its readers)
     last_fault: Optional[str] = None
 
 
