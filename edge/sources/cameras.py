@@ -127,7 +127,7 @@ class Cameras:
                 for camera in self.cameras:
                     at = camera.watch_once(now)
                     wake = min(wake, at) if at is not None else wake
-            except EdgeError as exc:
+            except Exception as exc:  # a camera given up (EdgeError), or a fresh capture that could not be made
                 with self._cond:
                     self._error = exc
                     self._cond.notify_all()
