@@ -83,8 +83,12 @@ class Cameras:
         every camera and watch."""
         if stages is not None:
             self.restage(stages)
-        for camera in self.cameras:
-            camera.start()
+        try:
+            for camera in self.cameras:
+                camera.start()
+        except BaseException:  # a file that cannot be opened: the cameras started before it stop again
+            self.stop()
+            raise
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="edge-watcher")
         self._watcher.start()
         return self
