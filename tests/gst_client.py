@@ -4,8 +4,8 @@ python3-opencv is the OpenCV built with GStreamer; see the docstring there). Pri
   twin csi|usb-mjpg|usb-yuyv|rtsp WIDTH HEIGHT FPS FRAMES [URI CODEC]
       opens the software twin of that pipeline through edge's own GStreamerCapture and reads FRAMES frames
   grab URI CODEC TCP
-      edge's SourceSupervisor with a reconnect policy on open_capture(uri); one line per frame and per
-      source event, until stdin closes
+      edge's one camera path (Cameras: its reader and watcher) with a reconnect policy on open_capture(uri); one
+      line per frame and per source event, until stdin closes
   open URI
       open_capture(uri) on the GStreamer path and one frame: its shape and the description, or the error line
   serve PROBE
@@ -23,10 +23,11 @@ import threading
 import time
 import traceback
 
-from edge.config import SourceConfig
+from edge.config import CameraConfig, RuntimeConfig, SourceConfig
 from edge.errors import EdgeError
 from edge.sources import gstreamer
-from edge.sources.source import SourceSupervisor, SourceTimeout, open_capture
+from edge.sources.cameras import Cameras
+from edge.sources.source import open_capture
 from edge.uri import parse_source
 
 # The software twin: the off-Jetson element set with videotestsrc standing in for the cameras.
@@ -64,22 +65,20 @@ def twin(kind, width, height, fps, frames, uri="", codec="auto"):
 
 
 def grab(uri, codec, tcp):
-    cfg = SourceConfig(uri=uri, rtsp_codec=codec, rtsp_tcp=tcp == "tcp", timeout_s=2.0)
-    supervisor = SourceSupervisor(open_capture(cfg), cfg.timeout_s, reconnect_initial_s=0.05, reconnect_max_s=0.4,
-                                  reopen=lambda: open_capture(cfg),
-                                  on_event=lambda name, fields: emit(event=name, t=time.monotonic(), **fields))
+    cfg = CameraConfig(name="camera", uri=uri, rtsp_codec=codec, rtsp_tcp=tcp == "tcp", timeout_s=2.0)
+    cameras = Cameras([cfg], RuntimeConfig(budget_ms=3600e3), open_capture, reconnect_initial_s=0.05,
+                      reconnect_max_s=0.4, on_event=lambda name, fields: emit(event=name, t=time.monotonic(), **fields),
+                      give_up_at_start=False)
     closed = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
-    supervisor.start()
-    emit(event="started", source=supervisor.capture.description)
+    cameras.start()
+    emit(event="started", source=cameras.description)
     while not closed.is_set():
-        try:
-            frame = supervisor.reader.get(0.5)  # the current reader: a hung one is replaced below
-        except SourceTimeout:
-            supervisor.recover_stall()  # as edge.service.runtime does
-            continue
-        emit(frame=frame.seq, shape=frame.image.shape, t=frame.captured, **supervisor.stats())
-    supervisor.stop()
+        batch = cameras.next_batch(0.5)
+        if batch is not None:
+            frame = batch.frames[0]
+            emit(frame=frame.seq, shape=frame.image.shape, t=frame.captured, **cameras.stats())
+    cameras.stop()
 
 
 def open_one(uri):

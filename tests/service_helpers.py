@@ -13,12 +13,14 @@ import time
 import numpy as np
 import yaml
 
-from edge.config import load_config
+from edge.config import CameraConfig, RuntimeConfig, load_config
 from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
 from edge.infer.preprocess import CpuPreprocessor
 from edge.service.log import JsonLog
 from edge.service.loop import run
 from edge.service.signals import StopFlag
+from edge.sources.cameras import Cameras
+from edge.sources.capture import SourceTimeout
 from edge.sources.source import Capture, SyntheticCapture
 
 
@@ -187,6 +189,38 @@ def service_config(model, **overrides):
               "service.reconnect_initial_s": 0.05, "service.reconnect_max_s": 0.2}
     values.update(overrides)
     return load_config(None, values)
+
+
+class CameraReader:
+    """One capture read as the service reads a camera (edge.sources.cameras.Cameras: its reader, watcher and batch
+    of one), without stages: `get()` the newest frame not served yet, `stats()` its counters, `events` its events."""
+
+    def __init__(self, capture, timeout_s=2.0, start_timeout_s=10.0, reconnect_initial_s=0.05, reconnect_max_s=0.2,
+                 give_up_at_start=True):
+        """`capture`: a Capture, or a function that makes a fresh one (a hung one is abandoned for another)."""
+        self.events = []
+        cfg = CameraConfig(name="camera", timeout_s=timeout_s, start_timeout_s=start_timeout_s)
+        runtime = RuntimeConfig(budget_ms=3600e3)  # no frame expires: the test is the consumer, as slow as it likes
+        factory = (lambda _: capture()) if not isinstance(capture, Capture) else (lambda _: capture)
+        self.cameras = Cameras([cfg], runtime, factory, reconnect_initial_s=reconnect_initial_s,
+                               reconnect_max_s=reconnect_max_s, on_event=lambda *event: self.events.append(event),
+                               give_up_at_start=give_up_at_start).start()
+        self.camera = self.cameras.cameras[0]
+
+    def get(self, timeout_s=10.0):
+        batch = self.cameras.next_batch(timeout_s)
+        if batch is None:
+            raise SourceTimeout("no frame for {} s".format(timeout_s))
+        return batch.frames[0]
+
+    def stats(self):
+        return self.cameras.stats()
+
+    def names(self):
+        return [name for name, _ in self.events]
+
+    def stop(self):
+        self.cameras.stop()
 
 
 class ListLog(JsonLog):

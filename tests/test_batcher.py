@@ -226,3 +226,42 @@ def test_a_size_not_served_lately_keeps_the_start_ratio():
         cost.observe(1, 0.016)
     assert cost.estimate(2) == pytest.approx(0.024)
     assert CostModel({1: 0.008}).estimate(2) == pytest.approx(0.016)  # no start figure for 2: linear
+
+
+@pytest.mark.parametrize("per_frame", [0.0, 0.060])  # batching helps a lot / not at all
+def test_under_overload_n_cameras_are_served_best_effort_not_one_probe_a_second(per_frame):
+    """Issue 39 item 12: a budget no frame can make (1 ms; the engine takes 60 ms a frame alone). One camera gets a
+    result per engine call; three cameras must get at least half that in all, each late result counted as a miss,
+    and the batcher says why it serves late (the service's `degraded` signal)."""
+
+    def cost(n):
+        return 0.060 + per_frame * (n - 1)
+
+    def served_per_second(cameras):
+        batcher = DeadlineBatcher([1.0 / FPS] * cameras, budget=0.001, max_batch=cameras, max_wait=0.010,
+                                  margin=0.0, cost=CostModel({n: cost(n) for n in range(1, cameras + 1)}))
+        run = simulate(batcher, arrivals(cameras, 10.0), cost=cost)
+        assert batcher.overloaded and "overloaded" in batcher.overloaded and "1 ms budget" in batcher.overloaded
+        assert not run.expired
+        late = [p for start, end, frames in run.batches for p in frames if end > p.deadline]
+        assert late == run.served()  # every result is late: each one a miss
+        assert batcher.limit == 1  # the misses cut the batch limit (overload serves by throughput regardless)
+        counts = [sum(p.camera == c for p in run.served()) for c in range(cameras)]
+        assert max(counts) - min(counts) <= 1  # round robin: no camera starved
+        return len(run.served()) / 10.0
+
+    one, three = served_per_second(1), served_per_second(3)
+    assert one > 15
+    assert three >= one / 2
+
+
+def test_overload_ends_when_the_engine_is_fast_again():
+    batcher = batcher_for(3)
+    for _ in range(200):  # a slow spell: every batch took 50 ms
+        batcher.finished(1, 0.050, missed=True)
+    batcher.offer(0, 0.0, 0.0)
+    assert batcher.decide(0.0).serve and batcher.overloaded  # served late rather than dropped
+    for _ in range(200):
+        batcher.finished(1, linear_cost(1), missed=False)
+    batcher.offer(1, 1.0, 1.0)
+    assert batcher.decide(1.0).serve and batcher.overloaded is None

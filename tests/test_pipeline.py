@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import service_helpers as sh
 from service_helpers import ControlledBackend, JsonLines, json_lines, write_config
 
 from edge.config import SourceConfig, load_config
@@ -15,7 +16,6 @@ from edge.infer.pipeline import Pipeline, TooManyErrors
 from edge.infer.postprocess import TopK, load_labels
 from edge.infer.preprocess import CpuPreprocessor
 from edge.infer.stages import Stages
-from edge.sources.reader import FrameReader
 from edge.sources.source import SourceEnded, open_capture
 from edge.store.artifact import labels_path
 
@@ -44,7 +44,7 @@ def test_onnxruntime_backend_runs_the_exported_model(small_model):
 def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
     cfg = load_config(None)
     loaded = (backend or OnnxRuntimeBackend(model)).load()
-    reader = FrameReader(open_capture(SourceConfig(uri=video, fps=1000, loop=loop))).start()
+    reader = sh.CameraReader(open_capture(SourceConfig(uri=video, fps=1000, loop=loop)))
     labels = load_labels(labels_path(model))
     stages = Stages(CpuPreprocessor(cfg.preprocess), loaded, TopK(labels), "test", model)
     return Pipeline(stages, LatencyRecorder(30.0), max_errors), reader

@@ -8,14 +8,13 @@ import service_helpers as sh
 from edge.config import SourceConfig, load_config
 from edge.errors import EdgeError
 from edge.sources.gstreamer import APPSINK, JETSON, SOFTWARE, csi_pipeline, rtsp_pipeline, usb_pipelines
-from edge.sources.reader import FrameReader
-from edge.sources.source import Capture, SourceEnded, SourceSupervisor, SourceTimeout, open_capture
+from edge.sources.source import Capture, SourceEnded, SourceTimeout, open_capture
 
 from conftest import write_video
 
 
 def grab_all(cfg, limit=1000):
-    reader = FrameReader(open_capture(cfg)).start()
+    reader = sh.CameraReader(open_capture(cfg))
     frames = []
     try:
         while len(frames) < limit:
@@ -24,13 +23,13 @@ def grab_all(cfg, limit=1000):
         pass
     finally:
         reader.stop()
-    return frames, reader
+    return frames, reader.stats()
 
 
 def test_video_file_frames_match_what_was_written(tmp_path):
     written = write_video(tmp_path / "clip.avi", frames=12)
-    frames, reader = grab_all(SourceConfig(uri=str(tmp_path / "clip.avi"), fps=1000, loop=False))
-    assert len(frames) + reader.skipped == 12
+    frames, stats = grab_all(SourceConfig(uri=str(tmp_path / "clip.avi"), fps=1000, loop=False))
+    assert len(frames) + stats["skipped"] == 12
     assert [f.seq for f in frames] == sorted(f.seq for f in frames)
     first = frames[0]
     assert first.image.shape == (240, 320, 3) and first.image.dtype == np.uint8
@@ -50,8 +49,8 @@ def test_image_folder_reads_images_and_skips_non_images(tmp_path):
     for i in range(3):
         cv2.imwrite(str(tmp_path / "img{}.png".format(i)), np.full((50, 60, 3), i * 80, np.uint8))
     (tmp_path / "notes.txt").write_text("not an image", encoding="utf-8")
-    frames, reader = grab_all(SourceConfig(uri=str(tmp_path), fps=1000, loop=False))
-    assert len(frames) + reader.skipped == 3
+    frames, stats = grab_all(SourceConfig(uri=str(tmp_path), fps=1000, loop=False))
+    assert len(frames) + stats["skipped"] == 3
     assert all(f.image.shape == (50, 60, 3) for f in frames)
 
 
@@ -66,12 +65,12 @@ def test_a_folder_source_is_listed_as_a_path_and_only_its_files_are_images(tmp_p
         cv2.imwrite(str(path / "a.png"), np.full((20, 30, 3), value, np.uint8))
     (folder / "sub.jpg").mkdir()
     (folder / "sub.jpg" / "inner.png").write_bytes(b"")
-    frames, reader = grab_all(SourceConfig(uri=str(folder), fps=1000, loop=False))
-    assert [int(f.image.mean()) for f in frames] == [200] and reader.broken == 0
+    frames, stats = grab_all(SourceConfig(uri=str(folder), fps=1000, loop=False))
+    assert [int(f.image.mean()) for f in frames] == [200] and stats["broken"] == 0
 
 
 def test_synthetic_source_is_paced():
-    reader = FrameReader(open_capture(SourceConfig(width=64, height=48, fps=50))).start()
+    reader = sh.CameraReader(open_capture(SourceConfig(width=64, height=48, fps=50)))
     try:
         frames = [reader.get() for _ in range(10)]
     finally:
@@ -101,7 +100,7 @@ class CountingCapture(Capture):
 
 
 def test_reader_returns_newest_frame_and_counts_skips():
-    reader = FrameReader(CountingCapture(200)).start()
+    reader = sh.CameraReader(CountingCapture(200))
     seen = []
     try:
         while True:
@@ -112,9 +111,10 @@ def test_reader_returns_newest_frame_and_counts_skips():
     finally:
         reader.stop()
     assert all(b > a for a, b in zip(seen, seen[1:])), "a frame older than the previous one was returned"
-    assert reader.produced == 200
-    assert reader.skipped > 100  # the slow consumer missed most frames
-    assert reader.skipped == 200 - len(seen)
+    stats = reader.stats()
+    assert stats["produced"] == 200
+    assert stats["skipped"] > 100  # the slow consumer missed most frames
+    assert stats["skipped"] == 200 - len(seen)
 
 
 def test_reader_times_out_and_forwards_errors():
@@ -129,9 +129,9 @@ def test_reader_times_out_and_forwards_errors():
             return None
 
     stalled = Stalled()
-    reader = FrameReader(stalled, timeout_s=0.1).start()
+    reader = sh.CameraReader(stalled, timeout_s=0.1)
     with pytest.raises(SourceTimeout, match="no frame for 0.1 s"):
-        reader.get()
+        reader.get(0.1)
     stalled.release.set()
     reader.stop()
 
@@ -144,7 +144,7 @@ def test_reader_times_out_and_forwards_errors():
         def read(self):
             raise IOError("camera unplugged")
 
-    reader = FrameReader(Broken()).start()
+    reader = sh.CameraReader(Broken())
     with pytest.raises(IOError, match="camera unplugged"):
         reader.get()
     reader.stop()
@@ -237,19 +237,23 @@ class HangingOpen(Capture):
         return np.zeros((4, 4, 3), np.uint8)
 
 
+def stalled_for(reader):
+    busy = reader.camera.reader.view().busy_since
+    return time.monotonic() - busy if busy is not None else 0.0
+
+
 def test_a_live_capture_whose_open_hangs_does_not_block_start():
     release = threading.Event()
-    reader = FrameReader(HangingOpen(release), timeout_s=0.2, reconnect_initial_s=0.05)
     started = time.monotonic()
-    reader.start()
+    reader = sh.CameraReader(HangingOpen(release), timeout_s=0.2)
     try:
         assert time.monotonic() - started < 10  # not the open's 30 s: the loop gets control back, its deadline acts
         with pytest.raises(SourceTimeout):
             reader.get(0.3)
-        assert reader.stalled_for() >= 0.3  # the hung open is seen as a stall (the supervisor can abandon it)
+        assert stalled_for(reader) >= 0.3  # the hung open is seen as a stall (the watcher could abandon it)
         release.set()
         assert reader.get(2.0).image.shape == (4, 4, 3)
-        assert reader.stats()["faults"] == 0 and reader.reconnects == 0  # a slow first open is no reconnect
+        assert reader.stats()["faults"] == 0 and reader.stats()["reconnects"] == 0  # a slow first open: no fault
     finally:
         release.set()
         reader.stop()
@@ -257,68 +261,58 @@ def test_a_live_capture_whose_open_hangs_does_not_block_start():
 
 def test_a_slow_first_open_is_waited_for_not_abandoned_as_a_hung_read():
     """A camera may take seconds to open (nvargus at boot, a machine under load): an open is given
-    start_timeout_s, not the read's timeout_s, before the supervisor replaces the reader."""
+    start_timeout_s, not the read's timeout_s, before the watcher replaces the reader."""
     release, made = threading.Event(), []
 
     def camera():
         made.append(HangingOpen(release))
         return made[-1]
 
-    supervisor = SourceSupervisor(camera(), timeout_s=0.2, reconnect_initial_s=0.05, reopen=camera,
-                                  start_timeout_s=60.0).start()
-    first = supervisor.reader
+    reader = sh.CameraReader(camera, timeout_s=0.2, start_timeout_s=60.0)
+    first = reader.camera.reader
     try:
-        deadline = time.monotonic() + 60  # a guard against a hang, not a timing assertion
-        while supervisor.stalled_for() < 1.0 and time.monotonic() < deadline:  # five read timeouts into the open
-            assert supervisor.next_frame(0.1) is None
-        assert supervisor.reader is first and len(made) == 1  # still the first open, not abandoned
+        assert sh.wait_until(lambda: stalled_for(reader) >= 1.0, 60)  # five read timeouts into the open
+        assert reader.camera.reader is first and len(made) == 1  # still the first open, not abandoned
         release.set()
-        frame = None
-        while frame is None and time.monotonic() < deadline:
-            frame = supervisor.next_frame(0.1)
-        assert frame is not None and supervisor.stats()["faults"] == 0
+        assert reader.get(60) is not None and reader.stats()["faults"] == 0
     finally:
         release.set()
-        supervisor.stop()
+        reader.stop()
 
 
-def test_the_supervisor_replaces_a_hung_reader_and_counts_on_from_it():
+def test_a_hung_reader_is_replaced_and_the_counts_go_on_across_readers():
     sh.HangingCapture.instances = []
-    events = []
-    supervisor = SourceSupervisor(sh.HangingCapture(good=5), timeout_s=1.0, reconnect_initial_s=0.01,
-                                  reopen=sh.HangingCapture, on_event=lambda *event: events.append(event)).start()
-    hung = supervisor.reader
-    seqs = []
+    reader = sh.CameraReader(lambda: sh.HangingCapture(good=5), timeout_s=1.0, reconnect_initial_s=0.01)
+    hung = reader.camera.reader
     try:
-        deadline = time.monotonic() + 60  # a guard against a hang, not a timing assertion
-        while len(seqs) < 15 and time.monotonic() < deadline:  # 5 frames before the read hangs, 10 after
-            frame = supervisor.next_frame(0.1)
-            if frame is not None:
-                seqs.append(frame.seq)
+        seqs = [reader.get(60).seq for _ in range(15)]  # 5 frames before the read hangs, 10 after
+        assert sh.wait_until(lambda: "source_recovered" in reader.names(), 60)
     finally:
         sh.HangingCapture.instances[0].release.set()
-        supervisor.stop()
-    assert supervisor.reader is not hung and supervisor.capture is sh.HangingCapture.instances[1]
-    assert len(seqs) == 15 and all(b > a for a, b in zip(seqs, seqs[1:]))  # frames numbered on across readers
-    stats = supervisor.stats()
+        reader.stop()
+    assert reader.camera.reader is not hung and reader.camera.reader.capture is sh.HangingCapture.instances[1]
+    assert all(b > a for a, b in zip(seqs, seqs[1:]))  # frames numbered on across readers
+    stats = reader.stats()
     assert stats["faults"] == 1 and stats["reconnects"] == 1 and stats["source_timeouts"] >= 1
+    events = reader.events
     assert [f["fault"] for name, f in events if name == "source_fault"] == ["hung"]
     assert any(f["hung_read_restarted"] for name, f in events if name == "source_timeout")
-    names = [name for name, _ in events]
-    assert names.count("source_reconnected") == 1 and names.count("source_recovered") == 1
+    assert reader.names().count("source_reconnected") == 1 and reader.names().count("source_recovered") == 1
 
 
-def test_the_reader_reads_into_staging_buffers_never_over_the_newest_or_the_held_frame():
+def test_the_reader_reads_into_staging_buffers_never_over_the_waiting_or_the_served_frame():
     """The GPU path's pinned buffers (CudaPreprocessor.staging_buffers): frames arrive in them, and while the
-    consumer holds one (until its next get()) and another waits as the newest, reads go into the third."""
+    batch served last holds one (until the next batch) and another waits in the camera's slot, reads go into the
+    third."""
     from edge.sources.capture import SyntheticCapture
 
     buffers = [np.zeros((48, 64, 3), np.uint8) for _ in range(3)]
-    reader = FrameReader(SyntheticCapture(64, 48, fps=2000), 2.0)
-    reader.staging = lambda height, width: buffers if (height, width) == (48, 64) else []
-    reader.start()
+    reader = sh.CameraReader(SyntheticCapture(64, 48, fps=2000))
+    reader.camera.set_staging(lambda height, width: buffers if (height, width) == (48, 64) else [])
+    told = reader.stats()["produced"]
     try:
-        reader.get()  # the first read: its size is not known yet, so the capture's own array
+        assert sh.wait_until(lambda: reader.stats()["produced"] >= told + 2)  # reads begun since: staged
+        reader.get()
         held = reader.get()
         assert any(held.image is b for b in buffers)
         kept = held.image.copy()

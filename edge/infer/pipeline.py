@@ -38,12 +38,12 @@ class Result:
     misses: int = 0
     errors: int = 0  # failed frames so far
     consecutive_errors: int = 0
-    source: Dict[str, int] = field(default_factory=dict)  # the source's counters (SourceSupervisor.stats)
+    source: Dict[str, int] = field(default_factory=dict)  # the cameras' counters, summed (Cameras.stats)
     telemetry: Any = None  # the latest TelemetrySnapshot, when telemetry runs
     reloads: Dict[str, int] = field(default_factory=dict)  # SIGHUP reloads: ok, failed
     camera: str = ""  # several cameras: the one this frame is from (sources[].name)
     batch: int = 1  # frames in the batch this one was served in
-    cameras: Any = None  # several cameras: their owner (edge.sources.cameras.CameraSet), for per-camera figures
+    cameras: Dict[str, Dict[str, int]] = field(default_factory=dict)  # several cameras: each one's counters
     classes: Optional[ClassCounts] = None  # the timed frames' top-1 classes so far
 
 
@@ -93,7 +93,11 @@ class Pipeline:
     def process_batch(self, frames: Sequence[Frame], cameras: Sequence[str], timed: int) -> List[Result]:
         """Several cameras' frames (`cameras[i]` names frames[i]'s) as one batch: a Result each, in order, the first
         `timed` of them recorded. Each frame's frame_age is its wait from capture to the batch's start; its other
-        stages are the batch's."""
+        stages are the batch's. A batch of one is the one-frame path (no batch rows)."""
+        if len(frames) == 1:
+            result = self.process(frames[0], timed > 0)
+            result.camera = cameras[0]
+            return [result]
         t0 = time.monotonic()
         batch_ms: Dict[str, float] = {}
         try:

@@ -111,6 +111,6 @@ class FrameLogSink(Sink):
         if result.frames and result.frames % self.report_every == 0 and result.status != "error":
             fields = report_fields(self.recorder, result.source, result.errors, result.reloads, result.telemetry,
                                    result.classes)
-            if result.cameras is not None:  # several cameras: each one's figures
-                fields.update(result.cameras.figures())
+            if result.cameras:  # several cameras: each one's counters
+                fields["cameras"] = result.cameras
             self.event("summary", frame_lines_suppressed=self.lines.suppressed_total, **fields)

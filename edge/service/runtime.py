@@ -1,16 +1,18 @@
 """The service around the frame path. The way of one frame, top to bottom:
 
-    with Runtime(cfg, sinks) as rt:       # the stages, the source supervisor and the service's own sinks
-        for frame in rt.frames(stop):      # the newest frame; a SIGHUP reloads the model between two frames
-            rt.process(frame)              # Stages.classify, timed -> a Result with its counters -> every sink
-
-edge/service/loop.py is that loop and the final report: every command that runs frames uses it. Sinks get all
-they report in the Result; the source (edge/sources/source.py) owns its reconnect and quiet-source policy.
+    with Runtime(cfg, sinks) as rt:       # the stages, the cameras (1..N) and the service's own sinks
+        for batch in rt.frames(stop):      # what the batcher serves next; a SIGHUP reloads between two batches
+            rt.process(batch)              # Stages.classify(_batch), timed -> a Result each, with its counters ->
+                                           # every sink
+One camera is a batch of one, served on arrival. edge/service/loop.py is that loop and the final report: every
+command that runs frames uses it. Sinks get all they report in the Result; the cameras (edge/sources/cameras.py)
+own their recovery (edge/sources/watch.py) and the batching.
 
 What it writes (JSON lines on stdout; under systemd journald takes the `<N>` priority prefix JsonLog adds):
   start                 once: backend, model, source, preprocess, budget, metrics address, telemetry source
   frame_miss / frame_error (warning), summary: see edge/service/frame_log.py
   source_* (warning)    a live source fault, reconnect attempt and recovery; source_timeout when no frame came
+  overload / overload_ended  no frame can make the budget: every camera served best effort (each late result a miss)
   telemetry_*           jtop degraded / recovered (with the reason)
   reload*               SIGHUP: which model now serves, or why the old one kept serving
   report                last: the final report (edge/service/loop.py)
@@ -35,8 +37,8 @@ from edge.service.parts import ServicePart, WarningTag
 from edge.service.reload import Loading
 from edge.service.results import results_sinks
 from edge.service.signals import StopFlag
-from edge.sources.cameras import Batch, CameraSet
-from edge.sources.source import Capture, Frame, SourceEnded, SourceSupervisor, open_capture
+from edge.sources.cameras import Batch, Cameras
+from edge.sources.source import Capture, SourceEnded, open_capture
 from edge.uri import metrics_url
 
 SLICE_S = 0.25  # the longest wait for a frame before stop and reload requests are looked at again
@@ -70,7 +72,7 @@ class Runtime:
         self.stages_factory = stages_factory or create_stages
         self._borrowed = stages
         self.pipeline: Optional[Pipeline] = None
-        self.source: Any = None  # SourceSupervisor of the one camera, or the CameraSet of several (config sources)
+        self.source: Optional[Cameras] = None  # the cameras served (config `sources`, else the one `source`)
         self.metrics: Any = None  # edge.service.metrics.MetricsSink when service.metrics.enabled
         self.metrics_port: Optional[int] = None
         self.telemetry: Any = None  # edge.service.telemetry.Telemetry when service.telemetry.enabled
@@ -82,6 +84,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._reported = False  # the report line is written: nothing follows it
         self._loading: Optional[Loading] = None  # a SIGHUP reload in flight
+        self._overload: Optional[str] = None  # why the cameras are served best effort, as last logged
         self.notifier = Notifier(log=self.event)  # sd_notify; a no-op outside systemd
 
     @property
@@ -118,7 +121,10 @@ class Runtime:
         stages = self._borrowed or build_stages(cfg, self.stages_factory)
         recorder = LatencyRecorder(cfg.runtime.budget_ms, cfg.runtime.latency_window)
         self.pipeline = Pipeline(stages, recorder, cfg.runtime.max_consecutive_errors)
-        self.source = self._open_source(stages)
+        self.source = Cameras(cameras(cfg), cfg.runtime, self.capture_factory,
+                              reconnect_initial_s=cfg.service.reconnect_initial_s,
+                              reconnect_max_s=cfg.service.reconnect_max_s, on_event=self._source_event,
+                              give_up_at_start=not self.notifier.enabled).start(stages)  # under systemd: waited for
         self._start_services(recorder)
         self._serving(stages)
         self.facts = dict(stages.facts(), source=self.source.description, budget_ms=cfg.runtime.budget_ms,
@@ -128,22 +134,6 @@ class Runtime:
         self._warn_stale_info(stages)
         if self.telemetry is not None:
             self.telemetry.start()
-
-    def _open_source(self, stages: Stages) -> Any:
-        """The one camera's SourceSupervisor (today's batch-1 path), or the CameraSet of several."""
-        cfg = self.cfg
-        served = cameras(cfg)
-        give_up = not self.notifier.enabled  # under systemd a camera absent at start is waited for, degraded
-        if len(served) > 1:
-            return CameraSet(served, cfg.runtime, self.capture_factory,
-                             reconnect_initial_s=cfg.service.reconnect_initial_s,
-                             reconnect_max_s=cfg.service.reconnect_max_s, on_event=self._source_event,
-                             give_up_at_start=give_up).start(stages)
-        one = served[0] if cfg.sources else cfg.source
-        return SourceSupervisor(self.capture_factory(one), one.timeout_s, cfg.service.reconnect_initial_s,
-                                cfg.service.reconnect_max_s, reopen=lambda: self.capture_factory(one),
-                                on_event=self._source_event, start_timeout_s=one.start_timeout_s,
-                                give_up_at_start=give_up).start()
 
     def _start_services(self, recorder: LatencyRecorder) -> None:
         cfg, source = self.cfg, self.source
@@ -157,20 +147,23 @@ class Runtime:
 
             self.metrics = MetricsSink(cfg.runtime.budget_ms, source_stats=source.stats,
                                        telemetry=self.telemetry.latest if self.telemetry is not None else None,
-                                       camera_stats=source.drops if isinstance(source, CameraSet) else None)
+                                       camera_stats=source.drops if source.several else None)
             self.sinks.append(self.metrics)  # closed with the others, even if serving fails
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
         self.sinks.append(FrameLogSink(self.event, recorder, cfg.runtime.budget_ms, cfg.runtime.report_every))
-        self.sinks.append(NotifySink(self.notifier, recorder, degraded=lambda: self.stages.degraded))
+        self.sinks.append(NotifySink(self.notifier, recorder, degraded=self.degraded))
         self.sinks.extend(results_sinks(cfg.service.results))
         self.sinks.append(WarningTag(self.log.extra))
 
     def _parts(self) -> List[ServicePart]:
         return [sink for sink in self.sinks if isinstance(sink, ServicePart)]
 
+    def degraded(self) -> Optional[str]:
+        """Why the service runs degraded now (the stages stand in for the configured ones, or the cameras are
+        served best effort), or None."""
+        return self.stages.degraded or (self.source.degraded if self.source is not None else None)
+
     def _serving(self, stages: Stages) -> None:
-        if isinstance(self.source, SourceSupervisor):  # the GPU preprocessor's staging buffers, read into
-            self.source.reader.staging = getattr(stages.preprocess, "staging_buffers", None)
         for part in self._parts():
             part.serving(stages)
 
@@ -195,7 +188,7 @@ class Runtime:
             self.event("model_note", level="warning", model=stages.model_path, note=note)
 
     def _source_event(self, name: str, fields: Dict[str, Any]) -> None:
-        """The source supervisor's faults, reconnects and timeouts: logged, and the outage told to systemd."""
+        """The cameras' faults, reconnects and timeouts: logged, and the outage told to systemd."""
         self.event(name, level="info" if name in ("source_reconnected", "source_recovered") else "warning", **fields)
         if name == "source_start_timeout" and not self.notifier.ready_sent:  # under systemd: up, degraded
             self.notifier.ready("degraded: {}; retrying with backoff".format(fields["error"]))
@@ -238,10 +231,11 @@ class Runtime:
             self.telemetry.stop()
 
     # -- frames --------------------------------------------------------------------------------------------
-    def frames(self, stop: StopFlag) -> Iterator[Any]:
-        """Frames (several cameras: Batches) until a stop request, `runtime.frames` timed frames, or the end of a file
-        source (`ended_by` says which). Between two frames it serves SIGHUP; while the source is quiet, the watchdog
-        (the loop is alive: restarting would not bring a camera back) and stop requests within SLICE_S."""
+    def frames(self, stop: StopFlag) -> Iterator[Batch]:
+        """Batches (one camera: a frame each) until a stop request, `runtime.frames` timed frames, or the end of
+        every file source (`ended_by` says which). Between two batches it serves SIGHUP; while the cameras are quiet,
+        the watchdog (the loop is alive: restarting would not bring a camera back) and stop requests within
+        SLICE_S."""
         assert self.pipeline is not None and self.source is not None
         limit = self.cfg.runtime.frames
         while True:
@@ -256,7 +250,7 @@ class Runtime:
                 self.ended_by = "frames"
                 return
             try:
-                frame = self.source.next_frame(min(SLICE_S, self.cfg.source.timeout_s))
+                batch = self.source.next_batch(min(SLICE_S, self.cfg.source.timeout_s))
             except SourceEnded:
                 self.ended_by = "end of source"
                 return
@@ -264,44 +258,45 @@ class Runtime:
                 raise
             except Exception as exc:  # a file source that failed in its own way (files do not reconnect)
                 raise EdgeError("{}: {}: {}".format(self.cfg.source.uri, type(exc).__name__, exc)) from None
-            if frame is None:
+            if batch is None:
                 self.notifier.watchdog()
                 continue
-            yield frame
+            yield batch
 
-    def process(self, frame: Frame) -> Result:
-        """One frame through the stages; warm-up frames (`runtime.warmup`) are timed, not recorded or delivered,
-        failed ones always delivered. Raises TooManyErrors past `runtime.max_consecutive_errors` in a row. Several
-        cameras: `frame` is a Batch, and its Results come back as a list."""
+    def process(self, batch: Batch) -> List[Result]:
+        """A batch through the stages, a Result per frame; warm-up frames (`runtime.warmup`) are timed, not
+        recorded or delivered, failed ones always delivered. Raises TooManyErrors past
+        `runtime.max_consecutive_errors` in a row."""
         assert self.pipeline is not None and self.source is not None
-        if isinstance(frame, Batch):
-            return self._process_batch(frame)  # type: ignore[return-value]
-        record = self._warmup <= 0
-        self._warmup -= 1
-        self._last_image = frame.image
-        result = self.pipeline.process(frame, record)
-        self._deliver(result, record)
-        return result
-
-    def _process_batch(self, batch: Batch) -> List[Result]:
-        assert self.pipeline is not None and isinstance(self.source, CameraSet)
         limit, count = self.cfg.runtime.frames, len(batch.frames)
         timed = 0 if self._warmup > 0 else min(count, limit - self.pipeline.recorder.frames) if limit else count
         self._warmup -= count
         self._last_image = batch.frames[-1].image
-        results = self.pipeline.process_batch(batch.frames, batch.names, timed)
+        several = self.source.several  # one camera's results name none
+        results = self.pipeline.process_batch(batch.frames, [c.name if several else "" for c in batch.cameras],
+                                              timed)
         self.source.finished(batch, results, timed)
+        self._log_overload()
+        source, cameras = self.source.stats(), self.source.counters()
         for i, result in enumerate(results):
-            self._deliver(result, i < timed)
+            if i < timed or result.status == "error":
+                result.source, result.cameras = source, cameras
+                result.telemetry = self.telemetry.latest() if self.telemetry is not None else None
+                result.reloads = dict(self.reloads)
+                for sink in self.sinks:
+                    sink.on_result(result)
         return results
 
-    def _deliver(self, result: Result, record: bool) -> None:
-        if record or result.status == "error":
-            result.source = self.source.stats()
-            result.telemetry = self.telemetry.latest() if self.telemetry is not None else None
-            result.reloads = dict(self.reloads)
-            for sink in self.sinks:
-                sink.on_result(result)
+    def _log_overload(self) -> None:
+        """The cameras' overload, logged as it starts and ends (and told to systemd with every STATUS)."""
+        assert self.source is not None
+        why = self.source.degraded
+        if bool(why) != bool(self._overload):
+            if why is not None:
+                self.event("overload", level="warning", reason=why, budget_ms=self.cfg.runtime.budget_ms)
+            else:
+                self.event("overload_ended", was=self._overload)
+            self._overload = why
 
     # -- SIGHUP --------------------------------------------------------------------------------------------
     def request_reload(self) -> None:
@@ -352,8 +347,8 @@ class Runtime:
             return False
         new_cfg, stages = loading.result
         pipeline.stages = stages  # the swap: one object, between two frames
-        if isinstance(self.source, CameraSet):
-            self.source.restage(stages)  # the batch sizes the new model takes
+        assert self.source is not None
+        self.source.restage(stages)  # the batch sizes the new model takes, its staging buffers
         for key, apply in APPLIERS.items():
             apply(pipeline, lookup(new_cfg, key))
         try:

@@ -9,7 +9,7 @@ Sources:
          Its failures (service not running, socket permission, client/service version mismatch, lost
          connection; all `JtopException`) never stop the service: the snapshot is marked `degraded` with
          the reason, the Linux reader fills what it can meanwhile, and the connection is retried with
-         exponential backoff.
+         exponential backoff (edge.sources.watch.Backoff, the cameras' too).
   linux  psutil (or /proc/meminfo) + /sys/class/thermal + a devfreq GPU node if there is one. Off a Jetson
          this is the normal source and not "degraded".
 
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
 from edge.board import is_jetson
+from edge.sources.watch import Backoff
 
 JTOP_SOCKET = "/run/jtop.sock"
 OFFLINE_TEMP = -256.0  # what jtop reports for a sensor that is offline
@@ -255,8 +256,7 @@ class Telemetry:
                  linux: Optional[LinuxReader] = None):
         self.interval_s = interval_s
         self.log = log
-        self.retry_initial_s = retry_initial_s if retry_initial_s is not None else max(1.0, interval_s)
-        self.retry_max_s = max(retry_max_s, self.retry_initial_s)
+        self.backoff = Backoff(retry_initial_s if retry_initial_s is not None else max(1.0, interval_s), retry_max_s)
         self.socket_path = socket_path
         self.linux = linux or LinuxReader()
         self.attempts = 0  # jtop connection attempts
@@ -268,7 +268,7 @@ class Telemetry:
         self._latest = TelemetrySnapshot(time=time.time(), source="none", degraded="not sampled yet")
         self._degraded: Optional[str] = None
         self._next_attempt = 0.0
-        self._delay = self.retry_initial_s
+        self._retry_in = self.backoff.delay  # the wait before the next connection attempt
         self._use_jtop: Optional[bool] = None
 
     def wants_jtop(self) -> bool:
@@ -314,7 +314,7 @@ class Telemetry:
         if reason is None:
             self._emit("telemetry_recovered", "info", source="jtop", was=previous)
         else:
-            self._emit("telemetry_degraded", "warning", reason=reason, retry_in_s=round(self._delay, 2),
+            self._emit("telemetry_degraded", "warning", reason=reason, retry_in_s=round(self._retry_in, 2),
                        fallback="linux")
 
     def _connect(self) -> None:
@@ -346,11 +346,10 @@ class Telemetry:
 
     def _failed(self, exc: BaseException, now: float) -> None:
         self._disconnect()
-        self.retry_delays.append(self._delay)
-        self._next_attempt = now + self._delay
-        reason = jtop_reason(exc)
-        self._set_degraded(reason)
-        self._delay = min(self._delay * 2, self.retry_max_s)
+        self._retry_in = self.backoff.next()
+        self.retry_delays.append(self._retry_in)
+        self._next_attempt = now + self._retry_in
+        self._set_degraded(jtop_reason(exc))
 
     def sample(self) -> TelemetrySnapshot:
         """Take one sample now (the thread calls this every interval)."""
@@ -371,7 +370,7 @@ class Telemetry:
                     self._failed(exc, now)
                     snap = None
                 else:
-                    self._delay = self.retry_initial_s
+                    self.backoff.reset()
                     self._set_degraded(None)
         if snap is None:
             snap = self.linux.read(degraded=self._degraded if self._use_jtop else None)

@@ -6,8 +6,10 @@ The rules (docs/throughput.md), for N cameras on one engine:
   frame per camera, and nothing queues up behind a slow engine.
 - A frame's deadline is its capture time + the budget. A frame that cannot make it even alone at the typical cost
   (now + p50 L(1) + margin > deadline) is dropped as `expired`: served late, it would be a miss and delay others.
-  After PROBE_S without a batch the newest frame is served anyway, so costs measured in a slow spell are measured
-  again instead of starving every camera for good.
+- Overload: when no waiting frame could make its deadline even served the moment it arrived (arrival + p50 L(1) +
+  margin > deadline: a slow board, throttling, a heavy model, costs not measured yet), nothing is dropped: the
+  cameras are served best effort in turn, each batch the size that serves most frames per second, each late result
+  a miss, and `overloaded` says why. What is served is measured, so the overload ends with the slow spell.
 - Earliest deadline first, ties round-robin across cameras. The batch is the largest n <= the current limit whose
   service time L(n), the p99 of the last batches of that size, still meets the earliest deadline.
 - Short of a full batch (every live camera, or the limit), it waits for the next expected frame (each camera's
@@ -26,7 +28,6 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 WINDOW = 64  # the last batches (of any size) whose service times give each size's p99
 RECOVER_AFTER = 16  # clean batches in a row before the limit grows by one
 STALL_PERIODS = 1.5  # a camera whose frame is this many periods late is stalled: nobody waits for it
-PROBE_S = 1.0  # nothing served for this long: the newest frame is served even if it looks hopeless
 
 
 @dataclass
@@ -102,7 +103,7 @@ class DeadlineBatcher:
         self.last_capture: List[Optional[float]] = [None] * len(self.periods)
         self.clean = 0  # clean batches in a row
         self.rr = 0  # the camera that wins the next tie
-        self.last_served = -math.inf  # when the last batch was handed out
+        self.overloaded: Optional[str] = None  # why every camera is served best effort now, or None
 
     @property
     def cameras(self) -> int:
@@ -128,36 +129,54 @@ class DeadlineBatcher:
 
     def decide(self, now: float) -> Decision:
         decision = Decision()
-        self._expire(now, decision)
+        alone = self.cost.estimate(1, 0.5) + self.margin
+        self._overload(alone)
+        if not self.overloaded:
+            self._expire(now, alone, decision)
         waiting = sorted(self.pending(), key=self._key)
         if not waiting:
             return decision
-        earliest = waiting[0].deadline
-        n = 1
-        for size in range(min(self.limit, len(waiting)), 1, -1):
-            if now + self.cost.estimate(size) + self.margin <= earliest:
-                n = size
-                break
-        full = n >= self.limit or n >= max(len(self.live(now)), len(waiting))
-        wake = None if full or n < len(waiting) else self._wait_until(now, waiting, earliest)
-        if wake is not None:
-            decision.wake_at = wake
-            return decision
+        if self.overloaded:  # round robin: every camera in turn, whatever its deadline
+            waiting.sort(key=lambda p: (p.camera - self.rr) % self.cameras)
+            n = self._most_per_second(len(waiting))
+        else:
+            n = self._largest_in_time(now, waiting)
+            full = n >= self.limit or n >= max(len(self.live(now)), len(waiting))
+            wake = None if full or n < len(waiting) else self._wait_until(now, waiting, waiting[0].deadline)
+            if wake is not None:
+                decision.wake_at = wake
+                return decision
         decision.serve = waiting[:n]
-        self.last_served = now
         for p in decision.serve:
             self.slots[p.camera] = None
         self.rr = (decision.serve[-1].camera + 1) % self.cameras
         return decision
 
-    def _expire(self, now: float, decision: Decision) -> None:
-        """Drop what cannot make its deadline even alone at the typical (p50) cost. When nothing was served for
-        PROBE_S, the newest frame is served anyway: a probe, so that costs measured in a slow spell (or at start)
-        are measured again instead of starving every camera for good."""
-        alone = self.cost.estimate(1, 0.5) + self.margin
+    def _overload(self, alone: float) -> None:
+        """Overloaded while every waiting frame was already hopeless when it arrived (the state holds while
+        nothing waits)."""
+        waiting = self.pending()
+        if waiting:
+            self.overloaded = None if any(p.arrived + alone <= p.deadline for p in waiting) else \
+                "overloaded: one frame alone takes {:.1f} ms (p50, with the margin), over the {:g} ms budget; " \
+                "every camera served best effort, each late result a miss".format(alone * 1e3, self.budget * 1e3)
+
+    def _largest_in_time(self, now: float, waiting: List[Pending]) -> int:
+        """The largest batch (at least 1) within the limit whose p99 cost still meets the earliest deadline."""
+        for size in range(min(self.limit, len(waiting)), 1, -1):
+            if now + self.cost.estimate(size) + self.margin <= waiting[0].deadline:
+                return size
+        return 1
+
+    def _most_per_second(self, waiting: int) -> int:
+        """Under overload: the largest batch (of those waiting, up to max_batch) within 1 % of the most frames a
+        second."""
+        rate = {n: n / max(self.cost.estimate(n, 0.5), 1e-9) for n in range(1, min(self.max_batch, waiting) + 1)}
+        return max(n for n in rate if rate[n] >= 0.99 * max(rate.values()))
+
+    def _expire(self, now: float, alone: float, decision: Decision) -> None:
+        """Drop what cannot make its deadline even alone at the typical (p50) cost (`alone`, with the margin)."""
         hopeless = [p for p in self.pending() if now + alone > p.deadline]
-        if hopeless and len(hopeless) == len(self.pending()) and now - self.last_served >= PROBE_S:
-            hopeless.remove(max(hopeless, key=lambda p: p.deadline))
         for p in hopeless:
             decision.expired.append(p)
             self.slots[p.camera] = None

@@ -1,16 +1,17 @@
-"""Several cameras on one engine (config `sources`): the owner of the cameras, their figures and the batcher.
+"""The cameras of a run, 1..N, on one engine (config `sources`, else the one `source`): one path for any number.
 
-    cameras = CameraSet(camera_cfgs, cfg.runtime, capture_factory, reconnect_initial_s=..., reconnect_max_s=...,
-                        on_event=log).start(stages)
-    batch = cameras.next_frame(wait_s)     # a Batch the deadline batcher chose, or None (nothing due yet)
-    results = pipeline.process_batch(batch.frames, batch.names)
-    cameras.finished(batch, results)       # per-camera figures, and the batcher learns the batch's cost
+    cameras = Cameras(camera_cfgs, cfg.runtime, capture_factory, reconnect_initial_s=..., reconnect_max_s=...,
+                      on_event=log).start(stages)
+    batch = cameras.next_batch(wait_s)     # the frames the deadline batcher chose to serve now, or None
+    results = pipeline.process_batch(batch.frames, [c.name for c in batch.cameras], timed)
+    cameras.finished(batch, results, timed)  # per-camera figures; the batcher learns the batch's cost and misses
 
-For the frame loop a CameraSet is the source (what `Runtime.frames` reads): each camera has its own
-SourceSupervisor (its reader thread keeps the newest frame, reconnects, reports a quiet source) and a thread that
-hands its frames over, so a camera that dies, hangs or reconnects delays no other. The scheduling is
-edge/sources/batcher.py's (policy only); what the engine costs per batch size is measured here, at start (each size
-run a few times) and from every batch served.
+Each camera's reader thread publishes its frames straight into its slot in the batcher (newest wins: the frame it
+replaces counts as `skipped`); there is no other queue and no hand-over thread. One camera is a batch of one,
+served on arrival. One watcher thread carries out what each camera's Watch (edge/sources/watch.py) decides, so a
+camera that dies, hangs or reconnects delays no other. The scheduling is edge/sources/batcher.py's (policy only);
+what the engine costs per batch size is measured here, at start (each size run a few times, several cameras) and
+from every batch served.
 """
 
 import threading
@@ -23,165 +24,168 @@ import numpy as np
 
 from edge.config import CameraConfig, RuntimeConfig
 from edge.errors import EdgeError
-from edge.infer.latency import LatencyRecorder
 from edge.infer.pipeline import Frame, Result
 from edge.sources.batcher import CostModel, DeadlineBatcher
 from edge.sources.capture import Capture, SourceEnded
-from edge.sources.source import SourceSupervisor
+from edge.sources.reader import Staging
+from edge.sources.source import Camera
+from edge.sources.watch import Backoff
 
-HANDOVER_S = 0.25  # a camera's thread looks at its stop flag at least this often
 SEED_RUNS = 5  # timed runs of each batch size at start (after one untimed), whose median seeds its cost
+WATCH_S = 0.25  # the watcher looks at every camera at least this often
 
 
 @dataclass
 class Batch:
-    """Frames the batcher chose to serve together, at most one per camera."""
+    """Frames the batcher chose to serve together, at most one per camera, and their cameras."""
 
     frames: List[Frame]
-    names: List[str]
-    cameras: List["Camera"]
+    cameras: List[Camera]
 
 
-class Camera:
-    """One camera: its source supervisor, the thread that hands its frames over, and its own figures."""
-
-    def __init__(self, index: int, cfg: CameraConfig, supervisor: SourceSupervisor, budget_ms: float, window: int):
-        self.index, self.cfg, self.name = index, cfg, cfg.name
-        self.supervisor = supervisor
-        self.recorder = LatencyRecorder(budget_ms, window)
-        self.superseded = 0  # replaced by the same camera's newer frame before the engine took it
-        self.expired = 0  # dropped: it could no longer make its deadline
-        self.errors = 0
-        self.ended = False
-        self.thread: Optional[threading.Thread] = None
-
-    def figures(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = self.recorder.summary()
-        out.update(self.supervisor.stats(), superseded=self.superseded, expired=self.expired, errors=self.errors,
-                   source=self.supervisor.capture.description)
-        return out
-
-
-class CameraSet:
-    """The cameras of one run, their hand-over slots and the deadline batcher that serves them."""
+class Cameras:
+    """The cameras of one run, the deadline batcher their readers publish into, and the watcher thread."""
 
     def __init__(self, cameras: Sequence[CameraConfig], runtime: RuntimeConfig,
                  capture_factory: Callable[[Any], Capture], *, reconnect_initial_s: float, reconnect_max_s: float,
                  on_event: Callable[[str, Dict[str, Any]], None], give_up_at_start: bool = True):
-        self.cfgs = list(cameras)
-        self.give_up_at_start = give_up_at_start  # False under systemd: a camera not there yet at boot is waited for
         self.runtime = runtime
-        self.capture_factory = capture_factory
-        self.reconnect = (reconnect_initial_s, reconnect_max_s)
-        self.on_event = on_event
-        self.cameras: List[Camera] = []
-        self.batcher: Optional[DeadlineBatcher] = None
         self.batch_sizes: Dict[int, int] = {}  # frames per batch -> batches served
         self._cond = threading.Condition()
-        self._arrivals: List[Any] = []  # (camera, frame, handed over at)
         self._error: Optional[BaseException] = None
         self._stop = threading.Event()
+        self._poke = threading.Event()  # a reader changed: the watcher looks now
+        self._watcher: Optional[threading.Thread] = None
+        several = len(cameras) > 1
+        self.cameras = [Camera(i, cfg, capture_factory, publish=self._offer, on_event=on_event, changed=self._changed,
+                               backoff=Backoff(reconnect_initial_s, reconnect_max_s),
+                               give_up_at_start=give_up_at_start, budget_ms=runtime.budget_ms,
+                               window=runtime.latency_window,
+                               label="{} ({}): ".format(cfg.key, cfg.name) if several else "")
+                        for i, cfg in enumerate(cameras)]
+        self.batcher = DeadlineBatcher([1.0 / c.fps for c in cameras], budget=runtime.budget_ms / 1e3,
+                                       max_batch=1, max_wait=runtime.batching.max_wait_ms / 1e3,
+                                       margin=runtime.batching.margin_ms / 1e3)
+
+    @property
+    def several(self) -> bool:
+        return len(self.cameras) > 1
 
     @property
     def description(self) -> str:
+        if not self.several:
+            return self.cameras[0].description
         return "{} cameras: {}".format(len(self.cameras), ", ".join(
-            "{} ({})".format(c.name, c.supervisor.capture.description) for c in self.cameras))
+            "{} ({})".format(c.name, c.description) for c in self.cameras))
 
-    def start(self, stages: Any) -> "CameraSet":
-        """Measure what each batch size costs on `stages`, then open every camera and start handing frames over."""
-        batching = self.runtime.batching
-        largest = self._largest(stages)
-        cost = seed_costs(stages, largest, (self.cfgs[0].height, self.cfgs[0].width))
-        self.batcher = DeadlineBatcher([1.0 / c.fps for c in self.cfgs], budget=self.runtime.budget_ms / 1e3,
-                                       max_batch=largest, max_wait=batching.max_wait_ms / 1e3,
-                                       margin=batching.margin_ms / 1e3, cost=cost)
-        for index, cfg in enumerate(self.cfgs):
-            self.cameras.append(Camera(index, cfg, self._supervisor(cfg), self.runtime.budget_ms,
-                                       self.runtime.latency_window))
-        for camera in self.cameras:
-            camera.supervisor.start()
-            camera.thread = threading.Thread(target=self._hand_over, args=(camera,), daemon=True,
-                                             name="edge-camera-" + camera.name)
-            camera.thread.start()
+    def start(self, stages: Any = None) -> "Cameras":
+        """Measure what each batch size costs on `stages` (several cameras; None: batch 1, unmeasured), then open
+        every camera and watch."""
+        if stages is not None:
+            self.restage(stages)
+        try:
+            for camera in self.cameras:
+                camera.start()
+        except BaseException:  # a file that cannot be opened: the cameras started before it stop again
+            self.stop()
+            raise
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="edge-watcher")
+        self._watcher.start()
         return self
 
-    def _largest(self, stages: Any) -> int:
-        batching = self.runtime.batching
-        return 1 if batching.policy == "off" else min(batching.max_batch, stages.backend.max_batch, len(self.cfgs))
-
     def restage(self, stages: Any) -> None:
-        """A reload swapped the model: the batch sizes it takes, and their costs measured again."""
-        assert self.batcher is not None
-        largest = self._largest(stages)
-        cost = seed_costs(stages, largest, (self.cfgs[0].height, self.cfgs[0].width))
+        """The stages that serve now (at start, after a reload): the batch sizes they take, their costs, and the
+        GPU preprocessor's staging buffers to read into."""
+        batching = self.runtime.batching
+        largest = 1 if batching.policy == "off" else min(batching.max_batch, stages.backend.max_batch,
+                                                          len(self.cameras))
+        cost = seed_costs(stages, largest, (self.cameras[0].cfg.height, self.cameras[0].cfg.width)) \
+            if self.several else CostModel()
         with self._cond:
             self.batcher.max_batch = self.batcher.limit = largest
             self.batcher.cost = cost
+        staging: Optional[Staging] = getattr(stages.preprocess, "staging_buffers", None)
+        for camera in self.cameras:
+            camera.set_staging(staging)
 
-    def _supervisor(self, cfg: CameraConfig) -> SourceSupervisor:
-        def event(name: str, fields: Dict[str, Any]) -> None:
-            self.on_event(name, dict(fields, camera=cfg.name))
+    def _offer(self, camera: Camera, frame: Frame) -> None:
+        """A reader's new frame into its camera's slot (the frame it replaces is skipped)."""
+        with self._cond:
+            old = self.batcher.offer(camera.index, frame.captured, time.monotonic(), frame)
+            camera.slot = frame
+            if old is not None:
+                with camera.lock:
+                    camera.stats.skipped += 1
+            self._cond.notify_all()
 
-        return SourceSupervisor(self.capture_factory(cfg), cfg.timeout_s, self.reconnect[0], self.reconnect[1],
-                                reopen=lambda: self.capture_factory(cfg), on_event=event,
-                                start_timeout_s=cfg.start_timeout_s, give_up_at_start=self.give_up_at_start)
+    def _changed(self) -> None:
+        self._poke.set()
+        with self._cond:
+            self._cond.notify_all()
 
-    def _hand_over(self, camera: Camera) -> None:
-        """The camera's thread: its newest frames into the hand-over list; its end or failure noted."""
-        try:
-            while not self._stop.is_set():
-                frame = camera.supervisor.next_frame(min(HANDOVER_S, camera.cfg.timeout_s))
-                if frame is not None:
-                    with self._cond:
-                        self._arrivals.append((camera, frame, time.monotonic()))
-                        self._cond.notify_all()
-        except SourceEnded:
-            with self._cond:
-                camera.ended = True
-                self._cond.notify_all()
-        except Exception as exc:  # a dead camera at start (no first frame), a file failing: the run's error
-            why = str(exc) if isinstance(exc, EdgeError) else "{}: {}: {}".format(camera.cfg.uri, type(exc).__name__,
-                                                                                 exc)
-            with self._cond:
-                self._error = EdgeError("sources[{}] ({}): {}".format(camera.index, camera.name, why),
-                                        getattr(exc, "exit_code", 2))
-                self._cond.notify_all()
+    def _watch(self) -> None:
+        """The watcher: each camera's Watch verdict carried out, until stopped or one gives up (the run's error)."""
+        while not self._stop.is_set():
+            now, wake = time.monotonic(), time.monotonic() + WATCH_S
+            try:
+                for camera in self.cameras:
+                    at = camera.watch_once(now)
+                    wake = min(wake, at) if at is not None else wake
+            except Exception as exc:  # a camera given up (EdgeError), or a fresh capture that could not be made
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            self._poke.wait(max(0.0, wake - time.monotonic()))
+            self._poke.clear()
 
-    def next_frame(self, wait_s: float) -> Optional[Batch]:
-        """The next batch the batcher chose within `wait_s`, else None. Raises a camera's start failure, and
-        SourceEnded once every camera (files, folders) has ended and nothing waits."""
-        batcher = self.batcher
-        assert batcher is not None, "start first"
+    def next_batch(self, wait_s: float) -> Optional[Batch]:
+        """The next batch the batcher chose within `wait_s`, else None. Raises a camera's start failure or a file's
+        error, and SourceEnded once every camera (files, folders) has ended and nothing waits."""
         give_up = time.monotonic() + wait_s
+        batcher = self.batcher
         with self._cond:
             while True:
-                if self._error is not None:
-                    raise self._error
-                for camera, frame, at in self._arrivals:
-                    if batcher.offer(camera.index, frame.captured, at, (camera, frame)) is not None:
-                        camera.superseded += 1
-                del self._arrivals[:]
+                self._raise_failure()
                 now = time.monotonic()
                 decision = batcher.decide(now)
                 for pending in decision.expired:
-                    pending.item[0].expired += 1
+                    camera = self.cameras[pending.camera]
+                    camera.slot = None
+                    with camera.lock:
+                        camera.stats.expired += 1
                 if decision.serve:
-                    chosen = [p.item for p in decision.serve]
-                    return Batch([f for _, f in chosen], [c.name for c, _ in chosen], [c for c, _ in chosen])
-                if all(c.ended for c in self.cameras) and not batcher.pending():
+                    return self._take([self.cameras[p.camera] for p in decision.serve],
+                                      [p.item for p in decision.serve])
+                if all(c.reader.ended for c in self.cameras) and not batcher.pending():
                     raise SourceEnded(self.description)
-                wake = give_up if decision.wake_at is None else min(give_up, decision.wake_at)
                 if now >= give_up:
                     return None
+                wake = give_up if decision.wake_at is None else min(give_up, decision.wake_at)
                 self._cond.wait(max(0.0, wake - now))
 
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+        for camera in self.cameras:
+            error = camera.reader.error
+            if error is not None:
+                if isinstance(error, EdgeError) or not self.several:
+                    raise error
+                raise EdgeError("{}{}: {}: {}".format(camera.label, camera.cfg.uri, type(error).__name__, error))
+
+    def _take(self, cameras: List[Camera], frames: List[Frame]) -> Batch:
+        for camera in self.cameras:
+            camera.held = []
+        for camera, frame in zip(cameras, frames):
+            camera.slot, camera.held = None, [frame]
+        return Batch(frames, cameras)
+
     def finished(self, batch: Batch, results: Sequence[Result], timed: int) -> None:
-        """A served batch (its first `timed` results timed): per-camera figures, its cost and any miss to the
+        """A served batch (its first `timed` results timed): per-camera figures, and its cost and any miss to the
         batcher."""
-        assert self.batcher is not None
         service_ms = 0.0
         for i, (camera, result) in enumerate(zip(batch.cameras, results)):
-            result.cameras = self
             if result.status == "error":
                 camera.errors += 1
                 continue
@@ -190,43 +194,55 @@ class CameraSet:
                 camera.recorder.record(result.stage_ms)
         self.batch_sizes[len(results)] = self.batch_sizes.get(len(results), 0) + 1
         if service_ms:
-            self.batcher.finished(len(results), service_ms / 1e3, any(r.status == "miss" for r in results))
+            with self._cond:
+                self.batcher.finished(len(results), service_ms / 1e3, any(r.status == "miss" for r in results))
+
+    @property
+    def degraded(self) -> Optional[str]:
+        """Why the cameras are served best effort now (no frame can make its budget), or None."""
+        return self.batcher.overloaded
 
     def stats(self) -> Dict[str, int]:
-        """The cameras' source counters, summed (what one camera's SourceSupervisor.stats gives)."""
+        """The cameras' counters, summed."""
         total: Dict[str, int] = {}
         for camera in self.cameras:
-            for key, value in dict(camera.supervisor.stats(), superseded=camera.superseded,
-                                   expired=camera.expired).items():
+            for key, value in camera.counters().items():
                 total[key] = total.get(key, 0) + value
         return total
 
-    def drops(self) -> Dict[str, Dict[str, int]]:
-        """Each camera's frames never served: superseded (the reader's and the batcher's) and expired."""
-        return {c.name: {"superseded": c.superseded + c.supervisor.stats()["skipped"], "expired": c.expired}
+    def counters(self) -> Dict[str, Dict[str, int]]:
+        """Each camera's counters and its timed frames and misses, as data (several cameras; else empty)."""
+        if not self.several:
+            return {}
+        return {c.name: dict(c.counters(), frames=c.recorder.frames, misses=c.recorder.misses, errors=c.errors)
                 for c in self.cameras}
+
+    def drops(self) -> Dict[str, Dict[str, int]]:
+        """Each camera's frames never served: superseded by its newer frame, and expired."""
+        return {name: {"superseded": c["skipped"], "expired": c["expired"]} for name, c in self.counters().items()}
 
     def facts(self) -> Dict[str, Any]:
         """What the start line adds for several cameras."""
-        assert self.batcher is not None
+        if not self.several:
+            return {}
         return {"cameras": [c.name for c in self.cameras], "batching": self.runtime.batching.policy,
                 "max_batch": self.batcher.max_batch}
 
     def figures(self) -> Dict[str, Any]:
-        """Per-camera figures and the batches served, for the summary lines and the final report."""
-        batcher = self.batcher
+        """Per-camera figures and the batches served, for the final report (several cameras)."""
+        if not self.several:
+            return {}
         return {"cameras": {c.name: c.figures() for c in self.cameras},
                 "batches": {str(n): count for n, count in sorted(self.batch_sizes.items())},
-                "batch_limit": batcher.limit if batcher is not None else None,
-                "max_batch": batcher.max_batch if batcher is not None else None}
+                "batch_limit": self.batcher.limit, "max_batch": self.batcher.max_batch}
 
     def stop(self) -> None:
         self._stop.set()
+        self._poke.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=WATCH_S * 4)
         for camera in self.cameras:
-            camera.supervisor.stop()
-        for camera in self.cameras:
-            if camera.thread is not None:
-                camera.thread.join(timeout=HANDOVER_S * 4)
+            camera.stop()
 
 
 _SEEDS: "weakref.WeakKeyDictionary[Any, Dict[Any, float]]" = weakref.WeakKeyDictionary()
@@ -261,7 +277,7 @@ def format_cameras(report: Dict[str, Any]) -> str:
         e2e = c["stages_ms"].get("end_to_end", {})
         lines.append("{:<12}{:>8}{:>9.3f}{:>9.3f}{:>9.3f}{:>9}{:>11}{:>9}".format(
             name[:12], c["frames"], e2e.get("p50", 0.0), e2e.get("p99", 0.0), e2e.get("max", 0.0), c["misses"],
-            c["superseded"] + c["skipped"], c["expired"]))
+            c["skipped"], c["expired"]))
     batches = report.get("batches") or {}
     total = sum(batches.values())
     lines.append("batches: {} ({})".format(total, ", ".join("{} x{}".format(count, n) for n, count in batches.items())

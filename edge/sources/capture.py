@@ -1,7 +1,7 @@
 """Captures: one source of BGR frames each (synthetic, image folder, video file or OpenCV capture), with the
 frame record and the two ways a source stops giving frames. Cameras and streams build on OpenCVCapture in
 edge/sources/gstreamer.py; edge/sources/source.py maps a URI to a capture, which a FrameReader (edge/sources/reader.py)
-reads in its own thread under a SourceSupervisor."""
+reads in its own thread for its Camera."""
 
 import os
 import time

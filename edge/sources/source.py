@@ -1,4 +1,4 @@
-"""Frame sources: a URI -> a capture, and the supervisor of the reader thread that keeps only the newest frame.
+"""Frame sources: a URI -> a capture, and a Camera: its readers, its counters and its recovery carried out.
 
 URIs (config `source.uri`, flag `--source`):
   synthetic                generated frames, paced at `source.fps`, `source.width`x`source.height`
@@ -10,23 +10,25 @@ Cameras and streams are GStreamer pipelines (edge/sources/gstreamer.py) with the
 on a Jetson and software ones elsewhere; an OpenCV without GStreamer falls back to its V4L2 and FFmpeg backends.
 
 A Capture is a plain reader (open, read, close). The split of Frigate's CameraCapture and CameraWatchdog: a
-FrameReader (edge/sources/reader.py) reads one capture in its own thread into a single slot and closes and reopens a
-live one (cameras, RTSP, synthetic) with exponential backoff (`service.reconnect_initial_s` doubling up to
-`service.reconnect_max_s`) when a read raises, returns nothing or keeps returning broken images; the
-SourceSupervisor here owns that reader and the quiet-source policy of `next_frame()`, the loop's only call: a
-`source_timeout` every `source.timeout_s` without a frame, a reader whose read or reopening hung that long replaced
-by a fresh one on a fresh capture, and a source silent since start an error (`give_up_at_start`) or, under a
-supervisor that keeps the process (the systemd service: a camera not there yet at boot), a `source_start_timeout`
-event and the same retries on. Files and image folders are not live: their end is the end of the run.
+FrameReader (edge/sources/reader.py) reads one capture in its own thread and publishes each frame into its camera's
+slot; a Camera here owns the camera's readers, counters and figures, and carries out what its Watch
+(edge/sources/watch.py, the one recovery policy) decides when the watcher thread (edge/sources/cameras.py) asks:
+a failed live source (cameras, RTSP, synthetic) reopened by a new reader after a backoff
+(`service.reconnect_initial_s` doubling up to `service.reconnect_max_s`), a `source_timeout` every `source.timeout_s`
+without a frame, a reader whose read or open hung that long abandoned for a new one on a fresh capture, and a source
+silent since start an error (`give_up_at_start`) or, under a supervisor that keeps the process (the systemd service:
+a camera not there yet at boot), a `source_start_timeout` event and the same retries on. Files and image folders
+are not live: their end is the end of the run.
 """
 
-import math
 import os
+import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from edge.config import SourceConfig
+from edge.config import CameraConfig, SourceConfig
 from edge.errors import EdgeError, require
+from edge.infer.latency import LatencyRecorder
 from edge.infer.pipeline import Frame
 from edge.inputs import path_kind
 from edge.sources.capture import (
@@ -39,11 +41,12 @@ from edge.sources.capture import (
     SyntheticCapture,
 )
 from edge.sources.gstreamer import camera_capture
-from edge.sources.reader import FrameReader
+from edge.sources.reader import FrameReader, Staging
+from edge.sources.watch import GIVE_UP, REOPEN, Backoff, SourceStats, Watch
 from edge.uri import SourceURI, parse_source
 
-__all__ = ["IMAGE_EXTENSIONS", "Capture", "Frame", "SourceEnded",
-           "SourceSupervisor", "SourceTimeout", "SyntheticCapture", "open_capture"]
+__all__ = ["IMAGE_EXTENSIONS", "Camera", "Capture", "Frame", "SourceEnded", "SourceTimeout", "SyntheticCapture",
+           "open_capture"]
 
 
 def open_capture(cfg: SourceConfig) -> Capture:
@@ -75,114 +78,90 @@ def _capture(resource: SourceURI, cfg: SourceConfig) -> Capture:
     return OpenCVCapture(uri, cv2.CAP_ANY, uri, fps=cfg.fps, loop=cfg.loop, is_file=True)
 
 
-class SourceSupervisor:
-    """Owns the FrameReader of one source and the policy around it: `next_frame()` reports a quiet source,
-    replaces a reader whose read hung with a fresh one on `reopen()`'s capture, and fails a source that never gave
-    a first frame; `stats()` merges the reader's counters with its own. Events go to `on_event(name, fields)`.
-    """
+class Camera:
+    """One camera of a run: its readers (one at a time, plus any abandoned while hung), its counters (SourceStats,
+    kept across readers), its latency figures and its Watch. `publish(camera, frame)` takes its frames;
+    `on_event(name, fields)` its events; `changed()` is told when its reader stops."""
 
-    def __init__(self, capture: Capture, timeout_s: float = 2.0, reconnect_initial_s: Optional[float] = None,
-                 reconnect_max_s: float = 30.0, reopen: Optional[Callable[[], Capture]] = None,
-                 on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None, max_broken: int = 5,
-                 start_timeout_s: float = 10.0, give_up_at_start: bool = True):
-        self.reader = FrameReader(capture, timeout_s, reconnect_initial_s, reconnect_max_s, on_event, max_broken)
-        self.timeout_s = timeout_s
-        self.start_timeout_s = max(start_timeout_s, timeout_s)  # a source silent this long after start is dead
-        self.give_up_at_start = give_up_at_start  # False: say so once (source_start_timeout) and keep retrying
-        self._start_reported = False
-        self.reopen = reopen  # builds a fresh Capture when a hung reader has to be abandoned
-        self.timeouts = 0  # source_timeout events: `timeout_s` without a frame
-        self._stopped = False
-        self._started_at = time.monotonic()
-        self._last_frame_at = self._started_at  # moved on by each timeout reported
-        self._down_since: Optional[float] = None
-        self._seen_frame = False
-        self._last_timeout_log = -math.inf
+    def __init__(self, index: int, cfg: CameraConfig, capture_factory: Callable[[Any], Capture], *,
+                 publish: Callable[["Camera", Frame], None], on_event: Callable[[str, Dict[str, Any]], None],
+                 changed: Callable[[], None], backoff: Backoff, give_up_at_start: bool, budget_ms: float,
+                 window: int, label: str = ""):
+        self.index, self.cfg, self.name = index, cfg, cfg.name
+        self.label = label  # what its errors start with where there are several cameras: "sources[1] (left): "
+        self.capture_factory, self._publish, self._on_event, self.changed = capture_factory, publish, on_event, changed
+        self.stats = SourceStats()
+        self.lock = threading.Lock()  # guards `stats`, across its readers
+        self.recorder = LatencyRecorder(budget_ms, window)
+        self.errors = 0  # its frames that failed in the stages
+        self.watch = Watch(started=time.monotonic(), timeout_s=cfg.timeout_s, start_timeout_s=cfg.start_timeout_s,
+                           backoff=backoff, give_up_at_start=give_up_at_start)
+        self.held: List[Frame] = []  # its frames in the batch being served (never read over)
+        self.slot: Optional[Frame] = None  # its frame waiting in the batcher
+        self.staging: Optional[Staging] = None
+        self.reader = self._reader(capture_factory(cfg))
+        self.stopped = False
 
     @property
     def description(self) -> str:
-        return self.capture.description
+        return self.reader.capture.description
 
-    def facts(self) -> Dict[str, Any]:
-        """What the start line adds for this source: nothing for one camera (edge.sources.cameras has several)."""
-        return {}
+    def _reader(self, capture: Capture) -> FrameReader:
+        return FrameReader(capture, stats=self.stats, lock=self.lock, publish=lambda frame: self._publish(self, frame),
+                           on_event=self.event, changed=self.changed, staging=self.staging, busy=self._busy)
 
-    def figures(self) -> Dict[str, Any]:
-        """What reports add for this source: nothing for one camera (its figures are the run's)."""
-        return {}
+    def _busy(self) -> List[Frame]:
+        slot = self.slot
+        return self.held + ([slot] if slot is not None else [])
 
-    @property
-    def capture(self) -> Capture:
-        """The capture being read now (a fresh one after a hung read was abandoned)."""
-        return self.reader.capture
+    def set_staging(self, staging: Optional[Staging]) -> None:
+        """The GPU preprocessor's page-locked buffers to read into (None: the capture's own arrays)."""
+        self.staging = self.reader.staging = staging
 
-    def start(self) -> "SourceSupervisor":
+    def start(self) -> "Camera":
         self.reader.start()
         return self
 
-    def stalled_for(self) -> float:
-        """Seconds the current read (or reopening) has been blocked (0 when none is)."""
-        return self.reader.stalled_for()
-
-    def recover_stall(self) -> bool:
-        """Abandon a reader whose read has been blocked for longer than `timeout_s` (an open or reopening: longer
-        than `start_timeout_s`, as a camera may take seconds to open, more on a loaded machine) for a fresh one on
-        a fresh capture (live sources with `reopen` only). The hung reader closes its capture when its call
-        returns."""
-        hung = self.reader
-        limit = self.start_timeout_s if hung.opening else self.timeout_s
-        if not hung.recovers or self.reopen is None or self._stopped or self.stalled_for() < limit:
-            return False
-        hung.abandon()
-        self.reader = hung.successor(self.reopen()).start(reconnect=True)
-        return True
-
-    def next_frame(self, wait_s: float) -> Optional[Frame]:
-        """The newest unseen frame within `wait_s`, else None: the caller serves its signals, then asks again.
-
-        Each `timeout_s` without a frame is a `source_timeout` event (and a read hung that long is abandoned for a
-        fresh reader); no first frame within `start_timeout_s` is an EdgeError naming the last fault (with
-        `give_up_at_start`; else a `source_start_timeout` event), and the frame that ends an outage logs
-        `source_recovered`. Raises SourceEnded at the end of a file or folder."""
+    def event(self, name: str, fields: Dict[str, Any]) -> None:
+        """`on_event(name, fields)` with the camera's name and counters; reporting never takes a reader down."""
         try:
-            frame = self.reader.get(wait_s)
-        except SourceTimeout:
-            self._quiet(time.monotonic())
+            self._on_event(name, dict(dict(fields, camera=self.name), **self.counters()))
+        except Exception:
+            pass
+
+    def counters(self) -> Dict[str, int]:
+        with self.lock:
+            return self.stats.counters()
+
+    def watch_once(self, now: float) -> Optional[float]:
+        """Carry out what the Watch decides about the reader now; when to ask again. Raises EdgeError when it gives
+        up (no first frame within start_timeout_s)."""
+        if self.reader.ended or self.reader.error is not None:  # a file's end or error: nothing to watch
             return None
-        now = time.monotonic()
-        if self._down_since is not None:
-            self.reader.emit("source_recovered", source=self.capture.description,
-                             down_s=round(now - self._down_since, 2), **self.stats())
-            self._down_since = None
-        self._seen_frame, self._last_frame_at = True, now
-        return frame
+        verdict = self.watch.decide(now, self.reader.view())
+        if verdict.action == GIVE_UP:
+            raise EdgeError("{}{}: {}".format(self.label, self.description, verdict.error))
+        source = self.description
+        for name, fields in verdict.events:
+            if name == "source_timeout":
+                with self.lock:
+                    self.stats.source_timeouts += 1
+            if name == "source_start_timeout":
+                fields = dict(fields, error="{}: {}".format(source, fields["error"]))
+            self.event(name, dict(fields, source=source))
+        if verdict.action == REOPEN and not self.stopped:
+            old = self.reader
+            if verdict.fresh:
+                old.abandon()
+            self.reader = self._reader(self.capture_factory(self.cfg) if verdict.fresh else old.capture)
+            self.reader.start(reopen=True)
+        return verdict.wake_at
 
-    def _quiet(self, now: float) -> None:
-        quiet_s = now - self._last_frame_at
-        if not self._seen_frame and not self._start_reported and now - self._started_at >= self.start_timeout_s:
-            fault = self.reader.last_fault
-            error = "{}: no frame within {:g} s of start{}".format(
-                self.capture.description, self.start_timeout_s, " (last fault: {})".format(fault) if fault else "")
-            if self.give_up_at_start:
-                raise EdgeError(error)
-            self._start_reported = True
-            self.reader.emit("source_start_timeout", source=self.capture.description, error=error,
-                             action="retrying with backoff", **self.stats())
-        if quiet_s < self.timeout_s:
-            return
-        if self._down_since is None:
-            self._down_since = self._last_frame_at
-        self._last_frame_at = now  # the next timeout is `timeout_s` from this one
-        self.timeouts += 1
-        restarted = self.recover_stall()
-        if self.timeouts <= 3 or restarted or now - self._last_timeout_log >= 30.0:  # then every 30 s
-            self._last_timeout_log = now
-            self.reader.emit("source_timeout", source=self.capture.description,
-                             down_s=round(now - self._down_since, 1), hung_read_restarted=restarted, **self.stats())
-
-    def stats(self) -> Dict[str, int]:
-        return dict(self.reader.stats(), source_timeouts=self.timeouts)
+    def figures(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = self.recorder.summary()
+        out.update(self.counters(), errors=self.errors, source=self.description)
+        return out
 
     def stop(self) -> None:
-        self._stopped = True
+        self.stopped = True
         self.reader.stop()

@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
+import service_helpers as sh
 
 from edge.config import SourceConfig
-from edge.sources.reader import FrameReader
 from edge.sources.source import open_capture
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,11 +30,11 @@ def hardware_elements():
 
 
 def grab(cfg, frames=30):
-    reader = FrameReader(open_capture(cfg), cfg.timeout_s).start()
+    reader = sh.CameraReader(open_capture(cfg), cfg.timeout_s)
     try:
         start = time.monotonic()
-        got = [reader.get() for _ in range(frames)]
-        return reader.capture, got, frames / (time.monotonic() - start)
+        got = [reader.get(cfg.timeout_s) for _ in range(frames)]
+        return reader.camera.reader.capture, got, frames / (time.monotonic() - start)
     finally:
         reader.stop()
 

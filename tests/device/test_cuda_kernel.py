@@ -82,19 +82,21 @@ def test_usable_from_another_thread(cuda_pre, photo: Callable[[str], np.ndarray]
 
 
 def test_frames_a_reader_put_in_the_staging_buffers_need_no_host_copy(cuda_pre) -> None:
-    """The GPU path's frame: read into a page-locked staging buffer (FrameReader.staging), copied to the device from
+    """The GPU path's frame: read into a page-locked staging buffer (Camera.set_staging), copied to the device from
     there, with the CPU reference's output, while the reader goes on reading into the other buffers."""
-    from edge.sources.capture import SyntheticCapture
-    from edge.sources.reader import FrameReader
+    import service_helpers as sh
 
-    reader = FrameReader(SyntheticCapture(1280, 720, fps=1000), 2.0)
-    reader.staging = cuda_pre.staging_buffers
+    from edge.sources.capture import SyntheticCapture
+
+    reader = sh.CameraReader(SyntheticCapture(1280, 720, fps=1000))
+    reader.camera.set_staging(cuda_pre.staging_buffers)
     copied = cuda_pre.copied
-    reader.start()
     try:
-        reader.get()  # the first read: the size is not known yet, so the capture's own array
+        told = reader.stats()["produced"]
+        assert sh.wait_until(lambda: reader.stats()["produced"] >= told + 2)  # reads begun since: staged
+        reader.get()
         for _ in range(20):
-            image = reader.get().image  # whole until the next get()
+            image = reader.get().image  # whole until the next batch
             got = cuda_pre(image).download()
             assert float(np.abs(got - CpuPreprocessor(PreprocessConfig())(image)).max()) <= 1e-4
     finally:
