@@ -221,17 +221,12 @@ def test_real_service_without_the_jtop_group_is_degraded(jtop_service):
     assert source == "linux" and "can't access jtop.service" in degraded
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "edge/service/telemetry.py: after a jtop.service restart every reconnect from the telemetry thread reuses "
-    "multiprocessing's cached connection to the stopped service (BrokenPipe) until Python's cyclic GC frees the "
-    "dead jtop client, which lives in a reference cycle: 0.2 s to never. Automatic GC is off here to make that "
-    "certain; a product fix (gc.collect() after dropping a failed client, tried: it passes; or dropping the cached "
-    "connection) makes this pass, and strict=True then asks for this marker to go"))
 def test_service_restart_degrades_then_recovers(jtop_service):
     """Each step waits for its event: the service gone (degraded), the restarted service's control loop running
     (service_jtop waits for its `service ready` line, not for the socket plus a fixed sleep), then the reconnect.
-    It flaked in the full suite (no reconnect within 30 s) for the reason its xfail names: how long the reconnect
-    took depended on when the garbage collector ran."""
+    It flaked in the full suite (no reconnect within 30 s): the reconnect waited for the garbage collector to free
+    the dead client (multiprocessing's cached pipe to the stopped service), so automatic GC is off here to make
+    that certain; telemetry frees it on each failure."""
     logged = []
     telemetry = Telemetry(0.2, retry_initial_s=0.2, retry_max_s=0.4,
                           log=lambda event, **f: logged.append((event, f)))

@@ -22,6 +22,7 @@ Throttle signals for the fleet alerts (deploy/prometheus/rules.yml): the current
 has reached the rail's warning limit (INA3221 `currN_max`), where the hardware starts throttling.
 """
 
+import gc
 import glob
 import os
 import threading
@@ -346,6 +347,9 @@ class Telemetry:
 
     def _failed(self, exc: BaseException, now: float) -> None:
         self._disconnect()
+        # The dead jtop client sits in a reference cycle, and until it is freed multiprocessing hands every
+        # reconnect its cached pipe to the stopped service (BrokenPipe): free it now, not when the GC next runs.
+        gc.collect()
         self._retry_in = self.backoff.next()
         self.retry_delays.append(self._retry_in)
         self._next_attempt = now + self._retry_in
