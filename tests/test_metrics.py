@@ -229,6 +229,21 @@ def test_healthz_says_whether_a_frame_completed_within_the_window():
     assert MetricsSink(30.0).stale_after_s == 10.0  # the default, as documented
 
 
+def test_healthz_and_a_gauge_say_why_the_service_runs_degraded():
+    why = []
+    s = MetricsSink(30.0, degraded=lambda: why[0] if why else None)
+    port = s.serve("127.0.0.1", 0)
+    try:
+        s.on_result(result(1, "miss", e2e_ms=45.0))
+        assert healthz(port)[1].startswith("ok: last frame") and value(samples(scrape(port)), "edge_degraded") == 0
+        why.append("overloaded: no frame can make the 30 ms budget")
+        status, body = healthz(port)  # still serving (best effort): 200, with the reason first
+        assert status == 200 and body.startswith("degraded: overloaded: no frame can make the 30 ms budget; ok: ")
+        assert value(samples(scrape(port)), "edge_degraded") == 1
+    finally:
+        s.close()
+
+
 def test_process_resident_memory_is_exported_for_the_memory_growth_alert(sink):
     s, port = sink
     rss = value(samples(scrape(port)), "process_resident_memory_bytes")

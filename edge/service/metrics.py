@@ -1,7 +1,8 @@
 """Prometheus metrics for `edge run`: a pipeline Sink plus a small HTTP endpoint on 127.0.0.1.
 
   GET /healthz   200 "ok ..." when a frame completed (ok or miss) within `stale_after_s` (default 10 s, the
-                 systemd WatchdogSec), else 503 with a one-line reason: the Kubernetes liveness/readiness probe
+                 systemd WatchdogSec), "degraded: <why>; ok ..." while serving degraded (stand-in stages,
+                 overloaded cameras), else 503 with a one-line reason: the Kubernetes liveness/readiness probe
   GET /metrics   (or any other path) the exposition below
 
 Everything lives in the sink's own CollectorRegistry (not prometheus_client's global one), so several
@@ -29,6 +30,7 @@ base units (seconds, hertz, watts, ratios 0-1), `_total` on counters, the stage 
   edge_temperature_celsius{zone}, edge_cpu_frequency_hertz, edge_gpu_frequency_hertz, edge_emc_frequency_hertz,
   edge_jetson_clocks_enabled, edge_nvpmodel_info{mode}, edge_telemetry_degraded, edge_telemetry_age_seconds,
   edge_telemetry_source_info{source}    gauges read from the latest telemetry snapshot at scrape time
+  edge_degraded                          1 while serving degraded (/healthz says why)
   edge_cpu_frequency_max_hertz, edge_gpu_frequency_max_hertz   clock ceilings (throttling lowers them)
   edge_power_rail_overcurrent{rail}      1 when a rail's current is at its warning limit (jtop only)
   edge_build_info{version,python,release,board,l4t,tensorrt}, edge_engine_info{backend,precision,model,sha256}
@@ -207,12 +209,14 @@ class MetricsSink(ServicePart):
     def __init__(self, budget_ms: float, registry: Any = None,
                  source_stats: Optional[Callable[[], Dict[str, int]]] = None,
                  telemetry: Optional[Callable[[], Any]] = None, stale_after_s: float = HEALTHZ_STALE_S,
-                 camera_stats: Optional[Callable[[], Dict[str, Dict[str, int]]]] = None):
+                 camera_stats: Optional[Callable[[], Dict[str, Dict[str, int]]]] = None,
+                 degraded: Callable[[], Optional[str]] = lambda: None):
         prom = require("prometheus_client")
         if hasattr(prom, "disable_created_metrics"):  # prometheus-client >= 0.17
             prom.disable_created_metrics()  # no `_created` series: 22 per device that nothing reads
         self.registry = registry if registry is not None else prom.CollectorRegistry()
         self.stale_after_s = stale_after_s
+        self.degraded = degraded  # why the service runs degraded now (stand-in stages, overloaded cameras), or None
         self.last_frame: Optional[float] = None  # time.monotonic() of the latest completed frame
         buckets = budget_buckets(budget_ms)
         self.stage_hist = prom.Histogram("edge_stage_duration_seconds", "Time per pipeline stage", ["stage"],
@@ -229,6 +233,8 @@ class MetricsSink(ServicePart):
         self._classes: Dict[str, Any] = {}  # label -> its series, at most MAX_CLASS_SERIES
         budget = prom.Gauge("edge_budget_seconds", "The end-to-end latency budget", registry=self.registry)
         budget.set(budget_ms / 1000.0)
+        prom.Gauge("edge_degraded", "1 while the service runs degraded (/healthz and the log say why)",
+                   registry=self.registry).set_function(lambda: 1.0 if self.degraded() else 0.0)
         self.build = prom.Info("edge_build", "jetson-edge build, the deployed release and the board",
                                registry=self.registry)
         self.build.info(build_labels())
@@ -298,7 +304,9 @@ class MetricsSink(ServicePart):
         age = time.monotonic() - self.last_frame
         if age > self.stale_after_s:
             return False, "no frame completed for {:.1f} s (limit {:g} s)".format(age, self.stale_after_s)
-        return True, "ok: last frame {:.2f} s ago".format(age)
+        degraded = self.degraded()
+        line = "ok: last frame {:.2f} s ago".format(age)
+        return True, "degraded: {}; {}".format(degraded, line) if degraded else line
 
     def _app(self, metrics_app: Callable[..., Any]) -> Callable[..., Any]:
         def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Any:

@@ -147,7 +147,8 @@ class Runtime:
 
             self.metrics = MetricsSink(cfg.runtime.budget_ms, source_stats=source.stats,
                                        telemetry=self.telemetry.latest if self.telemetry is not None else None,
-                                       camera_stats=source.drops if source.several else None)
+                                       camera_stats=source.drops if source.several else None,
+                                       degraded=self.degraded)
             self.sinks.append(self.metrics)  # closed with the others, even if serving fails
             self.metrics_port = self.metrics.serve(cfg.service.metrics.host, cfg.service.metrics.port)
         self.sinks.append(FrameLogSink(self.event, recorder, cfg.runtime.budget_ms, cfg.runtime.report_every))
