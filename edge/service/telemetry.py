@@ -347,9 +347,7 @@ class Telemetry:
 
     def _failed(self, exc: BaseException, now: float) -> None:
         self._disconnect()
-        # The dead jtop client sits in a reference cycle, and until it is freed multiprocessing hands every
-        # reconnect its cached pipe to the stopped service (BrokenPipe): free it now, not when the GC next runs.
-        gc.collect()
+        gc.collect()  # free the dead client's reference cycle now: its cached pipe breaks every reconnect until then
         self._retry_in = self.backoff.next()
         self.retry_delays.append(self._retry_in)
         self._next_attempt = now + self._retry_in
