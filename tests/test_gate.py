@@ -249,9 +249,9 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing(forty, tmp_
     with pytest.raises(EdgeError) as err:
         enforce(result, report)
     line = str(err.value)
-    assert line == "accuracy gate inconclusive, nothing installed (--accept-inconclusive installs it anyway, " \
-                   "recorded): top-1 drop -16.11..+16.11 pp at 95 % straddles the 1 pp limit (~{} labelled images " \
-                   "decide it) (report: {})".format(r["labels_needed"], report)
+    assert line == "accuracy gate inconclusive, nothing installed (--accept-inconclusive installs it anyway): top-1 " \
+                   "drop -16.11..+16.11 pp at 95 % vs the 1 pp limit; ~{} labelled images decide it (report: {})" \
+                   .format(r["labels_needed"], report)
     assert err.value.exit_code == 1 and one_line(line) == line  # printed whole: never cut inside a word
     enforce(result, str(tmp_path / "gate.json"), accept_inconclusive=True)  # installs, said so by the build
 
@@ -307,3 +307,110 @@ def test_near_uniform_fp32_outputs_are_untrained_weights_the_gate_cannot_judge(f
     r = evaluate(ref, cand, s, PreprocessConfig(resize=32, crop=32), GateConfig()).report
     assert r["reference_near_uniform"] and r["verdict"] == "fail"
     assert any("near-uniform" in f and "--untrained" in f for f in r["failures"])
+
+
+# --- what the gate judges besides the drop: the reference, the labels, every class -----------------------------
+
+def with_classifier(src, dst, change):
+    """A copy of `src` whose classifier (the last Gemm's weight rows and bias, one per class) `change(w, b)` edits."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(src)
+    gemm = [n for n in model.graph.node if n.op_type == "Gemm"][-1]
+    inits = {i.name: i for i in model.graph.initializer}
+    w, b = (numpy_helper.to_array(inits[name]).copy() for name in gemm.input[1:3])
+    w, b = change(w, b)
+    for name, value in zip(gemm.input[1:3], (w, b)):
+        inits[name].CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
+    onnx.save(model, dst)
+    return dst
+
+
+def test_a_model_at_chance_fails_before_int8_is_judged(digits, tmp_path):
+    """The classifier rows in another class order (a network trained on another label order): FP32 is at chance, and a
+    faithful INT8 of it (here: itself, 0 flips, the best drop claim there is) must not pass."""
+    order = np.roll(np.arange(10), 3)
+    permuted = with_classifier(digits.onnx, str(tmp_path / "permuted.onnx"), lambda w, b: (w[order], b[order]))
+    with onnx_runner(permuted) as infer:
+        result = evaluate(infer, infer, load_calibration_set(digits.regression), digits.preprocess, DIGITS_GATE,
+                          LABELS)
+    r = result.report
+    assert r["reference_top1"] < 0.2 and r["top1_verdict"] == "pass" and r["verdict"] == "fail"
+    assert r["failures"][0].startswith("FP32 reference top-1 ") and "below 5x chance (50.0 %" in r["failures"][0]
+    with pytest.raises(EdgeError, match="^accuracy gate failed: FP32 reference top-1") as err:
+        enforce(result, "gate.json")
+    assert err.value.exit_code == 1
+
+
+def test_the_reference_is_held_to_the_figure_its_model_info_records(digits, reference):
+    s = load_calibration_set(digits.regression)
+    judge = lambda info: evaluate(reference, reference, s, digits.preprocess, DIGITS_GATE, LABELS,  # noqa: E731
+                                  source_info=info).report
+    assert judge({"expected_top1": 0.97})["verdict"] == "pass"  # what it scores, within its interval
+    r = judge({"expected_top1": 0.999})
+    assert r["verdict"] == "fail" and "below the 99.9 % its model info records" in r["failures"][0]
+    assert judge({"expected_top1": 0.999, "expected_top1_set": "0" * 64})["verdict"] == "pass"  # another set's
+
+
+def test_permuted_labels_fail(digits, reference):
+    """A labels file in another order than the model's classes: the class-name folders are filed under the wrong
+    indices, so FP32 is 'wrong' on every one of them; and a 1000-line ImageNet list out of order is named."""
+    shifted = LABELS[1:] + LABELS[:1]  # line i says str(i + 1): folder '3' is read as class 2
+    r = evaluate(reference, reference, load_calibration_set(digits.regression), digits.preprocess, DIGITS_GATE,
+                 shifted).report
+    assert r["verdict"] == "fail" and r["reference_top1"] < 0.1
+    assert any(f.startswith("labels look swapped: folder of class '") for f in r["failures"])
+    models = pytest.importorskip("torchvision.models")
+    from edge.model.gate_checks import labels_failure
+
+    names = list(models.MobileNet_V3_Large_Weights.IMAGENET1K_V1.meta["categories"])
+    assert labels_failure(names) is None
+    assert "ImageNet's class names in another order" in labels_failure(names[1:] + names[:1])
+
+
+def test_a_collapsed_class_fails_naming_it(digits, digits_qdq, reference, tmp_path):
+    """Five classifier rows cut 64x in the INT8 candidate (their classes can hardly win): named, label-free."""
+    def cut(w, b):
+        w[:5] /= 64.0
+        return w, b
+
+    collapsed = with_classifier(digits_qdq, str(tmp_path / "collapsed.onnx"), cut)
+    with onnx_runner(collapsed) as candidate:
+        r = evaluate(reference, candidate, load_calibration_set(digits.calibration), digits.preprocess,
+                     GateConfig(min_agreement=0.0, min_mean_cosine=-1.0, min_p5_cosine=-1.0,
+                                max_confident_flip_pct=100.0)).report  # unlabelled, every other threshold open
+    assert r["labelled"] == 0 and r["verdict"] == "fail"
+    assert [c["class"] for c in r["collapsed_classes"]] == [0, 1, 2, 3, 4]
+    assert r["failures"] == [next(f for f in r["failures"] if f.startswith("5 classes collapsed in the candidate: "
+                                                                           "0 (score spread x0.0"))]
+
+
+def test_per_class_recall_is_reported_with_the_worst_class(digits, digits_qdq, reference):
+    r = gate(digits, reference, digits_qdq).report
+    assert r["collapsed_classes"] == [] and r["min_spread_ratio"] > 0.5
+    assert sum(c["images"] for c in r["per_class"]) == 297 and len(r["per_class"]) == 10
+    worst = r["worst_class"]
+    assert worst == r["per_class"][0] and all(
+        (c["candidate_right"] - c["reference_right"]) / c["images"] >=
+        (worst["candidate_right"] - worst["reference_right"]) / worst["images"] for c in r["per_class"])
+
+
+@pytest.mark.parametrize("folder", ["\u00b2", "\u2460", "\u0663"])
+def test_a_folder_named_by_a_non_ascii_digit_is_one_line(digits, folder):
+    s = load_calibration_set(digits.regression)
+    odd = CalibrationSet(s.root, [folder + "/0001.png"], s.sha256)
+    with pytest.raises(EdgeError, match="subfolder '{}' is neither a label".format(folder)):
+        resolve_labels(odd, None)
+    with pytest.raises(EdgeError, match="subfolder '{}' is neither a label".format(folder)):
+        resolve_labels(odd, LABELS)
+
+
+def test_a_folder_named_by_an_ambiguous_label_is_refused_naming_both_lines(digits):
+    s = load_calibration_set(digits.regression)
+    labels = ["bird"] * 10
+    labels[2] = labels[7] = "crane"
+    cranes = CalibrationSet(s.root, ["crane/0001.png"], s.sha256)
+    with pytest.raises(EdgeError, match="folder 'crane' is ambiguous: lines 3 and 8 of the labels file all say it "
+                                        r"\(class indices 2 and 7\)"):
+        resolve_labels(cranes, labels)

@@ -363,13 +363,13 @@ def inconclusive_line(r: Dict[str, Any], report_path: str) -> str:
     parts = []
     if r.get("top1_verdict") == "inconclusive":
         lo, hi = r["top1_drop_interval_pp"]
-        parts.append("top-1 drop {:+.2f}..{:+.2f} pp at {} straddles the {:g} pp limit (~{} labelled images decide "
-                     "it)".format(lo, hi, at, limits.get("max_top1_drop_pp", 0), r.get("labels_needed", "more")))
+        parts.append("top-1 drop {:+.2f}..{:+.2f} pp at {} vs the {:g} pp limit; ~{} labelled images decide it".format(
+            lo, hi, at, limits.get("max_top1_drop_pp", 0), r.get("labels_needed", "more")))
     if r.get("fidelity_verdict") == "inconclusive":
         lo, hi = r["confident_flip_interval_pct"]
-        parts.append("{} of {} confident images flipped ({:.1f}..{:.1f} % at {}) against the {:g} % limit".format(
+        parts.append("{} of {} confident images flipped ({:.1f}..{:.1f} % at {}) vs the {:g} % limit".format(
             r["confident_flips"], r["confident_images"], lo, hi, at, limits.get("max_confident_flip_pct", 0)))
-    head = "accuracy gate inconclusive, nothing installed (--accept-inconclusive installs it anyway, recorded): "
+    head = "accuracy gate inconclusive, nothing installed (--accept-inconclusive installs it anyway): "
     tail = " (report: {})".format(report_path)
     while len(parts) > 1 and len(head + "; ".join(parts) + tail) > MAX_LINE_CHARS:
         parts.pop()

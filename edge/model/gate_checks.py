@@ -7,8 +7,9 @@
 - The labels: a labels file holding ImageNet's 1000 class names in another order (the pinned torchvision list), and
   a class folder FP32 files under one other class (at least MIN_CLASS_IMAGES images, none right, most on that one).
 - Every class, label-free on every image: the spread of its score over the set (99th percentile minus median, each
-  image's scores centred) in the candidate against FP32's, and how often the class leaves the candidate's top-5 where FP32 ranks it first. A
-  collapsed class (a classifier row scaled to nothing) fails, named; per-class recall deltas where labels exist.
+  image's scores centred) in the candidate against FP32's, and how often the class leaves the candidate's top-5
+  where FP32 ranks it first. A collapsed class (a classifier row scaled to nothing) fails, named; per-class recall
+  deltas where labels exist.
 """
 
 import hashlib
