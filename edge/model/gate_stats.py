@@ -93,11 +93,11 @@ def paired_drop_interval(b: int, c: int, n: int, z: float = Z95) -> Tuple[float,
     return lo, hi
 
 
-def labels_needed(discordance: float, distance_pp: float) -> int:
-    """Labelled images for the 95 % interval to land on the right side of a limit `distance_pp` away from the true
-    drop with 80 % power, at this discordance (the fraction of images whose top-1 correctness changes)."""
+def labels_needed(discordance: float, distance_pp: float, z: float = Z95) -> int:
+    """Labelled images for the interval (95 %: `z`) to land on the right side of a limit `distance_pp` away from the
+    true drop with 80 % power, at this discordance (the fraction of images whose top-1 correctness changes)."""
     distance = max(abs(distance_pp), 0.05) / 100.0
-    return int(math.ceil((Z95 + Z80) ** 2 * max(discordance, 1e-4) / distance ** 2))
+    return int(math.ceil((z + Z80) ** 2 * max(discordance, 1e-4) / distance ** 2))
 
 
 def min_detectable_drop_pp(discordance: float, n: int, limit_pp: float) -> float:
@@ -123,7 +123,7 @@ def top1_claim(b: int, c: int, n: int, limit_pp: float, confidence: float = 0.95
         verdict = "inconclusive"
         # the true drop assumed as seen, but at least half the limit away from it: a drop on the limit is undecidable
         assumed = min(max(drop, 0.0), limit_pp / 2) if drop < limit_pp else max(drop, 1.5 * limit_pp)
-        needed = labels_needed(discordance, limit_pp - assumed)
+        needed = labels_needed(discordance, limit_pp - assumed, z_of(confidence))
         changed = ("{:.1f} % of images change correctness, as here".format(100.0 * discordance) if b + c else
                    "planning assumption: 1 in {} images changes correctness (none did here)".format(n))
         claim = ("cannot tell: the drop is {:+.2f}..{:+.2f} pp at {} on {} labelled images; deciding a {:g} pp limit "
