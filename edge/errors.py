@@ -55,7 +55,15 @@ def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
     if len(out) <= limit:
         return out
     tail = limit // 3
-    return out[:limit - tail - 5] + " ... " + out[-tail:]
+    head, end = out[:limit - tail - 5], out[-tail:]
+    # cut between words ("labelled imag ... ifest" reads as a corrupt line), or at a path's separator
+    if " " in head[limit // 3:]:
+        head = head[:head.rfind(" ")]
+    if " " in end[:tail // 2]:
+        end = end[end.find(" ") + 1:]
+    elif "/" in end[:tail // 2]:
+        end = end[end.find("/"):]
+    return head + " ... " + end
 
 
 def require(module: str) -> ModuleType:
