@@ -337,7 +337,7 @@ def test_a_model_at_chance_fails_before_int8_is_judged(digits, tmp_path):
                           LABELS)
     r = result.report
     assert r["reference_top1"] < 0.2 and r["top1_verdict"] == "pass" and r["verdict"] == "fail"
-    assert r["failures"][0].startswith("FP32 reference top-1 ") and "below 5x chance (50.0 %" in r["failures"][0]
+    assert r["failures"][0].startswith("FP32 reference top-1 ") and "below 50.0 % (5x chance" in r["failures"][0]
     with pytest.raises(EdgeError, match="^accuracy gate failed: FP32 reference top-1") as err:
         enforce(result, "gate.json")
     assert err.value.exit_code == 1
