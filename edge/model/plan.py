@@ -133,7 +133,8 @@ class BuildPlan:
     target_tensorrt: Optional[str] = None  # the TensorRT the artifact is for (limits the Q/DQ opset)
     show_progress: bool = True
     accept_inconclusive: bool = False  # --accept-inconclusive: a gate that cannot tell still installs, recorded
-    looks_path: str = ""  # the ledger of this source's looks at this regression set (edge.model.gate_looks)
+    looks_path: str = ""  # the ledger of this source's looks at this regression set (edge.model.gate_looks); "":
+    # none kept (a declared-untrained model)
 
     @property
     def report_path(self) -> str:
@@ -259,8 +260,10 @@ def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = Fal
     if not os.access(b.engines_dir, os.W_OK):
         raise EdgeError("build.engines_dir {}: not writable".format(b.engines_dir))
     fmt.require()
-    looks_path = ledger_path(b.engines_dir, sha256_file(source), regression.sha256)
-    next_look(looks_path)  # a spent set is refused before any work
+    looks_path = ""  # a declared-untrained model's gate is not enforced: its looks prove nothing and cost nothing
+    if source_info.get("trained") is not False:
+        looks_path = ledger_path(b.engines_dir, sha256_file(source), regression.sha256)
+        next_look(looks_path)  # a spent set is refused before any work
     return BuildPlan(cfg=cfg, fmt=fmt, source=source, artifact=artifact_path(source, b.engines_dir, b.precision, fmt),
                      calibrator=calibrator, source_info=source_info, labels=labels,
                      calibration=calibration, regression=regression,

@@ -218,12 +218,12 @@ def step_fallback(plan: BuildPlan, state: BuildState, log: Log) -> None:
 
 def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     """FP32 ONNX Runtime vs the candidate on the regression set, once; the report is written whatever the verdict."""
-    result = judge(plan, state, plan.fmt.runner, next_look(plan.looks_path))
-    result.report["looks"] = record_look(plan.looks_path, {
-        "candidate": os.path.basename(plan.artifact) + " ({} candidate)".format(
-            "float fallback" if "float_layers" in (state.info.get("quantize") or {}) else plan.fmt.name),
-        "verdict": result.report["verdict"], "claims": result.report["claims"],
-        "accept_inconclusive": plan.accept_inconclusive})
+    result = judge(plan, state, plan.fmt.runner, next_look(plan.looks_path) if plan.looks_path else 1)
+    look = {"candidate": os.path.basename(plan.artifact) + " ({} candidate)".format(
+                "float fallback" if "float_layers" in (state.info.get("quantize") or {}) else plan.fmt.name),
+            "verdict": result.report["verdict"], "claims": result.report["claims"],
+            "accept_inconclusive": plan.accept_inconclusive}
+    result.report["looks"] = record_look(plan.looks_path, look) if plan.looks_path else [look]
     extra = {k: v for k, v in (state.info.get("quantize") or {}).items() if k.startswith("float_layers")}
     if not plan.fmt.engine:
         with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
