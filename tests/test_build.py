@@ -501,3 +501,17 @@ def test_regression_images_also_in_the_calibration_set_are_left_out_and_counted(
     same = digits_build_config(tmp_path / "same", digits, calibration_dir=overlap, regression_dir=overlap)
     with pytest.raises(EdgeError, match="every one of its 130 images is also in the calibration set"):
         cli("build", "--config", same, "--no-progress")
+
+
+def test_a_model_at_chance_fails_the_build_in_one_line(digits, tmp_path):
+    """A user's model whose classifier rows are in another class order: its INT8 keeps FP32's answers, and the build
+    still fails, naming the FP32 reference, before anything is installed."""
+    from test_gate import with_classifier
+
+    order = np.roll(np.arange(10), 3)
+    model = with_classifier(digits.onnx, str(tmp_path / "mine.onnx"), lambda w, b: (w[order], b[order]))
+    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "mine.labels.txt"))
+    with pytest.raises(EdgeError, match="build failed at step 'gate': accuracy gate failed: FP32 reference top-1 "
+                                        r"[0-9.]+ % \([0-9]+ of 297; <= [0-9.]+ % at 96.96 %\) is below 50.0 %") as err:
+        cli("build", "--config", digits_build_config(tmp_path, digits, model=model), "--no-progress")
+    assert err.value.exit_code == 1 and not os.path.exists(str(tmp_path / "engines" / "mine.int8.onnx"))
