@@ -59,10 +59,9 @@ def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
     # cut between words ("labelled imag ... ifest" reads as a corrupt line), or at a path's separator
     if " " in head[limit // 3:]:
         head = head[:head.rfind(" ")]
-    if " " in end[:tail // 2]:
-        end = end[end.find(" ") + 1:]
-    elif "/" in end[:tail // 2]:
-        end = end[end.find("/"):]
+    cuts = [i for i in (end.find(" ", 0, tail // 2), end.find("/", 0, tail // 2)) if i >= 0]
+    if cuts:  # from the first word or path component on: a path's end still names the problem
+        end = end[min(cuts) + (end[min(cuts)] == " "):]
     return head + " ... " + end
 
 
