@@ -14,6 +14,10 @@ each is right. Claims (edge.model.gate_stats):
   images (`min_agreement`) fail below their thresholds.
 - any NaN or Inf in either model's outputs fails, naming the image; every comparison is written so NaN cannot pass.
 - FP32 outputs near the uniform distribution (untrained weights) cannot be judged: a failure when enforced.
+- the FP32 reference, the labels and every class (edge.model.gate_checks): FP32 below its recorded top-1 or k x
+  chance, a permuted labels file, a collapsed class: failures; per-class recall, the worst class in the claim.
+- every interval at `confidence`: a build's look k at one set is judged at gate_stats.look_confidence(k)
+  (edge.model.gate_looks counts the looks); the claim is stated against FP32 ("INT8 keeps X of FP32's Y % top-1").
 
 The verdict: "fail" when anything fails, "pass" when every claim passes, else "inconclusive", which installs
 nothing unless the build is told --accept-inconclusive (edge.model.steps). Thresholds (config `build.gate`) and the
