@@ -113,7 +113,8 @@ def collapse_failure(report: Dict[str, Any]) -> Optional[str]:
     listed: List[Dict[str, Any]] = report.get("collapsed_classes") or []
     if not listed:
         return None
-    names = ", ".join("{!r} (score spread x{:.3f})".format(c["class"], c["spread_ratio"]) for c in listed[:5])
+    names = ", ".join("{!r} (score spread x{:.3f}, out of the top-5 on {} of the {} images FP32 ranks it first)".format(
+        c["class"], c["spread_ratio"], c["left_top5"], c["ranked_first"]) for c in listed[:3])
     return "{} class{} collapsed in the candidate: {}{}".format(
-        len(listed), "" if len(listed) == 1 else "es", names, " and {} more".format(len(listed) - 5)
-        if len(listed) > 5 else "")
+        len(listed), "" if len(listed) == 1 else "es", names, " and {} more".format(len(listed) - 3)
+        if len(listed) > 3 else "")
