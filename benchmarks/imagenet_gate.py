@@ -33,8 +33,10 @@ from edge.model.auto_method import quantize  # noqa: E402
 from edge.model.calibration import import_calibration_set, load_calibration_set  # noqa: E402
 from edge.model.export import ARCHES, export_model  # noqa: E402
 from edge.model.gate import evaluate  # noqa: E402
+from edge.model.gate_stats import look_confidence  # noqa: E402
 from edge.model.imagenet_set import DEFAULT_OUT  # noqa: E402
 from edge.model.plan import onnx_runner  # noqa: E402
+from edge.store.model_info import read_model_info  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SATURATE = (4.0,)
@@ -116,7 +118,7 @@ def main():
     labelled = load_calibration_set(args.set)
     gate = GateConfig()
     print("gate defaults: {}; {} labelled images; top-1 drop: Tango's 95 % interval; confident flips: "
-          "Clopper-Pearson".format(vars(gate), len(labelled)))
+          "Clopper-Pearson; a first look (96.96 %)".format(vars(gate), len(labelled)))
     print("| model | candidate (auto chose) | top-1 % FP32 / INT8 | right->wrong / wrong->right | top-1 drop pp "
           "(95 %) | confident flips (95 %) | cosine mean / p5 | Q/DQ inputs / outside placement | labels | verdict | "
           "seconds (make + gate) |")
@@ -128,9 +130,15 @@ def main():
             pre = PreprocessConfig(**ARCHES[arch].preprocess)
             for name, candidate, made_s in candidates(fp32, pre, os.path.join(work, arch), args.saturate,
                                                     args.only_saturated):
-                with onnx_runner(fp32) as reference, onnx_runner(candidate) as infer:
-                    result = evaluate(reference, infer, labelled, pre, gate)
-                print(row(arch, name, result.report, made_s, qdq_pairs(fp32, candidate)), flush=True)
+                with onnx_runner(fp32) as reference, onnx_runner(candidate) as infer:  # a build's first look
+                    result = evaluate(reference, infer, labelled, pre, gate, confidence=look_confidence(1),
+                                      source_info=read_model_info(fp32))
+                r = result.report
+                print(row(arch, name, r, made_s, qdq_pairs(fp32, candidate)), flush=True)
+                print("  FP32 top-1 {} of {} (interval {}, floor {}); collapsed classes {} (smallest spread ratio "
+                      "{}); worst class {}".format(r["reference_right"], r["labelled"], r["reference_top1_interval"],
+                                                   r["reference_floor"], [c["class"] for c in r["collapsed_classes"]],
+                                                   r["min_spread_ratio"], r["worst_class"]), flush=True)
                 print("  " + "; ".join(result.report["failures"] + result.report["inconclusive"] or
                                        result.report["claims"]), flush=True)
 

@@ -55,7 +55,14 @@ def one_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
     if len(out) <= limit:
         return out
     tail = limit // 3
-    return out[:limit - tail - 5] + " ... " + out[-tail:]
+    head, end = out[:limit - tail - 5], out[-tail:]
+    # cut between words ("labelled imag ... ifest" reads as a corrupt line), or at a path's separator
+    if " " in head[limit // 3:]:
+        head = head[:head.rfind(" ")]
+    cuts = [i for i in (end.find(" ", 0, tail // 2), end.find("/", 0, tail // 2)) if i >= 0]
+    if cuts:  # from the first word or path component on: a path's end still names the problem
+        end = end[min(cuts) + (end[min(cuts)] == " "):]
+    return head + " ... " + end
 
 
 def require(module: str) -> ModuleType:

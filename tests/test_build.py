@@ -13,7 +13,7 @@ from service_helpers import write_config
 
 from edge.cli.build import register
 from edge.config import load_config
-from edge.errors import EdgeError
+from edge.errors import EdgeError, one_line
 from edge.model import quantize
 from edge.model.calibration import import_calibration_set, load_calibration_set
 from edge.model.export import sha256_file
@@ -88,7 +88,11 @@ def test_build_installs_validated_qdq_model_with_manifest(built, digits):
                 encoding="utf-8").read().split() == [str(i) for i in range(10)]
     report = json.load(open(os.path.join(engines, "digits.int8.gate.json"), encoding="utf-8"))
     assert report["passed"] is True and report["artifact"] == artifact
-    assert manifest["gate"]["claims"] == report["claims"] and report["claims"][0].startswith("top-1 drop <= ")
+    assert manifest["gate"]["claims"] == report["claims"] and report["claims"][0].startswith(
+        "INT8 keeps {:.1f} of FP32's {:.1f} % top-1; top-1 drop <= ".format(100 * report["candidate_top1"],
+                                                                          100 * report["reference_top1"]))
+    assert " pp at 96.96 % (297 labelled images" in report["claims"][0]  # the first look's share of the 5 %
+    assert report["calibration_overlap_dropped"] == 0 and report["collapsed_classes"] == []
     assert manifest["gate"]["looks"] == len(report["looks"]) == 1
     kernels = report["this_cpu_int8_kernels"]  # what this CPU's fused int8 kernels would serve, beside the verdict
     assert kernels["images"] == 32 and 0 <= kernels["top1_agreement"] <= 1 and kernels["max_relative_difference"] >= 0
@@ -260,17 +264,25 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_acce
     twenty = import_calibration_set(str(raw), str(tmp_path / "twenty-set"), min_images=20, log=quiet).root
     config = digits_build_config(tmp_path, digits, regression_dir=twenty)
     artifact = str(tmp_path / "engines" / "digits.int8.onnx")
-    with pytest.raises(EdgeError, match="accuracy gate inconclusive, nothing installed: cannot tell: the drop is .* "
-                                        "on 20 labelled images; deciding a 5 pp limit needs ~") as err:
+    with pytest.raises(EdgeError, match=r"accuracy gate inconclusive, nothing installed \(--accept-inconclusive "
+                                        r"installs it anyway\): top-1 drop .* pp at 96.96 % vs the 5 pp limit; "
+                                        "~[0-9]+ labelled images decide it") as err:
         cli("build", "--config", config, "--no-progress")
     assert err.value.exit_code == 1 and not os.path.exists(artifact)
+    printed = one_line(str(err.value))  # what the CLI prints: cut between words, never inside one
+    assert "--accept-inconclusive installs it anyway" in printed and " ... " in printed
+    words = str(err.value).split(" ")
+    assert all(word in words or word.startswith("/") and any(w.endswith(word) for w in words)
+               for word in printed.replace(" ... ", " ").split(" "))
     assert json.load(open(os.path.join(str(tmp_path / "engines"), "digits.int8.gate.json"),
                           encoding="utf-8"))["verdict"] == \
         "inconclusive"
     assert cli("build", "--config", config, "--no-progress", "--accept-inconclusive") == 0
     gate = read_model_info(artifact)["gate"]
     assert gate["verdict"] == "inconclusive" and gate["accepted_inconclusive"] is True and gate["looks"] == 2
-    assert "gate: INCONCLUSIVE, installed because --accept-inconclusive was given" in capsys.readouterr().out
+    assert gate["confidence"] == pytest.approx(0.9924, abs=1e-4)  # the second look is judged wider
+    ledger = os.path.join(str(tmp_path), "gate-looks")  # outside the engines folder: a deleted report resets nothing
+    assert len(os.listdir(ledger)) == 1 and "look 2 of this model at this regression set" in capsys.readouterr().out
 
 
 def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_path):
@@ -468,3 +480,38 @@ def test_registering_the_build_commands_imports_nothing_heavy():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           encoding="utf-8", errors="replace", timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_regression_images_also_in_the_calibration_set_are_left_out_and_counted(digits, tmp_path, capsys):
+    """130 of the 297 labelled images imported as the calibration set: the gate judges the other 167 and says so; a
+    regression set that is the calibration set is refused."""
+    raw = tmp_path / "overlap"
+    for name in load_calibration_set(digits.regression).files[:130]:
+        os.makedirs(str(raw / os.path.dirname(name)), exist_ok=True)
+        shutil.copy(os.path.join(digits.regression, name), str(raw / name))
+    overlap = import_calibration_set(str(raw), str(tmp_path / "overlap-set"), min_images=1, log=quiet).root
+    assert cli("build", "--config", digits_build_config(tmp_path, digits, calibration_dir=overlap),
+               "--no-progress") == 0
+    report = json.load(open(str(tmp_path / "engines" / "digits.int8.gate.json"), encoding="utf-8"))
+    assert report["calibration_overlap_dropped"] == 130 and report["samples"] == 167
+    assert "130 regression images also in the calibration set were left out" in capsys.readouterr().out
+    assert read_model_info(str(tmp_path / "engines" / "digits.int8.onnx"))["gate"]["calibration_overlap_dropped"] \
+        == 130
+    (tmp_path / "same").mkdir()
+    same = digits_build_config(tmp_path / "same", digits, calibration_dir=overlap, regression_dir=overlap)
+    with pytest.raises(EdgeError, match="every one of its 130 images is also in the calibration set"):
+        cli("build", "--config", same, "--no-progress")
+
+
+def test_a_model_at_chance_fails_the_build_in_one_line(digits, tmp_path):
+    """A user's model whose classifier rows are in another class order: its INT8 keeps FP32's answers, and the build
+    still fails, naming the FP32 reference, before anything is installed."""
+    from test_gate import with_classifier
+
+    order = np.roll(np.arange(10), 3)
+    model = with_classifier(digits.onnx, str(tmp_path / "mine.onnx"), lambda w, b: (w[order], b[order]))
+    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "mine.labels.txt"))
+    with pytest.raises(EdgeError, match="build failed at step 'gate': accuracy gate failed: FP32 reference top-1 "
+                                        r"[0-9.]+ % \([0-9]+ of 297; <= [0-9.]+ % at 96.96 %\) is below 50.0 %") as err:
+        cli("build", "--config", digits_build_config(tmp_path, digits, model=model), "--no-progress")
+    assert err.value.exit_code == 1 and not os.path.exists(str(tmp_path / "engines" / "mine.int8.onnx"))

@@ -366,3 +366,26 @@ def test_calibrate_import_reads_imagenet_wordnet_ids(tmp_path):
                     timeout=120).returncode == 0
     s = load_calibration_set(str(tmp_path / "set"))
     assert sorted({s.label_of(n) for n in s.files}) == ["0", "1"]  # tench, goldfish: ImageNet-1k's first two
+
+
+@pytest.mark.parametrize("folder", ["\u00b2", "\u2460"])
+def test_a_folder_named_by_a_non_ascii_digit_is_one_line_not_a_traceback(tmp_path, folder):
+    """'²' and '①' are digits to str.isdigit, not to int(): with a labels file, the folder is refused in one line;
+    without one it is kept by name, as any other name (the gate then refuses it in one line: test_gate)."""
+    relabel = cal.class_index_of(["a", "b"], lambda: {}, str(tmp_path / "src"))
+    with pytest.raises(EdgeError, match="src/{}: a label folder must be a class index".format(folder)):
+        relabel(folder)
+    assert cal.class_index_of(None, lambda: {}, "src")(folder) == folder
+
+
+def test_a_folder_named_by_a_label_two_lines_carry_is_refused_naming_both(tmp_path):
+    """torchvision's older ImageNet lists have "crane" at 134 (the bird) and 517 (the machine)."""
+    labels = ["x{}".format(i) for i in range(600)]
+    labels[134] = labels[517] = "crane"
+    _image_folder(tmp_path / "src", ["crane"])
+    relabel = cal.class_index_of(labels, lambda: {}, str(tmp_path / "src"))
+    with pytest.raises(EdgeError, match=r"src: folder 'crane' is ambiguous: lines 135 and 518 of the labels file all "
+                                        r"say it \(class indices 134 and 517\); name the folder by its class index"):
+        import_calibration_set(str(tmp_path / "src"), str(tmp_path / "set"), min_images=1, log=lambda *a: None,
+                               relabel=relabel)
+    assert not os.path.exists(str(tmp_path / "set")) and relabel("x3") == "3"

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 from service_helpers import write_config
 
+from edge.errors import EdgeError
 from edge.store.model_info import NO_INFO_WEIGHTS, UNTRAINED_WARNING, read_model_info
 
 from conftest import assert_refused, edge_here, run_edge
@@ -152,3 +153,19 @@ def test_an_import_says_which_class_folders_it_kept_by_name_without_labels(tmp_p
     assert "import: 3 class folders kept by name (blue, green, red): the build reads them as lines of the " \
            "model's labels file; pass --labels to check them now" in lines
     assert not any("TensorRT recommends" in line for line in lines)  # a labelled set: the gate's advice
+
+
+@pytest.mark.parametrize("value", [96, "0.9", 0, True])
+def test_a_recorded_expected_top1_must_be_a_fraction(tmp_path, value):
+    """The gate holds the FP32 reference to `expected_top1`: a percentage, a string or a bool there is refused in one
+    line naming the file, never read as a figure."""
+    model = colour_model(tmp_path / "m.onnx")
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"trained": True, "expected_top1": value}), encoding="utf-8")
+    with pytest.raises(EdgeError, match=r"m.json: model info 'expected_top1' must be a fraction in \(0, 1\]"):
+        read_model_info(model)
+    path.write_text(json.dumps({"trained": True, "expected_top1": 0.96, "expected_top1_set": "x"}), encoding="utf-8")
+    with pytest.raises(EdgeError, match="model info 'expected_top1_set' must be 64 hex digits"):
+        read_model_info(model)
+    path.write_text(json.dumps({"trained": True, "expected_top1": 0.96}), encoding="utf-8")
+    assert read_model_info(model)["expected_top1"] == 0.96

@@ -119,6 +119,10 @@ def test_export_is_offline_trained_and_carries_its_preprocessing(effnet):
     assert info["preprocess"]["mean"] == pytest.approx([127 / 255] * 3)
     assert info["preprocess"]["std"] == pytest.approx([128 / 255] * 3)
     assert info["max_relative_error_vs_torch"] < 1e-4
+    from edge.model.imagenet_set import SET_SHA256
+
+    # its FP32 top-1 on the pinned labelled set (docs/build.md), which the gate holds the reference to
+    assert info["expected_top1"] == round(180 / 520, 6) and info["expected_top1_set"] == SET_SHA256
     model = onnx.load(effnet)
     assert model.opset_import[0].version == 17 and len(model.opset_import) == 1
     # ReLU6 (Clip), not Swish; the "same" padding folded into the Convs

@@ -115,7 +115,7 @@ def add_gate_arguments(p: argparse.ArgumentParser) -> None:
     """The gate's flag `edge build` and `edge rebuild` share."""
     p.add_argument("--accept-inconclusive", action="store_true",
                    help="install even when the gate cannot tell (too few images for its claim); the manifest and "
-                        "the log record it")
+                        "the log record it, and it counts as one of the 10 looks at the regression set")
 
 
 def _add_calibrate_parser(subparsers: Any) -> None:

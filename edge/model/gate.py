@@ -14,6 +14,10 @@ each is right. Claims (edge.model.gate_stats):
   images (`min_agreement`) fail below their thresholds.
 - any NaN or Inf in either model's outputs fails, naming the image; every comparison is written so NaN cannot pass.
 - FP32 outputs near the uniform distribution (untrained weights) cannot be judged: a failure when enforced.
+- the FP32 reference, the labels and every class (edge.model.gate_checks): FP32 below its recorded top-1 or k x
+  chance, a permuted labels file, a collapsed class: failures; per-class recall, the worst class in the claim.
+- every interval at `confidence`: a build's look k at one set is judged at gate_stats.look_confidence(k)
+  (edge.model.gate_looks counts the looks); the claim is stated against FP32 ("INT8 keeps X of FP32's Y % top-1").
 
 The verdict: "fail" when anything fails, "pass" when every claim passes, else "inconclusive", which installs
 nothing unless the build is told --accept-inconclusive (edge.model.steps). Thresholds (config `build.gate`) and the
@@ -29,11 +33,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from edge.config import GateConfig, PreprocessConfig
-from edge.errors import EXIT_FAIL, EdgeError
+from edge.errors import EXIT_FAIL, MAX_LINE_CHARS, EdgeError
 from edge.infer.preprocess import CpuPreprocessor
-from edge.inputs import load_json
 from edge.model.calibration import CalibrationSet
-from edge.model.gate_stats import clopper_pearson, top1_claim
+from edge.model.class_labels import index_of_name, is_index, label_lines
+from edge.model.gate_checks import (
+    collapse_failure,
+    collapsed_classes,
+    labels_failure,
+    per_class,
+    reference_check,
+)
+from edge.model.gate_stats import clopper_pearson, percent, top1_claim
 from edge.store.fileio import write_json_atomic
 
 Infer = Callable[[np.ndarray], np.ndarray]
@@ -65,7 +76,11 @@ class GateResult:
         text = "mean cosine {} (p5 {}), {} of {} confident images flipped, agreement {}".format(
             _shown(r["mean_cosine"]), _shown(r["p5_cosine"]), r["confident_flips"], r["confident_images"],
             _shown(r["agreement"]))
-        return text + "".join("; " + claim for claim in r["claims"])  # an inconclusive claim says "cannot tell"
+        text += "".join("; " + claim for claim in r["claims"])  # an inconclusive claim says "cannot tell"
+        if r.get("calibration_overlap_dropped"):
+            text += "; {} regression images also in the calibration set were left out".format(
+                r["calibration_overlap_dropped"])
+        return text
 
 
 def _shown(value: Optional[float]) -> str:
@@ -75,16 +90,17 @@ def _shown(value: Optional[float]) -> str:
 def resolve_labels(images: CalibrationSet, labels: Optional[Sequence[str]]) -> List[Optional[int]]:
     """Class index per image (None when unlabelled); a subfolder naming no class of the model is an EdgeError that
     says how many do not (a set labelled for another model: 1000 ImageNet folders against 5 classes)."""
-    lookup = {name: i for i, name in enumerate(labels or [])}
+    lines = label_lines(labels)
     out: List[Optional[int]] = []
     unknown: List[str] = []
     for name in images.files:
         label = images.label_of(name)
+        line = None if label is None else index_of_name(label, lines, images.root)
         if label is None:
             out.append(None)
-        elif label in lookup:
-            out.append(lookup[label])
-        elif label.isdigit() and (labels is None or int(label) < len(labels)):
+        elif line is not None:
+            out.append(line)
+        elif is_index(label) and (labels is None or int(label) < len(labels)):
             out.append(int(label))
         elif label not in unknown:
             unknown.append(label)
@@ -123,8 +139,10 @@ def _non_finite(name: str, which: str, out: np.ndarray) -> Optional[Dict[str, An
     return {"file": name, "model": which, "nan": int(np.isnan(out).sum()), "inf": int(np.isinf(out).sum())}
 
 
-def _accuracy(ref: np.ndarray, cand: np.ndarray, truth: List[Optional[int]], limit: float) -> Dict[str, Any]:
-    """Top-1/top-5 of both models on the labelled images, the flips each way and the non-inferiority claim."""
+def _accuracy(ref: np.ndarray, cand: np.ndarray, truth: List[Optional[int]], limit: float, confidence: float,
+              name_of: Callable[[int], Any], candidate_name: str) -> Dict[str, Any]:
+    """Top-1/top-5 of both models on the labelled images, the flips each way, per class, and the non-inferiority
+    claim stated against FP32's own top-1."""
     rows = [i for i, t in enumerate(truth) if t is not None]
     if not rows:
         return {}
@@ -136,28 +154,37 @@ def _accuracy(ref: np.ndarray, cand: np.ndarray, truth: List[Optional[int]], lim
         "reference_top1": round(float(ref_right.mean()), 6), "candidate_top1": round(float(cand_right.mean()), 6),
         "reference_top5": round(float((ref == label[:, None]).any(axis=1).mean()), 6),
         "candidate_top5": round(float((cand == label[:, None]).any(axis=1).mean()), 6),
+        "reference_right": int(ref_right.sum()),
         "right_to_wrong": b, "wrong_to_right": c, "top1_drop_pp": round(100.0 * (b - c) / len(rows), 4)}
     out["top5_drop_pp"] = round(100.0 * (out["reference_top5"] - out["candidate_top5"]), 4)
-    claim = top1_claim(b, c, len(rows), limit)
+    out.update(per_class(ref[:, 0], cand[:, 0], label, name_of))
+    claim = top1_claim(b, c, len(rows), limit, confidence)
+    text = "{} keeps {:.1f} of FP32's {:.1f} % top-1; {}".format(
+        candidate_name, 100.0 * out["candidate_top1"], 100.0 * out["reference_top1"], claim["claim"])
+    worst = out["worst_class"]
+    if claim["verdict"] != "inconclusive" and worst and worst["candidate_right"] < worst["reference_right"]:
+        text += "; worst class {!r}: {} -> {} of {} right".format(
+            worst["class"], worst["reference_right"], worst["candidate_right"], worst["images"])
     out.update({k: v for k, v in claim.items() if k not in ("verdict", "claim")},
-               top1_verdict=claim["verdict"], top1_claim=claim["claim"])
+               top1_verdict=claim["verdict"], top1_claim=text)
     return out
 
 
-def _fidelity(flipped: np.ndarray, confident: np.ndarray, limit_pct: float) -> Dict[str, Any]:
+def _fidelity(flipped: np.ndarray, confident: np.ndarray, limit_pct: float, confidence: float) -> Dict[str, Any]:
     """The changed-answer rate among the images FP32 is confident about, with its exact interval and claim."""
     m, k = int(confident.sum()), int((flipped & confident).sum())
-    lo, hi = (100.0 * x for x in clopper_pearson(k, m, CONFIDENCE))
+    lo, hi = (100.0 * x for x in clopper_pearson(k, m, confidence))
+    at = percent(confidence)
     if m and hi <= limit_pct:
-        verdict, claim = "pass", "top-1 changes on <= {:.1f} % of confident images at 95 % ({} of {})".format(
-            hi, k, m)
+        verdict, claim = "pass", "top-1 changes on <= {:.1f} % of confident images at {} ({} of {})".format(
+            hi, at, k, m)
     elif m and lo > limit_pct:
-        verdict, claim = "fail", "top-1 changes on >= {:.1f} % of confident images at 95 % ({} of {}), beyond " \
-                                 "{:g} %".format(lo, k, m, limit_pct)
+        verdict, claim = "fail", "top-1 changes on >= {:.1f} % of confident images at {} ({} of {}), beyond " \
+                                 "{:g} %".format(lo, at, k, m, limit_pct)
     else:
         verdict = "inconclusive"
         claim = "cannot tell whether top-1 changes on <= {:g} % of confident images: {} of {} changed ({:.1f}.." \
-                "{:.1f} % at 95 %)".format(limit_pct, k, m, lo, hi)
+                "{:.1f} % at {})".format(limit_pct, k, m, lo, hi, at)
     return {"confident_images": m, "confident_flips": k, "confident_flip_interval_pct": [round(lo, 3), round(hi, 3)],
             "fidelity_verdict": verdict, "fidelity_claim": claim}
 
@@ -177,6 +204,9 @@ def _judge(report: Dict[str, Any], t: GateConfig) -> None:
             " (+{} more images)".format(len(bad) - 1) if len(bad) > 1 else ""))
     if report["samples"] == 0:
         failures.append("regression set is empty")
+    failures += [f for f in (report.get("reference_failure"), report.get("labels_failure"),
+                             collapse_failure(report)) if f]
+    failures += ["labels look swapped: " + s for s in report.get("swapped_folders", [])[:3]]
     if report["reference_near_uniform"]:
         failures.append("the FP32 model's outputs are near-uniform (top-1 probability below {:.4f} on 95 % of images):"
                         " untrained weights cannot be judged; declare them with --untrained".format(
@@ -206,7 +236,7 @@ def _outputs(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
              ) -> Dict[str, Any]:
     """Both models over every image: top-5s, cosines, FP32 confidence, non-finite outputs."""
     prep = CpuPreprocessor(preprocess)
-    rows: Dict[str, List[Any]] = {"ref": [], "cand": [], "cos": [], "conf": [], "bad": []}
+    rows: Dict[str, List[Any]] = {"ref": [], "cand": [], "cos": [], "conf": [], "bad": [], "scores": []}
     classes = 0
     for name in images.files:
         tensor = prep(images.read(name))
@@ -219,15 +249,32 @@ def _outputs(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
         rows["cand"].append(np.argsort(-np.nan_to_num(cand, nan=-np.inf), kind="stable")[:5])
         rows["cos"].append(_cosine(ref, cand))
         rows["conf"].append(_top_probability(ref))
+        rows["scores"].append((ref, cand))
     n = len(images.files)
     return {"n": n, "classes": classes, "bad": rows["bad"], "cos": np.asarray(rows["cos"], np.float64),
             "conf": np.asarray(rows["conf"], np.float64),
-            "top5": [np.asarray(rows[k], np.int64).reshape(n, -1) for k in ("ref", "cand")]}
+            "top5": [np.asarray(rows[k], np.int64).reshape(n, -1) for k in ("ref", "cand")],
+            "scores": [np.asarray([pair[i] for pair in rows["scores"]], np.float32).reshape(n, -1) for i in (0, 1)]}
+
+
+def _checks(report: Dict[str, Any], out: Dict[str, Any], labels: Optional[Sequence[str]],
+            source_info: Dict[str, Any], confidence: float, name_of: Callable[[int], Any]) -> Dict[str, Any]:
+    """The reference, labels and per-class checks (edge.model.gate_checks)."""
+    found: Dict[str, Any] = {"labels_failure": labels_failure(labels)}
+    if out["n"]:
+        found.update(collapsed_classes(out["scores"][0], out["scores"][1], out["top5"][0], out["top5"][1], name_of))
+    if report.get("labelled"):
+        found.update(reference_check(report["reference_right"], report["labelled"], out["classes"], source_info,
+                                     report["regression_sha256"], confidence))
+    return found
 
 
 def evaluate(reference: Infer, candidate: Infer, images: CalibrationSet, preprocess: PreprocessConfig,
-             thresholds: GateConfig, labels: Optional[Sequence[str]] = None) -> GateResult:
-    """Run both models over `images` and judge the candidate against `thresholds` (module docstring)."""
+             thresholds: GateConfig, labels: Optional[Sequence[str]] = None, *, confidence: float = CONFIDENCE,
+             source_info: Optional[Dict[str, Any]] = None, candidate_name: str = "INT8") -> GateResult:
+    """Run both models over `images` and judge the candidate against `thresholds` (module docstring); every
+    interval at `confidence` (a later look at the same set: edge.model.gate_stats.look_confidence); `source_info`:
+    the source's model info (its recorded `expected_top1`)."""
     started = time.monotonic()
     truth = resolve_labels(images, labels)
     out = _outputs(reference, candidate, images, preprocess)
@@ -242,7 +289,7 @@ def evaluate(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
               "cosine": round(float(cosines[i]), 5)} for i in np.flatnonzero(flipped)]
     report: Dict[str, Any] = {
         "samples": n, "labelled": sum(t is not None for t in truth), "regression_set": images.root,
-        "regression_sha256": images.sha256, "classes": out["classes"],
+        "regression_sha256": images.sha256, "classes": out["classes"], "confidence": confidence,
         "agreement": round(float(np.mean(~flipped)), 6) if n else None,
         "mean_cosine": round(float(np.mean(cosines)), 6) if n else None,
         "p5_cosine": round(float(np.percentile(cosines, 5)), 6) if n else None,
@@ -256,8 +303,10 @@ def evaluate(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
     unlabelled = [i for i, t in enumerate(truth) if t is None]
     if unlabelled:  # labelled images are judged by the accuracy drop: a wrong answer turning into another is no loss
         report["unlabelled_agreement"] = round(float(np.mean(~flipped[unlabelled])), 6)
-    report.update(_fidelity(flipped, out["conf"] >= CONFIDENT, thresholds.max_confident_flip_pct))
-    report.update(_accuracy(ref_top5, cand_top5, truth, thresholds.max_top1_drop_pp))
+    report.update(_fidelity(flipped, out["conf"] >= CONFIDENT, thresholds.max_confident_flip_pct, confidence))
+    report.update(_accuracy(ref_top5, cand_top5, truth, thresholds.max_top1_drop_pp, confidence, name_of,
+                            candidate_name))
+    report.update(_checks(report, out, labels, source_info or {}, confidence, name_of))
     _judge(report, thresholds)
     report["seconds"] = round(time.monotonic() - started, 2)
     return GateResult(report)
@@ -297,28 +346,6 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def earlier_looks(report_path: str, regression_sha256: str) -> List[Dict[str, Any]]:
-    """The looks at this regression set recorded by the previous report at `report_path` (every build and rebuild of
-    this artifact writes one, pass or fail); none when it judged another set or cannot be read."""
-    try:
-        previous = load_json(report_path, "gate report")
-    except EdgeError:
-        return []
-    looks = previous.get("looks") if isinstance(previous, dict) else None
-    if previous.get("regression_sha256") != regression_sha256 or not isinstance(looks, list):
-        return []
-    return [look for look in looks if isinstance(look, dict)]
-
-
-def record_look(result: GateResult, report_path: str, what: str) -> None:
-    """Add this look to the report's `looks` (the earlier ones on the same set first)."""
-    r = result.report
-    looks = earlier_looks(report_path, r["regression_sha256"]) if os.path.isfile(report_path) else []
-    looks.append({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "candidate": what,
-                  "verdict": r["verdict"], "claims": r["claims"]})
-    r["looks"] = looks
-
-
 def write_report(path: str, result: GateResult, extra: Optional[Dict[str, Any]] = None) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_json_atomic(path, _json_safe(dict(result.report, **(extra or {}))))
@@ -331,6 +358,23 @@ def enforce(result: GateResult, report_path: str, accept_inconclusive: bool = Fa
         raise EdgeError("accuracy gate failed: {} ({}; report: {})".format(
             "; ".join(result.failures), result.summary(), report_path), exit_code=EXIT_FAIL)
     if result.report["verdict"] == "inconclusive" and not accept_inconclusive:
-        raise EdgeError("accuracy gate inconclusive, nothing installed: {} (--accept-inconclusive installs it anyway, "
-                        "recorded in the manifest; report: {})".format("; ".join(result.report["inconclusive"]),
-                                                                        report_path), exit_code=EXIT_FAIL)
+        raise EdgeError(inconclusive_line(result.report, report_path), exit_code=EXIT_FAIL)
+
+
+def inconclusive_line(r: Dict[str, Any], report_path: str) -> str:
+    """The refusal of an inconclusive verdict: what cannot be told and the override, in one uncut line."""
+    at, limits = percent(r.get("confidence", CONFIDENCE)), r.get("thresholds", {})
+    parts = []
+    if r.get("top1_verdict") == "inconclusive":
+        lo, hi = r["top1_drop_interval_pp"]
+        parts.append("top-1 drop {:+.2f}..{:+.2f} pp at {} vs the {:g} pp limit; ~{} labelled images decide it".format(
+            lo, hi, at, limits.get("max_top1_drop_pp", 0), r.get("labels_needed", "more")))
+    if r.get("fidelity_verdict") == "inconclusive":
+        lo, hi = r["confident_flip_interval_pct"]
+        parts.append("{} of {} confident images flipped ({:.1f}..{:.1f} % at {}) vs the {:g} % limit".format(
+            r["confident_flips"], r["confident_images"], lo, hi, at, limits.get("max_confident_flip_pct", 0)))
+    head = "accuracy gate inconclusive, nothing installed (--accept-inconclusive installs it anyway): "
+    tail = " (report: {})".format(report_path)
+    while len(parts) > 1 and len(head + "; ".join(parts) + tail) > MAX_LINE_CHARS:
+        parts.pop()
+    return head + "; ".join(parts or ["see the report"]) + tail

@@ -19,6 +19,7 @@ from edge.infer.stages import config_for_model
 from edge.model.artifacts import verify_onnx
 from edge.model.calibration import CalibrationSet, load_calibration_set
 from edge.model.gate import Infer, resolve_labels
+from edge.model.gate_looks import ledger_path, next_look
 from edge.model.qdq_rules import OPSET_MAX, OPSET_MIN, max_opset
 from edge.store.artifact import engine_expectations, is_current, read_set, sha256_file
 from edge.store.versions import recover_folder
@@ -132,6 +133,8 @@ class BuildPlan:
     target_tensorrt: Optional[str] = None  # the TensorRT the artifact is for (limits the Q/DQ opset)
     show_progress: bool = True
     accept_inconclusive: bool = False  # --accept-inconclusive: a gate that cannot tell still installs, recorded
+    looks_path: str = ""  # the ledger of this source's looks at this regression set (edge.model.gate_looks); "":
+    # none kept (a declared-untrained model)
 
     @property
     def report_path(self) -> str:
@@ -257,11 +260,16 @@ def check_inputs(cfg: Config, model: Optional[str] = None, *, engine: bool = Fal
     if not os.access(b.engines_dir, os.W_OK):
         raise EdgeError("build.engines_dir {}: not writable".format(b.engines_dir))
     fmt.require()
+    looks_path = ""  # a declared-untrained model's gate is not enforced: its looks prove nothing and cost nothing
+    if source_info.get("trained") is not False:
+        looks_path = ledger_path(b.engines_dir, sha256_file(source), regression.sha256)
+        next_look(looks_path)  # a spent set is refused before any work
     return BuildPlan(cfg=cfg, fmt=fmt, source=source, artifact=artifact_path(source, b.engines_dir, b.precision, fmt),
                      calibrator=calibrator, source_info=source_info, labels=labels,
                      calibration=calibration, regression=regression,
                      command=rebuild_command(cfg, model, fmt, calibrator=calibrator, untrained=untrained),
-                     target_tensorrt=tensorrt, show_progress=show_progress, accept_inconclusive=accept_inconclusive)
+                     target_tensorrt=tensorrt, show_progress=show_progress, accept_inconclusive=accept_inconclusive,
+                     looks_path=looks_path)
 
 
 def expected_model_info(plan: BuildPlan, system: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

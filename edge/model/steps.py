@@ -32,8 +32,11 @@ from edge.model.auto_method import quantize
 from edge.model.calibration import CalibrationSet, warn_if_few
 from edge.model.fallback import expected_cost, search
 from edge.model.fidelity import Fidelity, split
-from edge.model.gate import GateResult, enforce, evaluate, kernel_distance, record_look, write_report
+from edge.model.gate import GateResult, enforce, evaluate, kernel_distance, write_report
+from edge.model.gate_looks import next_look, record_look
+from edge.model.gate_stats import MAX_LOOKS, look_confidence
 from edge.model.plan import BuildPlan, Log, fused_runner, onnx_runner
+from edge.model.set_overlap import without_calibration
 from edge.store.artifact import (
     install,
     labels_file,
@@ -170,10 +173,16 @@ def step_engine(plan: BuildPlan, state: BuildState, log: Log) -> None:
     state.candidate = staged
 
 
-def judge(plan: BuildPlan, candidate: str, runner: Callable[[str], Any]) -> GateResult:
-    """FP32 ONNX Runtime vs `candidate` (run by `runner`) on the regression set."""
-    with onnx_runner(plan.source) as reference, runner(candidate) as infer:
-        return evaluate(reference, infer, plan.regression, plan.cfg.preprocess, plan.cfg.build.gate, plan.labels)
+def judge(plan: BuildPlan, state: BuildState, runner: Callable[[str], Any], look: int) -> GateResult:
+    """FP32 ONNX Runtime vs the candidate (run by `runner`) on the regression set less the calibration images, at
+    look `look`'s confidence (edge.model.gate_looks)."""
+    regression, overlap = without_calibration(plan.regression, state.calibration)
+    with onnx_runner(plan.source) as reference, runner(state.candidate) as infer:
+        result = evaluate(reference, infer, regression, plan.cfg.preprocess, plan.cfg.build.gate, plan.labels,
+                          confidence=look_confidence(look), source_info=plan.source_info,
+                          candidate_name=plan.cfg.build.precision.upper())
+    result.report.update(look=look, calibration_overlap_dropped=overlap)
+    return result
 
 
 def step_fallback(plan: BuildPlan, state: BuildState, log: Log) -> None:
@@ -209,9 +218,12 @@ def step_fallback(plan: BuildPlan, state: BuildState, log: Log) -> None:
 
 def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     """FP32 ONNX Runtime vs the candidate on the regression set, once; the report is written whatever the verdict."""
-    result = judge(plan, state.candidate, plan.fmt.runner)
-    record_look(result, plan.report_path, os.path.basename(plan.artifact) + " ({} candidate)".format(
-        "float fallback" if "float_layers" in (state.info.get("quantize") or {}) else plan.fmt.name))
+    result = judge(plan, state, plan.fmt.runner, next_look(plan.looks_path) if plan.looks_path else 1)
+    look = {"candidate": os.path.basename(plan.artifact) + " ({} candidate)".format(
+                "float fallback" if "float_layers" in (state.info.get("quantize") or {}) else plan.fmt.name),
+            "verdict": result.report["verdict"], "claims": result.report["claims"],
+            "accept_inconclusive": plan.accept_inconclusive}
+    result.report["looks"] = record_look(plan.looks_path, look) if plan.looks_path else [look]
     extra = {k: v for k, v in (state.info.get("quantize") or {}).items() if k.startswith("float_layers")}
     if not plan.fmt.engine:
         with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
@@ -223,8 +235,10 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
     log("gate: {} - {} (report {})".format(result.verdict, result.summary(), plan.report_path))
     looks = result.report["looks"]
     if len(looks) > 1:
-        log("gate: look {} at this regression set (earlier: {}); the 95 % confidence holds for one look - a fresh "
-            "set restores it".format(len(looks), ", ".join("{} {}".format(x["at"], x["verdict"]) for x in looks[:-1])))
+        log("gate: look {} of this model at this regression set (earlier: {}), judged at {:.2f} % so that all its "
+            "looks keep 95 %; after {} a fresh set is required".format(
+                len(looks), ", ".join("{} {}".format(x["at"], x["verdict"]) for x in looks[:-1]),
+                100.0 * result.report["confidence"], MAX_LOOKS))
     state.gate = result
     if plan.gate_enforced:
         enforce(result, plan.report_path, plan.accept_inconclusive)
@@ -248,7 +262,8 @@ def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
                        "exclude_sensitive": None if plan.calibrator else b.exclude_sensitive}
     gate = {k: result.report.get(k) for k in ("passed", "verdict", "claims", "agreement", "mean_cosine", "p5_cosine",
                                               "min_cosine", "samples", "labelled", "top1_drop_pp",
-                                              "top1_drop_interval_pp", "regression_sha256")}
+                                              "top1_drop_interval_pp", "regression_sha256", "reference_top1",
+                                              "candidate_top1", "confidence", "calibration_overlap_dropped")}
     gate.update({"enforced": plan.gate_enforced, "report": os.path.basename(plan.report_path),
                  "accepted_inconclusive": plan.accept_inconclusive and result.report["verdict"] == "inconclusive",
                  "looks": len(result.report.get("looks", [])),

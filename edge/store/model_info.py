@@ -2,7 +2,10 @@
 what it says about the weights' provenance.
 
 A model without one is a user's own model: its provenance is stated neutrally ("yours (no model info)") and it is
-treated as trained, as the build gates it. Only a model info that says `trained: false` (edge's own seeded-random
+treated as trained, as the build gates it. `expected_top1` (a fraction) is the source's known FP32 top-1, measured
+on the labelled set whose sha256 is `expected_top1_set` (none: the user's own validation set): the gate refuses an
+FP32 reference below it (edge.model.gate_checks). Export records it for bundled weights, `edge model add
+--expected-top1` for a user's model. Only a model info that says `trained: false` (edge's own seeded-random
 export, or a build declared --untrained) makes every line carry UNTRAINED_WARNING. `edge model add` records a
 user's model info (labels, preprocessing, provenance: edge/cli/model.py).
 """
@@ -47,7 +50,12 @@ def model_info_at(found: str, model_path: str, required: bool) -> Dict[str, Any]
     info = load_json(path, "model info")
     if not isinstance(info, dict) or not isinstance(info.get("trained"), bool):
         raise EdgeError("{}: model info must be a JSON object with a boolean 'trained'".format(path))
-    for key in ("sha256", "labels_sha256"):
+    expected = info.get("expected_top1")
+    if expected is not None and not (isinstance(expected, (int, float)) and not isinstance(expected, bool)
+                                     and 0 < expected <= 1):
+        raise EdgeError("{}: model info 'expected_top1' must be a fraction in (0, 1], got {!r}".format(
+            path, str(expected)[:40]))
+    for key in ("sha256", "labels_sha256", "expected_top1_set"):
         if info.get(key) is not None and not (isinstance(info[key], str) and _SHA256.match(info[key])):
             raise EdgeError("{}: model info '{}' must be 64 hex digits".format(path, key))
     named = info.get("artifact", os.path.basename(model_path))
