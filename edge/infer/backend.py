@@ -7,9 +7,8 @@
 
 A Runner is what to load (a path, options, a borrowed CUDA session) and nothing loaded: `load()` makes the loaded
 object, a type of its own whose fields are all there (no Optional narrowed frame by frame); `close()` frees it. The
-stages hold the LoadedBackend, and a loaded runner is the gate's callable (`with runner as infer`). `Runner.infer`
-is there for edge.model.plan's `_Inference`, which calls load(), infer and close() on the runner itself; called
-unloaded it is one line naming the runner.
+stages hold the LoadedBackend, and a loaded runner is the gate's callable (`with runner as infer`). An unloaded
+runner has no infer: only the loaded object infers.
 GPU backends accept, besides a NumPy array, the device tensor their paired GPU preprocessor wrote.
 """
 
@@ -56,15 +55,6 @@ class Runner(Generic[L]):
         if self._loaded is None:
             self._loaded = self._load(model)
         return self._loaded
-
-    @property
-    def loaded(self) -> L:
-        if self._loaded is None:
-            raise EdgeError("{}: not loaded".format(self.name), exit_code=EXIT_FAIL)
-        return self._loaded
-
-    def infer(self, tensor: Any) -> np.ndarray:
-        return self.loaded.infer(tensor)
 
     def close(self) -> None:
         loaded, self._loaded = self._loaded, None

@@ -28,27 +28,13 @@ Log = Callable[..., None]
 _PRECISION_SUFFIX = re.compile(r"\.(int8|fp16|fp32)$")
 
 
-class _Inference:
-    """`with _Inference(runner) as infer:` a runner (ONNX Runtime backend or EngineRunner) as a plain callable."""
-
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-
-    def __enter__(self) -> Infer:
-        self.runner.load()
-        return self.runner.infer  # type: ignore[no-any-return]
-
-    def __exit__(self, *exc: Any) -> None:
-        self.runner.close()
-
-
 def onnx_runner(path: str) -> ContextManager[Infer]:
     """ONNX Runtime; a Q/DQ model as TensorRT computes it (emulated), whatever this CPU's int8 kernels do. One
     thread (OFFLINE_THREADS), not spinning: the gate alternates two sessions, and on a busy build machine spinning
     made it 1.8x slower (benchmarks/offline_spinning.py)."""
     from edge.infer.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
 
-    return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=True))
+    return OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=True)
 
 
 def fused_runner(path: str) -> ContextManager[Infer]:
@@ -56,13 +42,13 @@ def fused_runner(path: str) -> ContextManager[Infer]:
     serves it where they do not saturate."""
     from edge.infer.onnxruntime_backend import OFFLINE_THREADS, OnnxRuntimeBackend
 
-    return _Inference(OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=False))
+    return OnnxRuntimeBackend(path, OFFLINE_THREADS, spinning=False, emulate_int8=False)
 
 
 def _engine_runner(path: str) -> ContextManager[Infer]:
     from edge.infer.tensorrt_runner import EngineRunner
 
-    return _Inference(EngineRunner(path))
+    return EngineRunner(path)
 
 
 def _verify_engine(path: str) -> None:
