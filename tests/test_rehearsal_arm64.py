@@ -73,18 +73,38 @@ def unavailable() -> Optional[str]:
     return binfmt()
 
 
+def orin_cpuinfo(cores: int) -> str:
+    """/proc/cpuinfo of an Orin (Cortex-A78AE cores), with this machine's number of processors."""
+    return "".join("processor\t: {}\nBogoMIPS\t: 62.50\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 "
+                   "atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp uscat ilrcpc flagm paca pacg\n"
+                   "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd42\n"
+                   "CPU revision\t: 1\n\n".format(i) for i in range(cores))
+
+
 class Arm64:
     """The booted arm64 root: `run` a bash script inside."""
 
     def __init__(self, root: Path):
         self.root = root
+        self.pid = ""
 
     def up(self) -> float:
         started = time.monotonic()
         proc = subprocess.run([str(REHEARSAL), "up", str(self.root)], capture_output=True, encoding="utf-8",
                               errors="replace", timeout=1800, env=dict(os.environ, EDGE_REHEARSAL_ARCH="arm64"))
         assert proc.returncode == 0, "rehearsal.sh up failed: {}".format(proc.stderr)
+        # The root's /proc is this machine's, whose x86 /proc/cpuinfo crashes ONNX Runtime's cpuinfo on import
+        # under qemu-user (SIGSEGV): an Orin's is mounted over it, as a Jetson has it.
+        cpuinfo = self.root.parent / (self.root.name + ".cpuinfo")
+        cpuinfo.write_text(orin_cpuinfo(os.cpu_count() or 1), encoding="utf-8")
+        self.pid = proc.stdout.split()[-1]
+        subprocess.run(["nsenter", "-t", self.pid, "-m", "mount", "--bind", str(cpuinfo),
+                        str(self.root / "proc/cpuinfo")], check=True)
         return time.monotonic() - started
+
+    def copy_in(self, source: str, target: str) -> None:
+        """A file of this machine to `target` in the root, through its mount namespace (its /tmp is a tmpfs there)."""
+        subprocess.run(["nsenter", "-t", self.pid, "-m", "cp", source, str(self.root) + target], check=True)
 
     def down(self) -> None:
         subprocess.run([str(REHEARSAL), "down", str(self.root)], timeout=300)
@@ -162,7 +182,7 @@ def built(installed: Arm64, tiny_classifiers: List[str]) -> Dict[str, Any]:
     m = installed
     model = tiny_classifiers[0][:-len(".onnx")]
     for ext in (".onnx", ".labels.txt", ".json"):  # what the PC's export and scp leave in /tmp
-        shutil.copy(model + ext, str(m.root / "tmp" / ("mobilenet_v3_large" + ext)))
+        m.copy_in(model + ext, "/tmp/mobilenet_v3_large" + ext)
     blocks = "\n".join(line for line in (day_one("model") + day_one("cpu")).splitlines()
                        if not line.startswith("sudo systemctl start"))
     started = time.monotonic()
