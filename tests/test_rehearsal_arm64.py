@@ -6,8 +6,9 @@ under qemu-user, and the commands run inside it: JetPack's packages as the insta
 python3-opencv, a venv that sees it, pip under constraints/jetpack6.txt resolving aarch64 wheels), the docs' model
 and CPU blocks (the PC's export is the suite's tiny classifier, made by the real `edge export` code on this
 machine, as the docs export on a PC), `edge build` making and gating the INT8 Q/DQ ONNX on ARM's ONNX Runtime, and
-`edge run --frames 60` serving it. Not the installer (its JetPack stand-ins, tests/rehearsal/jetson.py, run this
-machine's x86 nvcc) and not the unit: the build's and the run's commands are the CPU block's, run as root.
+`edge run --frames 60` serving it, then jetson-edge.service itself started by the root's systemd until its STATUS
+reports fps. Not the installer (its JetPack stand-ins, tests/rehearsal/jetson.py, run this machine's x86 nvcc): the
+service user, its folders and groups and the unit are laid by hand as the installer would.
 
 Skipped, with the reason, without root, qemu-user-static's aarch64 interpreter, debootstrap, the Debian mirror or
 the Python package index. EDGE_REHEARSAL_ARM64_ROOT=.../root runs on a root kept from an earlier run (installed,
@@ -228,3 +229,31 @@ def test_edge_run_serves_frames_on_arm(built: Dict[str, Any], installed: Arm64) 
     assert start["backend"] == "onnxruntime" and start["model"] == ENGINES + "/mobilenet_v3_large.int8.onnx"
     assert report["frames"] == 60 and report["errors"] == 0, report
     print("\narm64 edge run: " + json.dumps({k: report[k] for k in report if k != "event"}))
+
+
+def test_the_unit_serves_under_systemd_on_arm(built: Dict[str, Any], installed: Arm64) -> None:
+    """jetson-edge.service itself (Type=notify, WatchdogSec, the whole sandbox) started by the root's systemd on the
+    CPU block's model. Its own /proc (ProtectProc=) is this machine's again: a drop-in binds the Orin's cpuinfo."""
+    m = installed
+    m.copy_in(str(m.root.parent / (m.root.name + ".cpuinfo")), "/etc/orin-cpuinfo")
+    started = time.monotonic()
+    m.run("for g in video render jtop; do getent group $g >/dev/null || groupadd --system $g; done\n"
+          "cp /opt/jetson-edge/systemd/jetson-edge.service /etc/systemd/system/\n"
+          "mkdir -p /etc/systemd/system/jetson-edge.service.d\n"
+          "printf '[Service]\\nBindReadOnlyPaths=/etc/orin-cpuinfo:/proc/cpuinfo\\n' "
+          ">/etc/systemd/system/jetson-edge.service.d/rehearsal-cpuinfo.conf\n"
+          "systemctl daemon-reload && systemctl reset-failed jetson-edge 2>/dev/null || true\n"
+          "systemctl restart jetson-edge")
+
+    def show() -> Dict[str, str]:
+        out = m.run("systemctl show jetson-edge -p ActiveState -p StatusText -p NRestarts")
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    try:
+        assert sh.wait_until(lambda: "fps" in show().get("StatusText", ""), 300, 2), show()
+        TIMES["unit: start to STATUS fps"] = time.monotonic() - started
+        state = show()
+        assert state["ActiveState"] == "active" and state["NRestarts"] == "0", state
+        print("\narm64 unit: " + state["StatusText"])
+    finally:
+        m.run("systemctl stop jetson-edge")
