@@ -11,6 +11,9 @@
 #
 # ROOT is a plain folder of this machine: copy a checkout into ROOT/opt/... before or after `up`. Stubs for what only a
 # Jetson has (nvpmodel, tegrastats, /etc/nv_tegra_release, apt packages from NVIDIA's repository) are the caller's.
+# EDGE_REHEARSAL_ARCH=arm64 (the suite's copy only) debootstraps an arm64 root, which this machine runs through
+# qemu-user's binfmt_misc entry (qemu-user-static, registered with the F flag): systemd boots as PID 1 under the
+# emulation (tests/test_rehearsal_arm64.py).
 # An executable ROOT.preboot (the suite's copy only) runs in the new mount namespace just before systemd starts: the
 # caller's mounts (a fake sysfs, a device tree) are there from the first unit on, at every boot.
 set -euo pipefail
@@ -24,7 +27,7 @@ up)
   if [ ! -x "$root/lib/systemd/systemd" ]; then
     command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/null
     mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)
-    debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,procps,sudo,git,python3,python3-venv,ca-certificates \
+    debootstrap ${EDGE_REHEARSAL_ARCH:+--arch="$EDGE_REHEARSAL_ARCH"} --variant=minbase --include=systemd,systemd-sysv,dbus,procps,sudo,git,python3,python3-venv,ca-certificates \
       "${1:-bookworm}" "$root" ${mirror:+"$mirror"} >"$root.debootstrap.log" 2>&1 \
       || { echo "debootstrap failed: see $root.debootstrap.log" >&2; exit 1; }
   fi
