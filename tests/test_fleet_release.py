@@ -15,7 +15,7 @@ import service_helpers as sh
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STATE = os.path.join("var", "lib", "jetson-edge")
+STATE = os.path.join("var", "lib", "jetson-edge-release")
 BAKE = {"bake_s": 1.5, "start_timeout_s": 90, "interval_s": 0.25, "max_miss_ratio": 0.05, "keep": 1}
 
 
@@ -28,6 +28,8 @@ class Device:
         os.makedirs(os.path.join(self.state, "releases"))
         os.makedirs(os.path.join(self.root, "bin"))
         shutil.copy(os.path.join(HERE, "fleet", "systemctl"), os.path.join(self.root, "bin", "systemctl"))
+        os.makedirs(os.path.join(self.root, "opt", "jetson-edge"))
+        os.symlink(sys.prefix, os.path.join(self.root, "opt", "jetson-edge", ".venv"))  # the settle unit's program
         open(os.path.join(self.root, "live"), "w", encoding="utf-8").close()
         self.port = sh.free_port()
         self.settings(store=self.store, device="dev-1", **BAKE)
