@@ -54,6 +54,7 @@ DEFAULTS: Dict[str, Any] = {
     "device": "",  # the device's name in records (the inventory name)
 }
 CONTENT = ("models", "calibration", "config.yaml", "release.env")  # what a release's sha256 covers (+ its venv)
+BUILT = ("engines", "kernels", "calibration/cache")  # what the service user builds in a release: not its content
 PROGRAM = ".venv"  # <prefix>/.venv: the installed program the settle unit runs (deploy/ansible links it)
 MAX_STATE_BYTES = 1 << 20
 
@@ -320,7 +321,8 @@ def _files(folder: StateDir, top: str) -> List[str]:
     if not stat.S_ISDIR(st.st_mode):
         return [top]
     return sorted(os.path.join(parent, name) for parent, _, files, _ in
-                  os.fwalk(top, dir_fd=folder.fd, follow_symlinks=False) for name in files)
+                  os.fwalk(top, dir_fd=folder.fd, follow_symlinks=False) for name in files
+                  if not any((parent + "/").startswith(b + "/") for b in BUILT))
 
 
 def _open_nested(folder: StateDir, rel: str) -> int:
