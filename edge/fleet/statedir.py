@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import stat
-from typing import Any, Iterator, List, Optional
+from typing import Any, List, Optional
 
 from edge.errors import EdgeError, one_line
 from edge.inputs import file_kind
@@ -164,9 +164,9 @@ class StateDir:
         try:
             fd = os.open(check_member(name, self.path), flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
                          dir_fd=self.fd)
-        except (FileNotFoundError, PermissionError):
-            raise
         except OSError as exc:
+            if exc.errno not in _LINK_ERRORS:
+                raise
             raise self._refused(name, exc) from None
         try:
             self._check_file(fd, name)
@@ -204,8 +204,9 @@ class StateDir:
         if not stat.S_ISDIR(st.st_mode):
             return self.unlink(name)
         # this folder's path was walked without links and is no one else's to write; rmtree itself removes
-        # links inside (engines/ is the service user's) without following them
-        assert shutil.rmtree.avoids_symlink_attacks
+        # links inside (engines/ is the service user's) without following them, where the platform allows it
+        if not shutil.rmtree.avoids_symlink_attacks:
+            raise refuse(self.where(name), "this platform's rmtree may follow links")
         shutil.rmtree(self.where(name), ignore_errors=True)
         return None
 
@@ -218,15 +219,6 @@ class StateDir:
         if exc.errno in _LINK_ERRORS:
             return refuse(self.where(name), "a symbolic link")
         return EdgeError("{}: {}".format(one_line(self.where(name)), exc.strerror))
-
-
-@contextlib.contextmanager
-def opened(path: str, *, trusted: bool = True) -> Iterator[StateDir]:
-    folder = StateDir.open(path, trusted=trusted)
-    try:
-        yield folder
-    finally:
-        folder.close()
 
 
 def _open_dir(parent_fd: int, name: str, path: str) -> int:
