@@ -27,10 +27,9 @@ class Sample(NamedTuple):
 
 
 class Verdict(NamedTuple):
-    ok: bool
+    ok: Optional[bool]  # None: no verdict (the metrics answered only 503: not the release's fault)
     why: str
     aborted: bool = False  # abort() ended it (the release was withdrawn meanwhile)
-    inconclusive: bool = False  # the metrics answered only 503 (busy): no verdict on the release
 
 
 BUSY = "busy"  # what _read returns for a 503
@@ -83,8 +82,7 @@ def bake(url: str, release: str, *, bake_s: float, start_timeout_s: float, max_m
             return Verdict(False, why, aborted=True)
         if clock() >= deadline:
             if first == BUSY:
-                return Verdict(False, "{} answered 503 (busy) for {:g} s".format(url, start_timeout_s),
-                               inconclusive=True)
+                return Verdict(None, "{} answered 503 (busy) for {:g} s".format(url, start_timeout_s))
             seen = "release {!r}".format(first.release) if isinstance(first, Sample) else "no answer"
             return Verdict(False, "the service did not serve {} within {:g} s ({} at {})".format(
                 release, start_timeout_s, seen, url))
@@ -115,7 +113,7 @@ def _judge(url: str, release: str, first: Sample, *, bake_s: float, grace_s: flo
                 "stopped answering" if now is None else "restarted"))
         last = now
     if last is first:
-        return Verdict(False, "{} answered 503 (busy) through the {:g} s bake".format(url, bake_s), inconclusive=True)
+        return Verdict(None, "{} answered 503 (busy) through the {:g} s bake".format(url, bake_s))
     frames, misses = last.frames - first.frames, last.misses - first.misses
     if frames <= 0:
         return Verdict(False, "no frame completed in the {:g} s bake".format(bake_s))

@@ -148,7 +148,7 @@ def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
         verdict = health.Verdict(False, "the bake could not run: {}".format(first_line(exc)))
     if verdict.ok:
         return _commit(dev, trial, verdict.why, by)
-    if verdict.inconclusive:  # the daemon's metrics were busy (503): not the release's fault
+    if verdict.ok is None:  # the daemon's metrics were busy (503): not the release's fault
         dev.audit(by, "bake: {} inconclusive ({}); on trial until the timer bakes it again".format(release,
                                                                                                 verdict.why))
         return "{} still on trial: {}".format(release, verdict.why)
