@@ -68,12 +68,69 @@ def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_firs
     tasks = os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks")
     with open(os.path.join(tasks, "gate.yml"), encoding="utf-8") as fh:
         gate = yaml.safe_load(fh)
-    block = [t for t in gate if "block" in t][0]
-    steps = [t["name"].split(" (")[0] for t in block["block"]]
-    assert steps == ["Build the CUDA preprocessing kernel for this GPU", "Build the release's artifact on the device",
-                     "Ask the fleet's metrics first", "Try the release"]  # no step stops the service
-    assert "ansible.builtin.fail" in block["rescue"][-1]
+    steps = [t["name"].split(" (")[0] for t in gate]
+    assert steps[-3:] == ["Build", "Ask the fleet's metrics first", "Try"]  # no step stops the service
+    build, _, attempt = gate[-3:]
+    assert [t["name"].split(" (")[0] for t in build["block"]] == [
+        "Build the CUDA preprocessing kernel for this GPU", "Build the release's artifact on the device"]
+    assert build["rescue"][0]["name"].startswith("Record a build that failed")
+    # a failed try was recorded by the device; only the build's rescue records
+    assert all("release fail" not in str(t) for t in attempt["rescue"])
+    assert all(t["ansible.builtin.include_tasks"] == "stop.yml" for t in (build["rescue"][-1], attempt["rescue"][-1]))
     assert "systemd_service" not in open(os.path.join(tasks, "gate.yml"), encoding="utf-8").read()
+
+
+def role_tasks(name):
+    with open(os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks", name), encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def test_the_units_are_enabled_before_any_switch():
+    """Issue 43: the service and the settle timer were enabled only after `edge release try` and its whole bake; a
+    power cut in that window booted a device with no safety net. Enabled right after the units are installed."""
+    names = [t["name"].split(" (")[0] for t in role_tasks("deploy.yml")]
+    enable = names.index("Enable the service and the settle timer")
+    assert names.index("Package and files of the release") < enable < names.index(
+        "Build, switch with the fallback armed, bake, commit or fall back")
+    task = role_tasks("deploy.yml")[enable]
+    assert task["ansible.builtin.systemd_service"] == {"name": "{{ item }}", "enabled": True}
+    assert task["loop"] == ["jetson-edge.service", "jetson-edge-release.timer"]
+    with open(os.path.join(ANSIBLE, "roles", "jetson_edge", "templates", "release.conf.j2"), encoding="utf-8") as fh:
+        assert "ConditionPathExists={{ jetson_edge_home }}/current/venv/bin/edge" in fh.read()
+
+
+def test_the_stand_in_systemctl_keeps_each_units_enable_state(tmp_path):
+    """tests/fleet/systemctl answered is-enabled "enabled" for every unit, which hid the order above."""
+    (tmp_path / "bin").mkdir()
+    systemctl = str(tmp_path / "bin" / "systemctl")
+    shutil.copy(os.path.join(REPO, "tests", "fleet", "systemctl"), systemctl)
+
+    def run(*args):
+        return subprocess.run([systemctl] + list(args), capture_output=True, encoding="utf-8", timeout=60)
+
+    fresh = run("is-enabled", "jetson-edge.service")
+    assert (fresh.returncode, fresh.stdout.strip()) == (1, "disabled")
+    assert run("enable", "jetson-edge-release.timer").returncode == 0
+    assert run("is-enabled", "jetson-edge-release.timer").stdout.strip() == "enabled"
+    assert run("is-enabled", "jetson-edge.service").returncode == 1
+    assert "UnitFileState=enabled" in run("show", "jetson-edge-release.timer").stdout
+    assert run("disable", "jetson-edge-release.timer").returncode == 0
+    assert run("is-enabled", "jetson-edge-release.timer").stdout.strip() == "disabled"
+
+
+def test_the_settle_unit_and_the_kill_switch_run_the_installed_program_as_root():
+    """Issue 39: root ran <state>/{committed,current}/venv/bin/edge, links the service user could repoint."""
+    rollback = role_tasks("rollback.yml")[-1]["ansible.builtin.command"]["argv"]
+    assert rollback[3] == "{{ jetson_edge_program }}" and "committed" not in rollback[2]
+    with open(os.path.join(ANSIBLE, "roles", "jetson_edge", "vars", "main.yml"), encoding="utf-8") as fh:
+        assert yaml.safe_load(fh)["jetson_edge_program_venv"] == \
+            "{{ jetson_edge_root }}{{ jetson_edge_prefix }}/.venv"
+    with open(os.path.join(ANSIBLE, "roles", "jetson_edge", "defaults", "main.yml"), encoding="utf-8") as fh:
+        assert yaml.safe_load(fh)["jetson_edge_state"] == "/var/lib/jetson-edge-release"
+    dirs = [t for t in role_tasks("deploy.yml") if t["name"].startswith("Create directories")][0]["loop"]
+    users = {d["path"].split("}}")[-1] or d["path"]: d["user"] for d in dirs}
+    built = ("/engines", "/kernels", "/calibration/cache")  # what the service user builds
+    assert all(users[k] for k in built) and not any(v for k, v in users.items() if k not in built)
 
 
 def agent_play(tmp_path, root, version, url=URL):

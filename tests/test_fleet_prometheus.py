@@ -324,8 +324,8 @@ def gate_query(tmp_path, server, release, **more):
     """The query the fleet gate sends for `release` (answered with server.result) and the play's output."""
     before = len(server.queries)
     run = fleet_gate(tmp_path, server.url, release, **more)
-    assert len(server.queries) == before + 1, run.stdout[-3000:]
-    return server.queries[-1], run
+    assert len(server.queries) == before + (2 if run.returncode else 1), run.stdout[-3000:]  # a stop: + baseline
+    return server.queries[before], run
 
 
 def test_the_fleet_gate_judges_each_board_type_and_device_at_two_evaluations(tmp_path):
@@ -404,3 +404,61 @@ def test_the_rollouts_fleet_gate_asks_prometheus_whether_a_release_does_worse_th
         good.stop()
         bad.stop()
 
+
+
+def test_a_fleet_gate_stop_fails_the_release_fleet_wide_with_both_ratios(tmp_path):
+    """Issue 43: a fleet-gate stop was a plain `fail`: no record, no pause file, the canaries kept the release and a
+    re-run from any checkout rolled it on. Now the store records it failed with its ratio and its type's on the
+    other releases, and this checkout's pause file says why."""
+    server = QueryRecorder()
+    store = tmp_path / "cache"
+    store.mkdir()
+    try:
+        server.result = [{"metric": {"release": "r2", "board": "xavier"}, "value": [0, "0.04"]}]
+        _, stopped = gate_query(tmp_path, server, "r2", jetson_edge_engine_cache=str(store))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert stopped.returncode != 0 and "r2 is refused from now on" in " ".join(stopped.stdout.split())
+    assert server.queries[-1] == 'release_board:edge_deadline_misses:baseline_ratio_rate5m{release="r2"}'
+    rec = json.loads((store / "rollout" / "r2.json").read_text(encoding="utf-8"))
+    assert rec["state"] == "failed" and rec["why"].startswith(
+        "fleet gate: xavier: 4.00 % misses against 4.00 % on the other releases"), rec
+    assert "r2 failed the fleet gate (fleet gate: xavier: 4.00 %" in (tmp_path / "ROLLOUT_PAUSED").read_text(
+        encoding="utf-8")
+
+
+class Unavailable(http.server.ThreadingHTTPServer):
+    """A Prometheus that answers every query 503."""
+
+    def __init__(self):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_error(503, "Service Unavailable")
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:{}".format(self.server_address[1])
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+@pytest.mark.parametrize("kind", ["503", "no such host"])
+def test_a_fleet_gate_query_prometheus_does_not_answer_pauses_and_records_nothing(tmp_path, kind):
+    """Issue 43: a Prometheus error in a follower's gate recorded the release failed fleet-wide."""
+    store = tmp_path / "cache"
+    (store / "rollout").mkdir(parents=True)
+    server = Unavailable() if kind == "503" else None
+    url = server.url if server else "http://prometheus.invalid:9090"
+    try:
+        run = fleet_gate(tmp_path, url, "r2", jetson_edge_engine_cache=str(store))
+    finally:
+        if server:
+            server.shutdown()
+            server.server_close()
+    said = " ".join(run.stdout.split())
+    assert run.returncode != 0 and "r2 not judged: the fleet gate's query got no answer from {}".format(url) in said
+    assert "the rollout is paused" in said and "refused" not in said, said[-3000:]
+    assert not list((store / "rollout").iterdir())
+    assert "r2 not judged" in (tmp_path / "ROLLOUT_PAUSED").read_text(encoding="utf-8")

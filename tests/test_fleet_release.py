@@ -15,7 +15,7 @@ import service_helpers as sh
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STATE = os.path.join("var", "lib", "jetson-edge")
+STATE = os.path.join("var", "lib", "jetson-edge-release")
 BAKE = {"bake_s": 1.5, "start_timeout_s": 90, "interval_s": 0.25, "max_miss_ratio": 0.05, "keep": 1}
 
 
@@ -28,6 +28,8 @@ class Device:
         os.makedirs(os.path.join(self.state, "releases"))
         os.makedirs(os.path.join(self.root, "bin"))
         shutil.copy(os.path.join(HERE, "fleet", "systemctl"), os.path.join(self.root, "bin", "systemctl"))
+        os.makedirs(os.path.join(self.root, "opt", "jetson-edge"))
+        os.symlink(sys.prefix, os.path.join(self.root, "opt", "jetson-edge", ".venv"))  # the settle unit's program
         open(os.path.join(self.root, "live"), "w", encoding="utf-8").close()
         self.port = sh.free_port()
         self.settings(store=self.store, device="dev-1", **BAKE)
@@ -190,18 +192,43 @@ def test_a_cut_between_a_switch_and_its_restart_is_finished_by_the_timer(device)
     assert device.serves("r1") and "restart: the service ran r2, current is r1" in device.audit()[-1]
 
 
-def test_the_settle_unit_and_its_timer_verify():
-    """systemd's own check of the units deploy/ansible installs (run for real under systemd: docs/fleet.md)."""
+def test_the_settle_unit_and_its_timer_verify(tmp_path):
+    """systemd's own check of the units deploy/ansible installs (run for real under systemd: docs/fleet.md). The
+    settle unit runs as root the installed program under /opt, never one under a state folder (issue 39)."""
     tool = shutil.which("systemd-analyze")
     if tool is None:
         pytest.skip("systemd-analyze not installed (Debian: apt-get install systemd)")
     units = [os.path.join(os.path.dirname(HERE), "systemd", name)
              for name in ("jetson-edge-release.service", "jetson-edge-release.timer")]
-    proc = subprocess.run([tool, "verify"] + units, capture_output=True, encoding="utf-8", errors="replace", timeout=60)
-    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
     with open(units[0], encoding="utf-8") as fh:
         unit = fh.read()
-    assert "$$r/venv/bin/edge" in unit and "release settle" in unit  # $$: systemd passes $ to the shell
+    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start == ["ExecStart=/opt/jetson-edge/.venv/bin/edge release settle --state "
+                          "/var/lib/jetson-edge-release --by settle@%H"]
+    assert "StateDirectory=jetson-edge-release\n" in unit and "StateDirectoryMode=0755" in unit
+    copy = tmp_path / "jetson-edge-release.service"  # verify checks that ExecStart= exists
+    copy.write_text(unit.replace("/opt/jetson-edge/.venv/bin/edge", os.path.join(os.path.dirname(sys.executable),
+                                                                               "edge")), encoding="utf-8")
+    shutil.copy(units[1], str(tmp_path))
+    proc = subprocess.run([tool, "verify", str(copy), str(tmp_path / "jetson-edge-release.timer")],
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=60)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+
+
+def exposure(unit):
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", unit], capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=60)
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", proc.stdout + proc.stderr)
+    assert match, proc.stdout + proc.stderr
+    return float(match.group(1))
+
+
+def test_the_root_settle_unit_is_no_more_exposed_than_the_service():
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed (Debian: apt-get install systemd)")
+    systemd = os.path.join(os.path.dirname(HERE), "systemd")
+    assert exposure(os.path.join(systemd, "jetson-edge-release.service")) <= exposure(
+        os.path.join(systemd, "jetson-edge.service"))
 
 
 def test_the_kill_switch_reaches_a_release_in_the_middle_of_its_bake(device):
@@ -217,3 +244,39 @@ def test_the_kill_switch_reaches_a_release_in_the_middle_of_its_bake(device):
     assert device.settled() and device.link("current") == "r1" and device.serves("r1")
     assert re.search(r"withdrawn: r2 \(camera faults, sha256 \w+\), back on r1$", device.audit()[-1])
     assert not any("commit: r2" in line for line in device.audit())
+
+
+def test_a_retry_of_a_release_committed_then_withdrawn_bakes_again(device):
+    """Issue 39: GATED from r2's first commit survived its withdrawal, so `try r2 --retry` committed it at once
+    ("committed before"), with no bake, and cleared the fleet's record. GATED names the trial that committed it:
+    the retry bakes, and the record is cleared only once that bake passed. After the withdrawal `committed` no
+    longer names r2 (the settle unit and a fallback never take it for good)."""
+    for name in ("r1", "r2"):
+        device.release(name)
+        assert device.edge("try", name).returncode == 0
+    kill = device.edge("withdraw", "r2", "--why", "camera faults")
+    assert kill.returncode == 0 and device.link("current") == "r1" and device.serves("r1"), kill.stderr
+    assert device.link("committed") == "r1" and record(device, "r2")["state"] == "withdrawn"
+    retry = device.edge("try", "r2", "--retry")
+    assert retry.returncode == 0 and "r2 committed" in retry.stdout, retry.stdout + retry.stderr
+    commit = [line for line in device.audit() if "commit: r2" in line][-1]
+    assert "commit: r2 (1.5 s bake:" in commit and "committed before" not in commit
+    assert device.serves("r2") and not os.path.exists(os.path.join(device.store, "rollout", "r2.json"))
+
+
+def test_a_settle_restarts_a_daemon_that_serves_another_release_before_it_bakes(device):
+    """Issue 43: an SSH drop between the switch and the restart left the daemon on r1 while `current` was r2; the
+    settle baked r2 against r1's metrics and recorded a good release failed fleet-wide."""
+    device.release("r1")
+    assert device.edge("try", "r1").returncode == 0 and device.serves("r1")
+    device.release("r2")
+    trial = {"release": "r2", "fallback": "r1", "sha256": "", "armed_at": "2026-01-01T00:00:00Z",
+             "by": "alice@ctl", "retry": False}
+    with open(os.path.join(device.state, "trial.json"), "w", encoding="utf-8") as fh:
+        json.dump(trial, fh)
+    os.unlink(os.path.join(device.state, "current"))
+    os.symlink("releases/r2", os.path.join(device.state, "current"))  # the switch; its restart never ran
+    settle = device.edge("settle")
+    assert settle.returncode == 0 and "committed r2" in settle.stdout, settle.stdout + settle.stderr
+    assert any("restart: the service ran r1, current is r2" in line for line in device.audit())
+    assert device.serves("r2") and not os.path.exists(os.path.join(device.store, "rollout", "r2.json"))

@@ -89,6 +89,11 @@ def test_rollout_story(fleet, tmp_path):
                          fleet.audit(host)[-1])
         venvs = os.listdir(os.path.join(fleet.root(host), "opt", "jetson-edge", "venvs"))
         assert len(venvs) == 1 and re.match(r"jetson_edge-0\.1\.0-py3-none-any-[0-9a-f]{12}$", venvs[0])
+        # the safety net is enabled, and root's settle unit runs the committed release's venv under /opt
+        assert all(os.path.exists(os.path.join(fleet.root(host), unit + ".enabled"))
+                   for unit in ("jetson-edge.service", "jetson-edge-release.timer"))
+        assert os.readlink(os.path.join(fleet.root(host), "opt", "jetson-edge", ".venv")) == os.path.join(
+            fleet.root(host), "opt", "jetson-edge", "venvs", venvs[0])
     builders = [h for h in fleet.hosts if os.path.exists(fleet.release_file(h, "r1", "engines/mobilenet_v3_small"
                                                                              ".int8.gate.json"))]
     assert builders == [ORIN]  # the xavier canary found the same engine identity (ONNX Runtime: no board in it)
@@ -173,5 +178,6 @@ def test_rollout_story(fleet, tmp_path):
         assert fleet.current(host) == "r2" and serves(fleet, host, "r2")
     assert [line for line in fleet.service_log(ORIN)[len(before[ORIN]):]] == ["restart r4", "restart r2"]
     assert logs(fleet)[FOLLOWER] == before[FOLLOWER] and logs(fleet)[XAVIER] == before[XAVIER]
-    assert sorted(os.listdir(os.path.dirname(SITE))) == ["inventory.example.yml", "roles", "site.yml"]  # no litter
+    assert sorted(os.listdir(os.path.dirname(SITE))) == ["ansible.cfg", "inventory.example.yml", "roles",
+                                                     "site.yml"]  # no litter
     assert all(not os.path.exists(os.path.join(fleet.root(h), STATE, "trial.json")) for h in fleet.hosts)

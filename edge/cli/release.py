@@ -6,11 +6,12 @@
     edge release settle                the settle unit and its timer: bake a release on trial and commit it or
                                        fall back; leave a release withdrawn or failed anywhere in the fleet
     edge release withdraw NAME         the kill switch on this device: NAME is refused from now on, and left
-    edge release fail NAME --why W     record NAME failed before its switch (its build): refused from now on
+    edge release fail NAME --why W     record NAME failed (its build, the fleet gate): refused from now on, and left
     edge release check NAME [--retry]  exit 0 when NAME may be installed here, 2 (with the record) when refused
     edge release status                current, previous, committed, the trial and the refused releases (JSON)
 
-The state folder is /var/lib/jetson-edge (--state); its rollout.json holds the settings deploy/ansible writes.
+The state folder is /var/lib/jetson-edge-release (--state): root's alone (edge/fleet/statedir.py); its rollout.json
+holds the settings deploy/ansible writes.
 """
 
 import argparse
@@ -20,9 +21,9 @@ import socket
 from typing import Any
 
 from edge.cli.common import add_command
-from edge.errors import EXIT_FAIL, EXIT_OK
+from edge.errors import EXIT_FAIL, EXIT_OK, one_line
 
-STATE = "/var/lib/jetson-edge"
+STATE = "/var/lib/jetson-edge-release"
 
 
 def _who() -> str:
@@ -36,18 +37,18 @@ def cmd_release(args: argparse.Namespace) -> int:
     dev = Device(args.state)
     by = args.by or _who()
     if args.action == "try":
-        outcome = rollout.try_release(dev, args.name, retry=args.retry, by=by)
-        print("edge release: {} {}".format(args.name, outcome), flush=True)
-        if outcome == "current" or args.no_wait:
+        switch = rollout.try_release(dev, args.name, retry=args.retry, by=by)
+        print("edge release: {} {}".format(args.name, switch.outcome), flush=True)
+        if switch.outcome == "current" or args.no_wait:
             return EXIT_OK
-        verdict = rollout.wait(dev, args.name, args.timeout)
+        verdict = rollout.wait(dev, args.name, switch.armed_at, args.timeout)
         if verdict is None:
             print("edge release: {} still baking after {:g} s; the device commits or falls back by itself".format(
                 args.name, args.timeout))
             return EXIT_FAIL
         rec = dev.refusal(args.name)
         print("edge release: {} {}".format(args.name, "committed" if verdict else "failed: {}, back on {}".format(
-            rec.get("why", "") if rec else "", dev.link("current") or "nothing")))
+            one_line(str(rec.get("why", ""))) if rec else "", dev.link("current") or "nothing")))
         return EXIT_OK if verdict else EXIT_FAIL
     if args.action == "settle":
         print("edge release: " + rollout.settle(dev, by))
@@ -59,9 +60,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     if args.action == "check":
         print("edge release: {} may be installed ({})".format(args.name, rollout.check(dev, args.name, args.retry)))
         return EXIT_OK
-    refused = sorted(n[:-5] for n in os.listdir(dev.path("refused"))) if os.path.isdir(dev.path("refused")) else []
     print(json.dumps({"current": dev.link("current"), "previous": dev.link("previous"),
-                      "committed": dev.link("committed"), "trial": dev.trial(), "refused": refused}, indent=2))
+                      "committed": dev.link("committed"), "trial": dev.trial(), "refused": dev.refused_names()},
+                     indent=2))
     return EXIT_OK
 
 

@@ -9,35 +9,42 @@ Without a trial it leaves a release that was withdrawn while the device was offl
 switch on the device. Failed and withdrawn releases are recorded here (refused/) and in the shared store
 (edge/fleet/store.py) and never switched to again without an explicit retry.
 
-    <state>/releases/<name>/          a release (deploy/ansible writes it); GATED once committed here
+    <state>/releases/<name>/          a release (deploy/ansible writes it); GATED once a trial of it committed here
     <state>/current, previous, committed   symlinks to releases/<name>, each replaced by one rename
-    <state>/trial.json                the armed fallback {release, fallback, sha256, by, retry}
+    <state>/trial.json                the armed fallback {release, fallback, sha256, armed_at, by, retry, supersedes}
     <state>/refused/<name>.json       {release, state: failed | withdrawn, why, sha256, at, by, device}
     <state>/rollout.json              settings (deploy/ansible writes it; DEFAULTS below)
     <state>/audit.log                 one line per change: when, who, what, and the content's sha256
 
 Every step is ordered so that a power cut anywhere leaves `current` on the old or the new release, and the next
 `settle` finishes what was started.
+
+The settle unit runs as root, so the state is root's alone (/var/lib/jetson-edge-release, 0755; the service user
+reads it and writes only each release's engines/ and kernels/). Every file in it is opened through
+edge/fleet/statedir.py (no link followed, no folder another user can write), and every name read from it is
+checked: a planted link or a forged name is refused in one line, never followed.
 """
 
 import contextlib
 import datetime
 import fcntl
 import hashlib
+import json
 import os
 import re
-import shutil
 import socket
+import stat
 import subprocess
+import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
-from edge.errors import EXIT_FAIL, EdgeError, first_line
+from edge.errors import EXIT_FAIL, EdgeError, first_line, one_line
 from edge.fleet import store
-from edge.inputs import load_json
-from edge.store.fileio import temp_name, write_json_atomic
+from edge.fleet.statedir import StateDir, refuse
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
 DEFAULTS: Dict[str, Any] = {
     "service": "jetson-edge.service",  # the unit that runs `current`
     "settle_unit": "jetson-edge-release.service",  # runs `edge release settle` (its timer too)
@@ -47,22 +54,26 @@ DEFAULTS: Dict[str, Any] = {
     "device": "",  # the device's name in records (the inventory name)
 }
 CONTENT = ("models", "calibration", "config.yaml", "release.env")  # what a release's sha256 covers (+ its venv)
+BUILT = ("engines", "kernels", "calibration/cache")  # what the service user builds in a release: not its content
+PROGRAM = ".venv"  # <prefix>/.venv: the installed program the settle unit runs (deploy/ansible links it)
+MAX_STATE_BYTES = 1 << 20
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def check_name(release: str) -> str:
-    if not NAME.match(release or ""):
-        raise EdgeError("release {!r}: letters, digits and . _ + - (at most 64), starting with a letter or digit"
-                        .format(release[:80] if release else release))
+def check_name(release: Any, where: str = "release") -> str:
+    if not isinstance(release, str) or not NAME.match(release):
+        raise EdgeError("{} {}: letters, digits and . _ + - (at most 64), starting with a letter or digit".format(
+            where, one_line(repr(release), 80)))
     return release
 
 
-def load_settings(state: str) -> Dict[str, Any]:
-    path = os.path.join(state, "rollout.json")
-    given = load_json(path, "rollout settings", 1 << 16) if os.path.exists(path) else {}
+def load_settings(state: StateDir) -> Dict[str, Any]:
+    path = state.where("rollout.json")
+    given = state.load_json("rollout.json", "rollout settings", 1 << 16)
+    given = {} if given is None else given
     if not isinstance(given, dict) or set(given) - set(DEFAULTS):
         raise EdgeError("{}: an object with the keys {}".format(path, ", ".join(sorted(DEFAULTS))))
     settings = dict(DEFAULTS, **given)
@@ -73,53 +84,140 @@ def load_settings(state: str) -> Dict[str, Any]:
         if not isinstance(default, str) and (isinstance(value, bool) or not isinstance(value, (int, float))
                                              or not 0 <= value < 1e7 or value != value):
             raise EdgeError("{}: {} must be a number >= 0".format(path, key))
+    for key in ("service", "settle_unit"):
+        if not UNIT.match(settings[key]):
+            raise EdgeError("{}: {} must name a systemd .service unit, got {}".format(
+                path, key, one_line(repr(settings[key]), 80)))
+    if not _plain_store(settings["store"]):
+        raise EdgeError("{}: store must be empty, an absolute folder or an http(s):// URL, got {}".format(
+            path, one_line(repr(settings["store"]), 120)))
+    if len(settings["device"]) > 253 or not settings["device"].isprintable():
+        raise EdgeError("{}: device must be a printable name of at most 253 characters".format(path))
     return settings
 
 
+def _plain_store(value: str) -> bool:
+    if not value:
+        return True
+    if not value.isprintable() or any(c.isspace() for c in value) or len(value) > 4096:
+        return False
+    if store.is_url(value):
+        return value.startswith(("https://", "http://"))
+    return value.startswith("/") and os.path.normpath(value) == value.rstrip("/")
+
+
+def check_trial(trial: Any, where: str) -> Dict[str, Any]:
+    """trial.json, checked: every name in it is a release name (root switches to its `fallback`)."""
+    if not isinstance(trial, dict) or not isinstance(trial.get("armed_at", ""), str) or \
+            not isinstance(trial.get("sha256", ""), str):
+        raise EdgeError("{}: not a trial (an object naming a release and its fallback)".format(where))
+    check_name(trial.get("release"), where + ": release")
+    if trial.get("fallback") is not None:
+        check_name(trial["fallback"], where + ": fallback")
+    return trial
+
+
 class Device:
-    """The release state under `state` (/var/lib/jetson-edge on a device)."""
+    """The release state under `state` (/var/lib/jetson-edge-release on a device)."""
 
     def __init__(self, state: str):
         self.state = os.path.abspath(state)
-        if not os.path.isdir(os.path.join(self.state, "releases")):
+        try:
+            self.dir = StateDir.open(self.state)
+        except FileNotFoundError:
+            raise EdgeError("{}: no releases/ folder (deploy a release first)".format(self.state)) from None
+        if not self.dir.is_dir("releases"):
             raise EdgeError("{}: no releases/ folder (deploy a release first)".format(self.state))
-        self.settings = load_settings(self.state)
+        self.settings = load_settings(self.dir)
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.state, *parts)
 
+    @contextlib.contextmanager
+    def folder(self, *parts: str, make: bool = False) -> Iterator[StateDir]:
+        """A checked folder of the state (releases/<name>, refused); `make`: created (0755) when missing."""
+        opened: List[StateDir] = []
+        try:
+            at = self.dir
+            for part in parts:
+                if make and at.lstat(part) is None:
+                    os.mkdir(part, 0o755, dir_fd=at.fd)
+                at = at.sub(part)
+                opened.append(at)
+            yield at
+        finally:
+            for folder in reversed(opened):
+                folder.close()
+
     def link(self, name: str) -> Optional[str]:
-        target = os.readlink(self.path(name)) if os.path.islink(self.path(name)) else None
-        return os.path.basename(target) if target else None
+        """The release `name` (current, previous, committed) points at; anything but releases/<name> is refused."""
+        target = self.dir.readlink(name)
+        if target is None:
+            return None
+        release = target[len("releases/"):] if target.startswith("releases/") else ""
+        if not NAME.match(release):
+            raise refuse(self.path(name), "points at {}, not releases/<name>".format(one_line(repr(target), 80)))
+        return release
 
     def set_link(self, name: str, release: Optional[str]) -> None:
         """Point `name` at releases/`release` by one rename (None: remove it)."""
         if release is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(name))
-            return
-        tmp = temp_name(self.state, "." + name + ".")
-        os.symlink(os.path.join("releases", release), tmp)
-        os.replace(tmp, self.path(name))
+            self.dir.unlink(name)
+        else:
+            self.dir.symlink(name, "releases/" + check_name(release))
 
     def release_dir(self, release: str) -> str:
-        return self.path("releases", release)
+        return self.path("releases", check_name(release))
+
+    def has_release(self, release: str) -> bool:
+        with self.folder("releases") as releases:
+            return releases.is_dir(check_name(release))
+
+    def gate_record(self, release: Optional[str]) -> Optional[Dict[str, Any]]:
+        """GATED of `release` (None: never committed here); {} for a record without the trial it committed."""
+        if not release or not self.has_release(release):
+            return None
+        with self.folder("releases", release) as folder:
+            data = folder.read("GATED", MAX_STATE_BYTES)
+        if data is None:
+            return None
+        try:
+            rec = json.loads(data.decode("utf-8"))
+        except ValueError:
+            return {}  # the one-line GATED of an older edge: committed, by a trial no one can match
+        return rec if isinstance(rec, dict) else {}
 
     def gated(self, release: Optional[str]) -> bool:
-        return bool(release) and os.path.isfile(os.path.join(self.release_dir(release or ""), "GATED"))
+        return self.gate_record(release) is not None
+
+    def seal(self, release: str, record: Dict[str, Any]) -> None:
+        with self.folder("releases", release) as folder:
+            folder.write_json("GATED", record)
 
     def trial(self) -> Optional[Dict[str, Any]]:
-        path = self.path("trial.json")
-        return load_json(path, "trial") if os.path.exists(path) else None
+        trial = self.dir.load_json("trial.json", "trial", MAX_STATE_BYTES)
+        return None if trial is None else check_trial(trial, self.path("trial.json"))
+
+    def arm(self, trial: Dict[str, Any]) -> None:
+        self.dir.write_json("trial.json", check_trial(trial, self.path("trial.json")))
 
     def end_trial(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path("trial.json"))
+        self.dir.unlink("trial.json")
 
     def refusal(self, release: str) -> Optional[Dict[str, Any]]:
         """This device's record of `release` failing or being withdrawn."""
-        path = self.path("refused", release + ".json")
-        return store.load_record(path) if os.path.exists(path) else None
+        name = check_name(release) + ".json"
+        if not self.dir.is_dir("refused"):
+            return None
+        with self.folder("refused") as refused:
+            rec = refused.load_json(name, "rollout record", store.MAX_RECORD_BYTES)
+        return None if rec is None else store.check_record(rec, self.path("refused", name))
+
+    def refused_names(self) -> List[str]:
+        if not self.dir.is_dir("refused"):
+            return []
+        with self.folder("refused") as refused:
+            return [n[:-5] for n in refused.listdir() if n.endswith(".json") and NAME.match(n[:-5])]
 
     def refused(self, release: str) -> Optional[Dict[str, Any]]:
         """The device's record of `release`, else the shared store's (an unreadable store raises)."""
@@ -127,9 +225,10 @@ class Device:
 
     def record(self, release: str, state: str, why: str, sha: str, by: str) -> Dict[str, Any]:
         """Refuse `release` from now on, here and (a folder store) for every device."""
-        rec = {"release": release, "state": state, "why": why, "sha256": sha, "at": now(), "by": by,
+        rec = {"release": check_name(release), "state": state, "why": why, "sha256": sha, "at": now(), "by": by,
                "device": self.settings["device"] or socket.gethostname()}
-        write_json_atomic(self.path("refused", release + ".json"), rec, "rollout record")
+        with self.folder("refused", make=True) as refused:
+            refused.write_json(release + ".json", rec)
         try:
             store.write(self.settings["store"], rec)
         except (EdgeError, OSError) as exc:  # the device's own record holds; the controller writes the store too
@@ -137,40 +236,39 @@ class Device:
         return rec
 
     def forget(self, release: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path("refused", release + ".json"))
+        if self.dir.is_dir("refused"):
+            with self.folder("refused") as refused:
+                refused.unlink(check_name(release) + ".json")
 
     def audit(self, by: str, text: str) -> None:
-        with open(self.path("audit.log"), "a", encoding="utf-8") as fh:
-            fh.write("{} {} {}\n".format(now(), by, text))
-            fh.flush()
-            os.fsync(fh.fileno())
+        """One line: when, who, what; control characters (a newline, an ESC) in any part are escaped."""
+        self.dir.append("audit.log", "{} {} {}\n".format(now(), one_line(by, 200), one_line(text, 4000)))
 
     def systemctl(self, *args: str) -> None:
         proc = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               encoding="utf-8", errors="replace", timeout=300)
         if proc.returncode != 0:
-            raise EdgeError("systemctl {}: {}".format(" ".join(args), (proc.stdout.strip().splitlines() or ["exit {}"
-                            .format(proc.returncode)])[-1]), EXIT_FAIL)
+            raise EdgeError("systemctl {}: {}".format(" ".join(args), one_line((proc.stdout.strip().splitlines() or [
+                "exit {}".format(proc.returncode)])[-1])), EXIT_FAIL)
 
     def digest(self, release: str) -> str:
         """sha256 of what the release is: its model, sets, config and environment files and its venv's name."""
-        root = self.release_dir(release)
         h = hashlib.sha256()
-        for top in CONTENT:
-            for path in sorted(_files(os.path.join(root, top))):
-                h.update("{}\0".format(os.path.relpath(path, root)).encode())
-                with open(path, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(chunk)
-        venv = os.path.join(root, "venv")
-        h.update("venv\0{}".format(os.path.basename(os.readlink(venv)) if os.path.islink(venv) else "").encode())
+        with self.folder("releases", release) as folder:
+            for top in CONTENT:
+                for rel in _files(folder, top):
+                    h.update("{}\0".format(rel).encode())
+                    with os.fdopen(_open_nested(folder, rel), "rb") as fh:
+                        for chunk in iter(lambda: fh.read(1 << 20), b""):  # noqa: B023 (fh of this loop)
+                            h.update(chunk)
+            venv = folder.readlink("venv")
+        h.update("venv\0{}".format(os.path.basename(venv) if venv else "").encode())
         return h.hexdigest()
 
     @contextlib.contextmanager
     def lock(self, wait_s: float) -> Iterator[bool]:
         """One changer at a time (try, settle, withdraw); yields False when `wait_s` passed first."""
-        fd = os.open(self.path(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self.dir.open_file(".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + wait_s
             while True:
@@ -187,37 +285,72 @@ class Device:
             os.close(fd)
 
     def prune(self, by: str) -> List[str]:
-        """Remove releases (and venvs no kept release uses) beyond current, previous, committed and the newest
-        `keep`: eMMC is 16-64 GB. Records in refused/ stay."""
-        names = sorted(os.listdir(self.path("releases")), key=lambda n: os.path.getmtime(self.release_dir(n)))
-        keep = {self.link(n) for n in ("current", "previous", "committed")}
-        keep.update(names[-int(self.settings["keep"]):] if self.settings["keep"] else [])
-        venvs = {n: _venv(self.release_dir(n)) for n in names}
-        used = {v for n, v in venvs.items() if n in keep}
-        gone = [n for n in names if n not in keep]
-        for name in gone:
-            shutil.rmtree(self.release_dir(name), ignore_errors=True)
-            venv = venvs[name]
-            if venv and venv not in used and os.path.basename(os.path.dirname(venv)) == "venvs":
-                shutil.rmtree(venv, ignore_errors=True)
+        """Remove releases (and venvs no kept release and no installed program uses) beyond current, previous,
+        committed and the newest `keep`: eMMC is 16-64 GB. Records in refused/ stay. Nothing is removed through a
+        link: a release is a folder of the state, a venv a folder of <prefix>/venvs checked as the state is."""
+        with self.folder("releases") as releases:
+            stats = {n: releases.lstat(n) for n in releases.listdir() if NAME.match(n)}
+            names = sorted((n for n, st in stats.items() if st and stat.S_ISDIR(st.st_mode)),
+                           key=lambda n: stats[n].st_mtime)
+            keep = {self.link(n) for n in ("current", "previous", "committed")}
+            keep.update(names[-int(self.settings["keep"]):] if self.settings["keep"] else [])
+            venvs = {n: self._venv(n) for n in names}
+            used = {v for n, v in venvs.items() if n in keep} | {_real(sys.prefix)}
+            used.update(_real(os.path.join(os.path.dirname(os.path.dirname(v)), PROGRAM)) for v in venvs.values() if v)
+            gone = [n for n in names if n not in keep]
+            for name in gone:
+                releases.remove_tree(name)
+                venv = venvs[name]
+                if venv and _real(venv) not in used and os.path.basename(os.path.dirname(venv)) == "venvs":
+                    _remove_venv(venv)
         if gone:
             self.audit(by, "prune: removed {}".format(", ".join(gone)))
         return gone
 
-
-def _files(path: str) -> Iterator[str]:
-    if os.path.isfile(path):
-        yield path
-    for parent, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in files:
-            yield os.path.join(parent, name)
+    def _venv(self, release: str) -> Optional[str]:
+        with self.folder("releases", release) as folder:
+            target = folder.readlink("venv")
+        return os.path.normpath(target) if target and os.path.isabs(target) else None
 
 
-def _venv(release_dir: str) -> Optional[str]:
-    link = os.path.join(release_dir, "venv")
-    return os.path.realpath(link) if os.path.islink(link) else None
+def _files(folder: StateDir, top: str) -> List[str]:
+    """The paths (relative to the release) of the files under `top`, sorted; links are not listed."""
+    st = folder.lstat(top)
+    if st is None or stat.S_ISLNK(st.st_mode):
+        return [top] if st is not None else []
+    if not stat.S_ISDIR(st.st_mode):
+        return [top]
+    return sorted(os.path.join(parent, name) for parent, _, files, _ in
+                  os.fwalk(top, dir_fd=folder.fd, follow_symlinks=False) for name in files
+                  if not any((parent + "/").startswith(b + "/") for b in BUILT))
+
+
+def _open_nested(folder: StateDir, rel: str) -> int:
+    """A descriptor of the file `rel` under `folder`, no component followed through a link."""
+    parts = rel.split("/")
+    opened: List[StateDir] = []
+    try:
+        at = folder
+        for part in parts[:-1]:
+            at = at.sub(part)
+            opened.append(at)
+        return at.open_file(parts[-1], os.O_RDONLY)
+    finally:
+        for inner in opened:
+            inner.close()
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def _remove_venv(venv: str) -> None:
+    try:
+        with StateDir.open(os.path.dirname(venv)) as venvs:
+            venvs.remove_tree(os.path.basename(venv))
+    except (EdgeError, FileNotFoundError):
+        pass  # a venvs folder that is not root's alone keeps what is in it
 
 
 def short(sha: str) -> str:
-    return "sha256 " + sha[:12]
+    return "sha256 " + one_line(str(sha)[:12], 12)

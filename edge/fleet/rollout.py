@@ -1,24 +1,33 @@
 """The three moves of a device's release (edge/fleet/releases.py holds the state): try (arm, switch, restart),
-settle (bake, then commit or fall back; or leave a withdrawn release) and withdraw (the kill switch)."""
+settle (bake, then commit or fall back; or leave a withdrawn release) and withdraw (the kill switch; `fail` is
+the same move recording the release failed: the fleet gate's stop)."""
 
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
-from edge.errors import EXIT_FAIL, EdgeError, first_line
+from edge.errors import EXIT_FAIL, EdgeError, first_line, one_line
 from edge.fleet import health, store
 from edge.fleet.releases import Device, check_name, now, short
-from edge.store.fileio import write_json_atomic
+from edge.fleet.statedir import refuse
 
 LOCK_WAIT_S = 60.0
 
 
-def metrics_url(dev: Device, release: str) -> str:
+class Switch(NamedTuple):
+    outcome: str  # 'switched', 'baking' (already on trial) or 'current' (committed here, standing)
+    armed_at: str  # the trial's (its verdict is the GATED that names it)
+
+
+def metrics_url(dev: Any, release: str) -> str:
     """The daemon's /metrics as the release's config sets it (the bake reads it)."""
     from edge.config import load_config
     from edge.uri import metrics_url as metrics_endpoint
 
-    metrics = load_config(os.path.join(dev.release_dir(release), "config.yaml")).service.metrics
+    path = os.path.join(dev.release_dir(release), "config.yaml")
+    if os.path.islink(path):
+        raise refuse(path, "a symbolic link")
+    metrics = load_config(path).service.metrics
     if not metrics.enabled:
         raise EdgeError("release {}: service.metrics.enabled is false; the bake reads the daemon's metrics".format(
             release))
@@ -26,18 +35,20 @@ def metrics_url(dev: Device, release: str) -> str:
 
 
 def refusal_line(release: str, rec: Dict[str, Any], sha: str, local: bool) -> str:
+    """The one line a refused release is answered with; the record's text is escaped (it may come from anywhere)."""
     other = "" if not local or rec.get("sha256") in (None, "", sha) else "; the files given now differ ({}): a " \
         "new release needs a new name".format(short(sha))
     return "release {} {} ({}, {} by {}, {}){}; retry explicitly: edge release try {} --retry " \
         "(deploy/ansible: -e jetson_edge_retry={})".format(
-            release, rec.get("state", "refused"), rec.get("why", ""), rec.get("at", "?"), rec.get("by", "?"),
+            release, one_line(str(rec.get("state", "refused")), 20), one_line(str(rec.get("why", "")), 200),
+            one_line(str(rec.get("at", "?")), 40), one_line(str(rec.get("by", "?")), 80),
             short(str(rec.get("sha256", ""))), other, release, release)
 
 
 def check(dev: Device, release: str, retry: bool) -> str:
     """Raise EdgeError when `release` may not be installed here (refused, no retry); returns its sha256."""
     check_name(release)
-    if not os.path.isfile(os.path.join(dev.release_dir(release), "config.yaml")):
+    if not dev.has_release(release):
         raise EdgeError("{}: no such release (config.yaml missing)".format(dev.release_dir(release)))
     sha = dev.digest(release)
     local = None if retry else dev.refusal(release)
@@ -47,9 +58,8 @@ def check(dev: Device, release: str, retry: bool) -> str:
     return sha
 
 
-def try_release(dev: Device, release: str, *, retry: bool, by: str) -> str:
-    """Arm the fallback, switch `current` to `release` and restart the service; the bake runs in the settle unit.
-    Returns what happened: 'switched', 'baking' (already on trial) or 'current' (committed here before)."""
+def try_release(dev: Device, release: str, *, retry: bool, by: str) -> Switch:
+    """Arm the fallback, switch `current` to `release` and restart the service; the bake runs in the settle unit."""
     with dev.lock(LOCK_WAIT_S) as locked:
         if not locked:
             raise EdgeError("{}: another release change holds the lock".format(dev.state), EXIT_FAIL)
@@ -60,38 +70,50 @@ def try_release(dev: Device, release: str, *, retry: bool, by: str) -> str:
         metrics_url(dev, release)
         running = dev.link("current")
         if trial:
-            outcome = "baking"
-        elif running == release and dev.gated(release):
-            return "current"
-        else:
-            if retry:
-                dev.forget(release)
-            fallback = running if running != release else dev.link("previous")
-            write = {"release": release, "fallback": fallback, "sha256": sha, "armed_at": now(), "by": by,
-                     "retry": retry}
-            write_json_atomic(dev.path("trial.json"), write, "trial")  # armed before anything changes
-            if running and running != release:
-                dev.set_link("previous", running)
-            dev.set_link("current", release)
-            # the settle unit is queued before the restart: it waits for this lock, so whatever happens to this
-            # command from here on (a dropped connection kills it), the device finishes the trial by itself
             dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
-            dev.audit(by, "switch: {} -> {} (rollout, {}, on trial)".format(running or "nothing", release,
-                                                                         short(sha)))
-            dev.systemctl("restart", dev.settings["service"])
-            return "switched"
-    dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
-    return outcome
+            return Switch("baking", trial.get("armed_at", ""))
+        if running == release and dev.gated(release) and dev.refusal(release) is None:
+            return Switch("current", "")
+        supersedes = _record_key(_store_record(dev, release)) if retry else None
+        if retry:
+            dev.forget(release)
+        fallback = running if running != release else dev.link("previous")
+        armed = {"release": release, "fallback": fallback, "sha256": sha, "armed_at": now(), "by": by,
+                 "retry": retry, "supersedes": supersedes}
+        dev.arm(armed)  # armed before anything changes
+        if running and running != release:
+            dev.set_link("previous", running)
+        dev.audit(by, "switch: {} -> {} (rollout, {}, on trial)".format(running or "nothing", release, short(sha)))
+        dev.set_link("current", release)
+        # the settle unit is queued before the restart: it waits for this lock, so whatever happens to this
+        # command from here on (a dropped connection kills it), the device finishes the trial by itself
+        dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
+        dev.systemctl("restart", dev.settings["service"])
+        return Switch("switched", armed["armed_at"])
 
 
-def wait(dev: Device, release: str, timeout_s: float) -> Optional[bool]:
-    """The verdict on `release` once its trial ended: True committed, False failed; None: still baking."""
+def _store_record(dev: Device, release: str) -> Optional[Dict[str, Any]]:
+    try:
+        return store.read(dev.settings["store"], release)
+    except (EdgeError, OSError):
+        return None
+
+
+def _record_key(rec: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """What tells one record from a later one (a retry supersedes the record it was given, not a newer one)."""
+    return {k: rec.get(k) for k in ("state", "at", "by", "why")} if rec else None
+
+
+def wait(dev: Device, release: str, armed_at: str, timeout_s: float) -> Optional[bool]:
+    """The verdict on the trial of `release` armed at `armed_at` once it ended: True committed, False failed;
+    None: still baking."""
     deadline = time.monotonic() + timeout_s
-    while os.path.exists(dev.path("trial.json")):
+    while dev.trial() is not None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.5)
-    return dev.gated(release) and dev.refusal(release) is None
+    gate = dev.gate_record(release) or {}
+    return bool(armed_at) and gate.get("armed_at") == armed_at and dev.refusal(release) is None
 
 
 def settle(dev: Device, by: str) -> str:
@@ -112,38 +134,47 @@ def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
         dev.end_trial()
         dev.systemctl("restart", dev.settings["service"])
         return "trial of {} dropped: {} is current".format(release, dev.link("current"))
-    if dev.gated(release):  # a cut inside the commit
+    gate = dev.gate_record(release) or {}
+    if trial.get("armed_at") and gate.get("armed_at") == trial["armed_at"]:  # a cut inside this trial's commit
         return _commit(dev, trial, "committed before", by)
+    _serve_current(dev, by)  # a cut between the switch and its restart: the bake must see the release
     s = dev.settings
+    aborted: Dict[str, Any] = {}
     try:
         verdict = health.bake(metrics_url(dev, release), release, bake_s=s["bake_s"],
                               start_timeout_s=s["start_timeout_s"], max_miss_ratio=s["max_miss_ratio"],
-                              interval_s=s["interval_s"], abort=lambda: _withdrawn(dev, release))
+                              interval_s=s["interval_s"], abort=lambda: _superseded(dev, trial, aborted))
     except Exception as exc:  # whatever stops the bake fails the release: the trial never stays armed
         verdict = health.Verdict(False, "the bake could not run: {}".format(first_line(exc)))
     if verdict.ok:
         return _commit(dev, trial, verdict.why, by)
-    state = "withdrawn" if verdict.aborted else "failed"
+    if verdict.ok is None:  # the daemon's metrics were busy (503): not the release's fault
+        dev.audit(by, "bake: {} inconclusive ({}); on trial until the timer bakes it again".format(release,
+                                                                                                verdict.why))
+        return "{} still on trial: {}".format(release, verdict.why)
+    state = aborted.get("state", "withdrawn") if verdict.aborted else "failed"
     return fall_back(dev, release, trial.get("fallback"), state, verdict.why, trial.get("sha256", ""), by)
 
 
-def _withdrawn(dev: Device, release: str) -> Optional[str]:
+def _superseded(dev: Device, trial: Dict[str, Any], seen: Dict[str, Any]) -> Optional[str]:
+    """A reason to stop the bake: a record of the release newer than the one this trial's retry supersedes."""
     try:
-        rec = dev.refused(release)
+        rec = dev.refused(trial["release"])
     except (EdgeError, OSError):  # an unreachable store does not end a bake
-        rec = None
-    return str(rec.get("why") or "withdrawn") if rec and rec.get("state") == "withdrawn" else None
+        return None
+    if not rec or _record_key(rec) == trial.get("supersedes"):
+        return None
+    seen.update(rec)
+    return str(rec.get("why") or rec.get("state"))
 
 
 def _commit(dev: Device, trial: Dict[str, Any], summary: str, by: str) -> str:
     release, sha = trial["release"], trial.get("sha256", "")
-    with open(os.path.join(dev.release_dir(release), "GATED"), "w", encoding="utf-8") as fh:
-        fh.write("{} {} {}\n".format(now(), sha, summary))
-        fh.flush()
-        os.fsync(fh.fileno())
+    dev.seal(release, {"release": release, "sha256": sha, "armed_at": trial.get("armed_at", ""), "at": now(),
+                       "summary": summary})
     dev.set_link("committed", release)
     if trial.get("retry"):
-        store.clear(dev.settings["store"], release)  # the explicit retry passed: every device may install it
+        store.clear(dev.settings["store"], release)  # the explicit retry's bake passed: every device may install it
     dev.end_trial()
     dev.audit(by, "commit: {} ({}, {})".format(release, summary, short(sha)))
     dev.prune(by)
@@ -155,6 +186,8 @@ def fall_back(dev: Device, release: str, to: Optional[str], state: str, why: str
     dev.record(release, state, why, sha, by)  # first: a cut after this never returns to it
     target = to if to and to != release and dev.gated(to) and not dev.refusal(to) else None
     trial = dev.trial()
+    if dev.link("committed") == release:  # the settle unit and the next fallback never take it for good
+        dev.set_link("committed", target)
     if target is None:
         dev.audit(by, "{}: {} ({}, {}); no release that passed here to go back to: stays on {}".format(
             state, release, why, short(sha), release))
@@ -183,44 +216,48 @@ def _leave_refused(dev: Device, by: str) -> Optional[str]:
                      dev.digest(running), by)
 
 
-def _reconcile(dev: Device, by: str) -> str:
-    """The daemon serves `current` (a switch cut between its rename and its restart is finished here)."""
+def _serve_current(dev: Device, by: str) -> bool:
+    """Restart a daemon that answers for another release than `current` (True when it did)."""
     running = dev.link("current") or ""
     try:
         served = health.scrape(metrics_url(dev, running))
     except EdgeError:  # no metrics to read: nothing to compare
         served = None
-    if served is not None and served.release != running:
-        dev.audit(by, "restart: the service ran {}, current is {}".format(served.release or "?", running))
-        dev.systemctl("restart", dev.settings["service"])
-        return "restarted on {}".format(running)
-    return "{} stays".format(running)
+    if served is None or served.release == running:
+        return False
+    dev.audit(by, "restart: the service ran {}, current is {}".format(served.release or "?", running))
+    dev.systemctl("restart", dev.settings["service"])
+    return True
 
 
-def withdraw(dev: Device, release: str, *, why: str, by: str) -> str:
-    """The kill switch on this device: record `release` withdrawn (here and in the store), then leave it."""
+def _reconcile(dev: Device, by: str) -> str:
+    """The daemon serves `current` (a switch cut between its rename and its restart is finished here)."""
+    running = dev.link("current") or ""
+    return "restarted on {}".format(running) if _serve_current(dev, by) else "{} stays".format(running)
+
+
+def withdraw(dev: Device, release: str, *, why: str, by: str, state: str = "withdrawn") -> str:
+    """The kill switch on this device: record `release` withdrawn (`state` failed: the fleet gate's stop), here
+    and in the store, then leave it."""
     check_name(release)
-    known = os.path.isdir(dev.release_dir(release))
-    sha = dev.digest(release) if known else ""
-    dev.record(release, "withdrawn", why, sha, by)  # a bake of it in progress sees this and falls back
+    sha = dev.digest(release) if dev.has_release(release) else ""
+    dev.record(release, state, why, sha, by)  # a bake of it in progress sees this and falls back
     s = dev.settings
     with dev.lock(s["start_timeout_s"] + s["bake_s"] + LOCK_WAIT_S) as locked:
         if not locked:
             raise EdgeError("{}: another release change holds the lock".format(dev.state), EXIT_FAIL)
+        trial = dev.trial()
         if dev.link("current") != release:
-            trial = dev.trial()
             if trial and trial["release"] == release:
                 dev.end_trial()
-            return "{} not running here".format(release)
-        trial = dev.trial()
+            if state == "failed":
+                dev.audit(by, "failed: {} ({}, {}), stays on {}".format(release, why, short(sha),
+                                                                       dev.link("current") or "nothing"))
+            return "{} {}: not running here".format(state, release)
         to = trial.get("fallback") if trial and trial["release"] == release else dev.link("previous")
-        return fall_back(dev, release, to, "withdrawn", why, sha, by)
+        return fall_back(dev, release, to, state, why, sha, by)
 
 
 def fail(dev: Device, release: str, *, why: str, by: str) -> str:
-    """Record a release that failed before its switch (its build or kernel): refused from now on."""
-    check_name(release)
-    sha = dev.digest(release) if os.path.isdir(dev.release_dir(release)) else ""
-    dev.record(release, "failed", why, sha, by)
-    dev.audit(by, "failed: {} ({}, {}), stays on {}".format(release, why, short(sha), dev.link("current") or "nothing"))
-    return "failed {}".format(release)
+    """Record a release failed (its build, its kernel, the fleet gate): refused from now on, and left here."""
+    return withdraw(dev, release, why=why, by=by, state="failed")

@@ -8,15 +8,19 @@ A folder cache (an NFS mount) is read and written; an https:// cache serves the 
 record that anything on the path can hide does not keep a withdrawn release out. A release with a record is
 refused by every later run on any device, from any checkout, until an explicit retry commits it somewhere
 (which clears the record).
+
+Root (the settle unit) reads and writes a folder store through edge/fleet/statedir.py: the path is walked without
+following a link and each record is opened O_NOFOLLOW in its folder, so a link that a user who can write the
+store (the service user publishes artifacts there) plants never takes root's write anywhere else.
 """
 
 import os
 from typing import Any, Dict, Optional
 
 from edge.errors import EdgeError
-from edge.inputs import load_json
+from edge.fleet.statedir import StateDir
 from edge.model import engine_cache
-from edge.store.fileio import temp_dir, write_json_atomic
+from edge.store.fileio import temp_dir
 
 FOLDER = "rollout"  # beside the 64-hex-digit key folders of the artifacts
 MAX_RECORD_BYTES = 64 << 10
@@ -33,20 +37,24 @@ def read(store: str, release: str) -> Optional[Dict[str, Any]]:
         return None
     name = release + ".json"
     if not is_url(store):
-        path = os.path.join(store, FOLDER, name)
-        return load_record(path) if os.path.isfile(path) else None
-    with temp_dir(_scratch(), ".rollout-") as tmp:
-        dest = os.path.join(tmp, name)
-        if not engine_cache.read_file(store, FOLDER, name, dest):  # its HTTP: https only, 404 = absent, one line
+        try:
+            with StateDir.open(os.path.join(store, FOLDER), trusted=False) as folder:
+                rec = folder.load_json(name, "rollout record", MAX_RECORD_BYTES)
+        except FileNotFoundError:
             return None
-        return load_record(dest)
+        return None if rec is None else check_record(rec, os.path.join(store, FOLDER, name))
+    with temp_dir(_scratch(), ".rollout-") as tmp:
+        if not engine_cache.read_file(store, FOLDER, name, os.path.join(tmp, name)):  # https only, 404 = absent
+            return None
+        with StateDir.open(tmp, trusted=False) as folder:
+            return check_record(folder.load_json(name, "rollout record", MAX_RECORD_BYTES), store + "/" + name)
 
 
-def load_record(path: str) -> Dict[str, Any]:
-    """A record file (the store's or a device's refused/), checked: an object whose state is failed or withdrawn."""
-    rec = load_json(path, "rollout record", MAX_RECORD_BYTES)
+def check_record(rec: Any, where: str) -> Dict[str, Any]:
+    """A rollout record (a device's refused/ or the store's), checked: an object whose state is failed or
+    withdrawn (its text is escaped wherever it is printed or logged)."""
     if not isinstance(rec, dict) or rec.get("state") not in ("failed", "withdrawn"):
-        raise EdgeError("{}: not a rollout record (an object with state failed or withdrawn)".format(path))
+        raise EdgeError("{}: not a rollout record (an object with state failed or withdrawn)".format(where))
     return rec
 
 
@@ -54,9 +62,14 @@ def write(store: str, record: Dict[str, Any]) -> bool:
     """Add `record` to a folder store (True); an http(s):// store is read only here (False)."""
     if not store or is_url(store):
         return False
-    if not os.path.isdir(store):
-        raise EdgeError("{}: the shared engine cache folder does not exist".format(store))
-    write_json_atomic(os.path.join(store, FOLDER, record["release"] + ".json"), record, "rollout record")
+    try:
+        with StateDir.open(store, trusted=False) as top:
+            if top.lstat(FOLDER) is None:
+                os.mkdir(FOLDER, 0o755, dir_fd=top.fd)
+            with top.sub(FOLDER) as folder:
+                folder.write_json(record["release"] + ".json", record)
+    except FileNotFoundError:
+        raise EdgeError("{}: the shared engine cache folder does not exist".format(store)) from None
     return True
 
 
@@ -65,7 +78,10 @@ def clear(store: str, release: str) -> bool:
     if not store or is_url(store):
         return False
     try:
-        os.unlink(os.path.join(store, FOLDER, release + ".json"))
+        with StateDir.open(os.path.join(store, FOLDER), trusted=False) as folder:
+            if folder.lstat(release + ".json") is None:
+                return False
+            folder.unlink(release + ".json")
     except FileNotFoundError:
         return False
     return True

@@ -15,7 +15,7 @@ from service_helpers import ansible_env, free_port, write_config
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 SITE = os.path.join(REPO, "deploy", "ansible", "site.yml")
-STATE = "var/lib/jetson-edge"
+STATE = "var/lib/jetson-edge-release"
 BOARDS = {"orin": ("NVIDIA Jetson Orin Nano Developer Kit", "# R36 (release), REVISION: 4.0, BOARD: generic"),
           "xavier": ("NVIDIA Jetson Xavier NX Developer Kit", "# R35 (release), REVISION: 6.0, BOARD: t186ref")}
 
