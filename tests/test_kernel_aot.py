@@ -143,6 +143,34 @@ def test_the_driver_version_chooses_the_prebuilt_kernel(tmp_path: Path, monkeypa
         assert all(w.startswith("shipped edge/cuda/") and "for CUDA" in w for _, w in paths[1:])
 
 
+class PtxDriver:
+    """pycuda.driver's part that load_kernel uses: a CUDA 14.x driver that takes NUL-terminated PTX only."""
+
+    def __init__(self) -> None:
+        self.images: List[bytes] = []
+
+    def get_driver_version(self) -> int:
+        return 14000
+
+    def module_from_buffer(self, image: bytes) -> Any:
+        self.images.append(image)
+        if not (image.startswith(b"//") and image.endswith(b"\0")):
+            raise RuntimeError("cuModuleLoadData failed: device kernel image is invalid")
+        return self
+
+    def get_function(self, name: str) -> str:
+        return name
+
+
+def test_ptx_is_handed_to_the_driver_nul_terminated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuModuleLoadData reads PTX up to its NUL; the shipped file is plain text without one."""
+    monkeypatch.setenv("EDGE_KERNEL_DIR", str(tmp_path))
+    drv = PtxDriver()
+    _, where = cuda_kernel.load_kernel(drv, "sm_87")
+    assert PTX_12 in where and len(drv.images) == 1
+    assert drv.images[0] == (Path(cuda_kernel.CUDA_DIR) / PTX_12).read_bytes() + b"\0"
+
+
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
     """A state directory outside /tmp (which gets covered), owned by nobody like /var/lib/jetson-edge."""

@@ -15,9 +15,7 @@ byte-identical, tests/test_kernel_aot.py). Runs on the build machine only (x86_6
 
 import ctypes
 import glob
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -36,14 +34,9 @@ FAMILIES: Dict[int, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
 
 
 def download(wheels: Tuple[str, ...], folder: str) -> None:
-    """The pinned x86_64 wheels, by pip (the registry's own client): this interpreter's, else the one on PATH (a
-    venv made without pip; --platform and --python-version make the download the same from any pip)."""
-    pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else [shutil.which("pip3") or ""]
-    cmd = pip + ["download", "--quiet", "--no-deps", "--only-binary=:all:", "--platform", "manylinux2014_x86_64",
-                 "--python-version", "3.8", "--dest", folder] + list(wheels)
-    if not cmd[0]:
-        raise EdgeError("pip download {} failed: no pip in {} nor on PATH".format(" ".join(wheels), sys.executable),
-                        exit_code=EXIT_FAIL)
+    """The pinned x86_64 wheels, by pip (the registry's own client)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--platform",
+           "manylinux2014_x86_64", "--python-version", "3.8", "--dest", folder] + list(wheels)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace")
     if proc.returncode != 0:
         raise EdgeError("pip download {} failed: {}".format(" ".join(wheels), proc.stdout.strip()[-300:]),
