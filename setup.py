@@ -28,7 +28,7 @@ setup(
                 "INT8 TensorRT build with calibration, timed runtime daemon, jtop telemetry.",
     python_requires=">=3.8",
     packages=find_packages(include=["edge", "edge.*"]),
-    package_data={"edge": ["cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp", "cuda/*.fatbin", "cuda/*.cubin",
+    package_data={"edge": ["cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp", "cuda/*.fatbin", "cuda/*.cubin", "cuda/*.ptx",
                            "cuda/prebuilt.json"]},
     # ml-dtypes (onnx's): 0.7.0's import costs every process that imports onnx 1.2 CPU-s more than 0.6.0's
     # (`python -c "import ml_dtypes"`: 1.5 s against 0.3 s), every `edge` command and each test's subprocess

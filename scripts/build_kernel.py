@@ -4,8 +4,9 @@
     scripts/build_kernel.py                          # for this device's GPU, into the kernel dir
     scripts/build_kernel.py --into /var/lib/jetson-edge/kernels --arch sm_87
     scripts/build_kernel.py --fatbin                 # regenerate the shipped CUDA 13.x fatbin (nvcc 13)
-    scripts/build_kernel.py --prebuilt               # regenerate the shipped CUDA 11.x / 12.x cubins (NVRTC
-                                                     # from PyPI's pinned wheels: edge/model/prebuilt_kernels.py)
+    scripts/build_kernel.py --prebuilt               # regenerate the shipped CUDA 11.x / 12.x cubins and
+                                                     # 12.x PTX (NVRTC 11.8 / 12.2 from PyPI's pinned wheels:
+                                                     # edge/model/prebuilt_kernels.py)
 
 Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels, else /var/lib/jetson-edge/kernels (where the
 service, `edge doctor` and `edge check` all look). nvcc's temporary files go inside the output folder (an
@@ -27,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", help="GPU architecture, e.g. sm_87 (default: this device's CUDA device 0, else the "
                                   "Jetson SoC its device tree names)")
     p.add_argument("--fatbin", action="store_true", help="regenerate the CUDA 13.x fatbin shipped in the package")
-    p.add_argument("--prebuilt", action="store_true", help="regenerate the CUDA 11.x and 12.x cubins shipped in the "
-                                                           "package, from PyPI's NVRTC wheels")
+    p.add_argument("--prebuilt", action="store_true", help="regenerate the CUDA 11.x and 12.x cubins and the 12.x "
+                                                           "PTX shipped in the package, from PyPI's NVRTC wheels")
 
 
 def build(args: argparse.Namespace) -> int:

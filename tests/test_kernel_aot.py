@@ -1,9 +1,10 @@
 """The preprocessing kernel is built ahead of time (edge/infer/cuda_kernel.py, scripts/build_kernel.py).
 
 - A kernel prebuilt for each driver family (edge/cuda/prebuilt.json): current (the recorded hash of today's sources,
-  whose math the host build checks against the CPU: tests/test_cuda_host_math.py), SASS for its GPU with both
-  kernels, and what its toolchain builds: NVRTC from PyPI's pinned wheels (11.x, 12.x) and nvcc 13 (the 13.x
-  fatbin) rebuild each byte for byte. The driver's CUDA major version picks among them, after the device's own build.
+  whose math the host build checks against the CPU: tests/test_cuda_host_math.py), SASS for its GPU (or PTX for
+  its virtual architecture) with both kernels, and what its toolchain builds: NVRTC from PyPI's pinned wheels (11.8,
+  12.2) and nvcc 13 (the 13.x fatbin) rebuild each byte for byte. The driver's CUDA major version picks among them,
+  after the device's own build, SASS before PTX.
 - Defect 1's conditions without a GPU: the build step as an unprivileged user with an unwritable /tmp
   (a read-only tmpfs over /tmp in a private mount namespace) still builds into the state directory, where
   plain nvcc fails; nvcc's own message is kept in a failure.
@@ -37,8 +38,9 @@ def nvcc() -> str:
 
 
 # Each driver family's prebuilt kernel (edge/cuda/prebuilt.json): JetPack 5 (CUDA 11.x) Xavier and Orin, JetPack 6
-# (12.x) Orin, JetPack 7 (13.x) Orin and Thor.
-FAMILIES = {11: {"sm_72", "sm_87"}, 12: {"sm_87"}, 13: {"sm_87", "sm_110", "compute_110"}}
+# (12.x) Orin, SASS and PTX, JetPack 7 (13.x) Orin and Thor.
+FAMILIES = {11: {"sm_72", "sm_87"}, 12: {"sm_87", "compute_87"}, 13: {"sm_87", "sm_110", "compute_110"}}
+PTX_12 = "preprocess-cuda12.2-compute_87.ptx"
 EM_CUDA = 190
 
 
@@ -52,7 +54,18 @@ def test_prebuilt_kernels_are_current_and_cover_each_driver_family() -> None:
         served.setdefault(entry["driver"], set()).update(entry["targets"])
     assert served == FAMILIES
     setup = (ROOT / "setup.py").read_text(encoding="utf-8")
-    assert '"cuda/*.cubin"' in setup and '"cuda/*.fatbin"' in setup
+    assert all('"cuda/*.{}"'.format(ext) in setup for ext in ("cubin", "fatbin", "ptx"))
+    assert all(" *.{}".format(ext) in (ROOT / "MANIFEST.in").read_text(encoding="utf-8")
+               for ext in ("cubin", "fatbin", "ptx"))
+
+
+def test_the_12x_family_is_built_by_jetpack_6s_first_cuda() -> None:
+    """CUDA 12.2 (JetPack 6.0) builds it, so no 12.x driver on L4T runs a binary newer than itself."""
+    for entry in (k for k in cuda_kernel.prebuilt() if k["driver"] == 12):
+        assert entry["toolkit"].startswith("NVRTC 12.2 ") and "-cuda12.2-" in entry["file"]
+        data = (Path(cuda_kernel.CUDA_DIR) / entry["file"]).read_bytes()
+        if data[:4] == b"\x7fELF":
+            assert struct.unpack_from("<I", data, 20)[0] == 122  # the cubin's e_version: its compiler, CUDA 12.2
 
 
 @pytest.mark.parametrize("entry", [k for k in cuda_kernel.prebuilt() if k["file"].endswith(".cubin")],
@@ -68,6 +81,14 @@ def test_each_cubin_is_sass_for_its_gpu_with_both_kernels(entry: Dict[str, Any])
         assert name.encode() + b"\0" in data
 
 
+def test_the_ptx_is_for_orin_with_both_kernels() -> None:
+    text = (Path(cuda_kernel.CUDA_DIR) / PTX_12).read_text(encoding="ascii")
+    assert "Cuda compilation tools, release 12.2," in text and "\n.version 8.2\n" in text  # ISA a 12.2 driver JITs
+    assert "\n.target sm_87\n" in text and "\0" not in text
+    for name in cuda_kernel.KERNELS:
+        assert ".entry {}(".format(name) in text
+
+
 def test_prebuilt_cubins_are_what_the_registry_toolchains_build(tmp_path: Path) -> None:
     """NVRTC from PyPI's pinned wheels, downloaded by pip, rebuilds each shipped cubin byte for byte."""
     from edge.model.prebuilt_kernels import build_prebuilt
@@ -79,7 +100,8 @@ def test_prebuilt_cubins_are_what_the_registry_toolchains_build(tmp_path: Path) 
             pytest.skip("PyPI not reachable for the NVRTC wheels: {}".format(exc))
         raise
     shipped = {k["file"]: k for k in cuda_kernel.prebuilt()}
-    assert entries and {e["file"] for e in entries} == {f for f in shipped if f.endswith(".cubin")}
+    assert entries and {e["file"] for e in entries} == {f for f, k in shipped.items() if k["toolkit"][:6] == "NVRTC "}
+    assert PTX_12 in shipped
     for entry in entries:
         assert entry == shipped[entry["file"]]
         assert (tmp_path / entry["file"]).read_bytes() == (Path(cuda_kernel.CUDA_DIR) / entry["file"]).read_bytes()
@@ -98,13 +120,14 @@ def test_shipped_fatbin_is_what_nvcc_builds(nvcc: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("arch,driver,chosen", [
     ("sm_72", 11, ["preprocess-cuda11.8-sm_72.cubin"]),  # Xavier, JetPack 5
     ("sm_87", 11, ["preprocess-cuda11.8-sm_87.cubin"]),  # Orin, JetPack 5
-    ("sm_87", 12, ["preprocess-cuda12.6-sm_87.cubin"]),  # Orin, JetPack 6
-    ("sm_87", 13, ["preprocess.fatbin"]),  # Orin, JetPack 7
-    ("sm_110", 13, ["preprocess.fatbin"]),  # Thor
-    ("sm_110", 14, ["preprocess.fatbin"]),  # a later driver: the compute_110 PTX
-    ("sm_87", 14, []),  # SASS does not cross majors, and PTX for 11.0 does not run on 8.7
+    ("sm_87", 12, ["preprocess-cuda12.2-sm_87.cubin", PTX_12]),  # Orin, JetPack 6: SASS, then the PTX
+    ("sm_87", 13, ["preprocess.fatbin", PTX_12]),  # Orin, JetPack 7: the fatbin's SASS before the 12.2 PTX
+    ("sm_110", 13, ["preprocess.fatbin", PTX_12]),  # Thor
+    ("sm_110", 14, ["preprocess.fatbin", PTX_12]),  # a later driver: PTX only, the newest (compute_110) first
+    ("sm_87", 14, [PTX_12]),  # SASS does not cross majors, PTX for 11.0 does not run on 8.7: the 8.7 PTX
     ("sm_72", 12, []),  # no Xavier on JetPack 6
-    ("sm_87", None, ["preprocess-cuda11.8-sm_87.cubin", "preprocess-cuda12.6-sm_87.cubin", "preprocess.fatbin"]),
+    ("sm_87", None, ["preprocess-cuda11.8-sm_87.cubin", "preprocess-cuda12.2-sm_87.cubin", "preprocess.fatbin",
+                     PTX_12]),
 ])
 def test_the_driver_version_chooses_the_prebuilt_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str,
                                                         driver: Optional[int], chosen: List[str]) -> None:
@@ -118,6 +141,34 @@ def test_the_driver_version_chooses_the_prebuilt_kernel(tmp_path: Path, monkeypa
             arch, "{}.x".format(driver) if driver is not None else "(unknown)")]
     else:
         assert all(w.startswith("shipped edge/cuda/") and "for CUDA" in w for _, w in paths[1:])
+
+
+class PtxDriver:
+    """pycuda.driver's part that load_kernel uses: a CUDA 14.x driver that takes NUL-terminated PTX only."""
+
+    def __init__(self) -> None:
+        self.images: List[bytes] = []
+
+    def get_driver_version(self) -> int:
+        return 14000
+
+    def module_from_buffer(self, image: bytes) -> Any:
+        self.images.append(image)
+        if not (image.startswith(b"//") and image.endswith(b"\0")):
+            raise RuntimeError("cuModuleLoadData failed: device kernel image is invalid")
+        return self
+
+    def get_function(self, name: str) -> str:
+        return name
+
+
+def test_ptx_is_handed_to_the_driver_nul_terminated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuModuleLoadData reads PTX up to its NUL; the shipped file is plain text without one."""
+    monkeypatch.setenv("EDGE_KERNEL_DIR", str(tmp_path))
+    drv = PtxDriver()
+    _, where = cuda_kernel.load_kernel(drv, "sm_87")
+    assert PTX_12 in where and len(drv.images) == 1
+    assert drv.images[0] == (Path(cuda_kernel.CUDA_DIR) / PTX_12).read_bytes() + b"\0"
 
 
 @pytest.fixture

@@ -64,6 +64,10 @@ def test_the_wheel_carries_what_the_product_needs(wheel_venv: Dict[str, str]) ->
         assert "edge/shipped/" + rel in names, rel
     shipped = [n for n in names if n.startswith("edge/shipped/calibration/default/") and n.endswith(".jpg")]
     assert len(shipped) == len(glob.glob(os.path.join(REPO, "calibration", "default", "*.jpg")))
+    from edge.infer.cuda_kernel import prebuilt
+
+    for kernel in ["prebuilt.json"] + [k["file"] for k in prebuilt()]:  # every prebuilt binary: cubin, PTX, fatbin
+        assert "edge/cuda/" + kernel in names, kernel
 
 
 @needs_init

@@ -6,10 +6,12 @@
      first choice, made by the toolkit of the driver it runs on;
   2. the kernel prebuilt for the driver's CUDA major version and this GPU, shipped in edge/cuda/ and listed in
      edge/cuda/prebuilt.json (toolkit, targets, source hash): CUDA 11.x drivers (JetPack 5) sm_72 and sm_87 and
-     CUDA 12.x (JetPack 6) sm_87, built by NVRTC from PyPI's nvidia-cuda-nvrtc-cu11/-cu12 wheels
-     (`scripts/build_kernel.py --prebuilt`, edge/model/prebuilt_kernels.py); CUDA 13.x (JetPack 7) the fatbin of
-     nvcc 13: SASS for sm_87 and sm_110 plus compute_110 PTX (`scripts/build_kernel.py --fatbin`). A cubin of one
-     major version loads on that major's drivers (CUDA minor version compatibility), not across majors.
+     CUDA 12.x (JetPack 6) sm_87 SASS plus compute_87 PTX, built by NVRTC 11.8 and 12.2 from PyPI's
+     nvidia-cuda-nvrtc-cu11/-cu12 wheels (`scripts/build_kernel.py --prebuilt`, edge/model/prebuilt_kernels.py);
+     CUDA 13.x (JetPack 7) the fatbin of nvcc 13: SASS for sm_87 and sm_110 plus compute_110 PTX
+     (`scripts/build_kernel.py --fatbin`). SASS of one major version loads on that major's drivers, not across
+     majors; PTX is JIT-compiled by its own and later drivers. Every binary that has SASS for the GPU under this
+     driver is tried before any PTX (newest PTX first).
 tests/test_kernel_aot.py checks the prebuilt binaries are current and what the registry toolchains build.
 Kernel dir: $EDGE_KERNEL_DIR, else $STATE_DIRECTORY/kernels (inside the unit), else /var/lib/jetson-edge/kernels
 (the installed service's state directory): the CLI, `edge doctor` and the service find the same kernel. nvcc's
@@ -166,13 +168,24 @@ def device_arch() -> Tuple[str, str]:
         return arch, "the device tree's SoC (no CUDA device: {})".format(first_line(exc))
 
 
+def _sass_serves(entry: Dict[str, Any], arch: str, driver: Optional[int]) -> bool:
+    """Whether a prebuilt binary has SASS for GPU `arch` that loads under a driver of CUDA major `driver`
+    (None: unknown): SASS of one major version on that major's drivers."""
+    return arch in entry["targets"] and driver in (None, entry["driver"])
+
+
 def _serves(entry: Dict[str, Any], arch: str, driver: Optional[int]) -> bool:
     """Whether a prebuilt binary can load for GPU `arch` under a driver of CUDA major `driver` (None: unknown):
-    SASS of one major version on that major's drivers; PTX (compute_XY) also on later majors and GPUs."""
+    its SASS, or its PTX (compute_XY), which also runs on later majors and GPUs."""
     ptx = [int(t[len("compute_"):]) for t in entry["targets"] if t.startswith("compute_")]
-    if arch in entry["targets"] and driver in (None, entry["driver"]):
+    if _sass_serves(entry, arch, driver):
         return True
     return (driver is None or driver >= entry["driver"]) and any(p <= int(arch[len("sm_"):]) for p in ptx)
+
+
+def _load_order(entry: Dict[str, Any], arch: str, driver: Optional[int]) -> Tuple[int, int]:
+    """SASS before PTX (a 12.x PTX must not be JIT-compiled where the 13.x fatbin's SASS loads); newest PTX first."""
+    return (0, 0) if _sass_serves(entry, arch, driver) else (1, -entry["driver"])
 
 
 def describe(entry: Dict[str, Any]) -> str:
@@ -195,7 +208,8 @@ def candidates(arch: str, driver: Optional[int] = None) -> Tuple[List[Tuple[str,
     missing = [] if found else ["no {} kernel in {} (build it: scripts/build_kernel.py)".format(arch, kernel_dir())]
     paths = [(p, p) for p in found]
     current = source_sha256()
-    for entry in (k for k in prebuilt() if _serves(k, arch, driver)):
+    serving = sorted((k for k in prebuilt() if _serves(k, arch, driver)), key=lambda k: _load_order(k, arch, driver))
+    for entry in serving:
         path = os.path.join(CUDA_DIR, entry["file"])
         if entry.get("source_sha256") != current or not os.path.isfile(path):
             missing.append("{} is stale or missing (regenerate: scripts/build_kernel.py --prebuilt)".format(
@@ -222,8 +236,8 @@ def load_kernel(drv: Any, arch: str) -> Tuple[Any, str]:
     paths, problems = candidates(arch, driver_major(drv))
     for path, where in paths:
         try:
-            with open(path, "rb") as fh:
-                module = drv.module_from_buffer(fh.read())
+            with open(path, "rb") as fh:  # PTX is text: the driver reads it up to a NUL
+                module = drv.module_from_buffer(fh.read() + (b"\0" if path.endswith(".ptx") else b""))
             for name in KERNELS:
                 module.get_function(name)
             return module, where

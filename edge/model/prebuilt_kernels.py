@@ -1,6 +1,10 @@
 """The preprocessing kernel prebuilt for the CUDA 11.x and 12.x driver families (JetPack 5 and 6), from registry
 toolchains: NVRTC and the CUDA headers of PyPI's nvidia-cuda-nvrtc-cuNN / nvidia-cuda-runtime-cuNN wheels, pinned
-below, compiled to SASS (cubin) per GPU. The 13.x family's fatbin is nvcc 13's (edge.infer.cuda_kernel.build_fatbin).
+below, compiled to SASS (cubin) per GPU, and to PTX (compute_XY, JIT-compiled by any later driver) where listed.
+The 12.x family is built by 12.2, JetPack 6's first and oldest CUDA: a driver runs what an older or equal toolkit
+built, so it leans on no minor-version compatibility (undocumented for L4T). 11.8 is newer than JetPack 5's 11.4
+(no 11.4 NVRTC wheel exists): docs/gpu.md marks it unverified on L4T. The 13.x family's fatbin is nvcc 13's
+(edge.infer.cuda_kernel.build_fatbin).
 
     scripts/build_kernel.py --prebuilt      # pip downloads the pinned wheels, NVRTC builds, prebuilt.json records
 
@@ -21,10 +25,11 @@ from edge.errors import EXIT_FAIL, EdgeError
 from edge.infer.cuda_kernel import CUDA_DIR, CXX_FLAGS, PREBUILT, record_prebuilt
 from edge.store.fileio import atomic_write, temp_dir
 
-# driver family -> (the wheels of its toolkit, the GPUs of that JetPack: Xavier sm_72 and Orin sm_87 on JetPack 5)
+# driver family -> (the wheels of its toolkit, its targets: SASS for the GPUs of that JetPack, Xavier sm_72 and Orin
+# sm_87 on JetPack 5; PTX for Orin on JetPack 6, which a 12.x driver newer than 12.2 may JIT instead)
 FAMILIES: Dict[int, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
     11: (("nvidia-cuda-nvrtc-cu11==11.8.89", "nvidia-cuda-runtime-cu11==11.8.89"), ("sm_72", "sm_87")),
-    12: (("nvidia-cuda-nvrtc-cu12==12.6.85", "nvidia-cuda-runtime-cu12==12.6.77"), ("sm_87",)),
+    12: (("nvidia-cuda-nvrtc-cu12==12.2.140", "nvidia-cuda-runtime-cu12==12.2.140"), ("sm_87", "compute_87")),
 }
 
 
@@ -47,7 +52,8 @@ def unpack(folder: str, into: str) -> Tuple[str, str]:
 
 
 class Nvrtc:
-    """libnvrtc through ctypes: the version, and preprocess.cu compiled to a cubin for one GPU."""
+    """libnvrtc through ctypes: the version, and preprocess.cu compiled to a cubin for one GPU (sm_XY) or to PTX
+    for one virtual architecture (compute_XY)."""
 
     def __init__(self, lib_dir: str):
         for builtins in glob.glob(os.path.join(lib_dir, "libnvrtc-builtins.so*")):  # libnvrtc dlopens it
@@ -69,7 +75,7 @@ class Nvrtc:
             log = ": " + " ".join(text.value.decode(errors="replace").split())[:500]
         raise EdgeError("NVRTC {} {} failed (error {}){}".format(self.version, what, result, log), exit_code=EXIT_FAIL)
 
-    def cubin(self, arch: str, include: str) -> bytes:
+    def compile(self, arch: str, include: str) -> bytes:
         with open(os.path.join(CUDA_DIR, "preprocess.cu"), "rb") as fh:
             source = fh.read()
         with open(os.path.join(CUDA_DIR, "preprocess.cuh"), "rb") as fh:
@@ -83,18 +89,19 @@ class Nvrtc:
                 [flag.replace("-std", "--std").encode() for flag in CXX_FLAGS]
             self._check(self.lib.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options)),
                         "compile for " + arch, prog)
+            kind = "PTX" if arch.startswith("compute_") else "CUBIN"
             size = ctypes.c_size_t()
-            self._check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+            self._check(getattr(self.lib, "nvrtcGet{}Size".format(kind))(prog, ctypes.byref(size)), kind + " size")
             image = ctypes.create_string_buffer(size.value)
-            self._check(self.lib.nvrtcGetCUBIN(prog, image), "cubin")
-            return image.raw
+            self._check(getattr(self.lib, "nvrtcGet" + kind)(prog, image), kind)
+            return image.raw.rstrip(b"\0") if kind == "PTX" else image.raw  # PTX as a text file, without its NUL
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
 def build_prebuilt(families: Tuple[int, ...] = tuple(FAMILIES), out_dir: str = CUDA_DIR,
                    record: str = PREBUILT) -> List[Dict[str, Any]]:
-    """Each family's cubins into `out_dir`, each recorded in `record`; the entries written."""
+    """Each family's cubins and PTX into `out_dir`, each recorded in `record`; the entries written."""
     entries = []
     with temp_dir(out_dir, ".toolchain-") as work:
         for family in families:
@@ -104,8 +111,9 @@ def build_prebuilt(families: Tuple[int, ...] = tuple(FAMILIES), out_dir: str = C
             lib_dir, include = unpack(folder, os.path.join(folder, "unpacked"))
             nvrtc = Nvrtc(lib_dir)
             for arch in archs:
-                path = os.path.join(out_dir, "preprocess-cuda{}-{}.cubin".format(nvrtc.version, arch))
-                image = nvrtc.cubin(arch, include)
+                path = os.path.join(out_dir, "preprocess-cuda{}-{}.{}".format(
+                    nvrtc.version, arch, "ptx" if arch.startswith("compute_") else "cubin"))
+                image = nvrtc.compile(arch, include)
                 atomic_write(path, lambda fh, image=image: fh.write(image), "kernel")
                 entries.append(record_prebuilt({"file": os.path.basename(path), "driver": family,
                                                 "toolkit": "NVRTC {} ({})".format(nvrtc.version, wheels[0]),

@@ -74,7 +74,7 @@ def session() -> Any:
 
 @pytest.mark.parametrize("driver,image", [
     (11040, "preprocess-cuda11.8-sm_87.cubin"),  # JetPack 5's driver: the NVRTC 11.8 SASS
-    (12060, "preprocess-cuda12.6-sm_87.cubin"),  # JetPack 6's: the NVRTC 12.6 SASS
+    (12060, "preprocess-cuda12.2-sm_87.cubin"),  # JetPack 6's: the NVRTC 12.2 SASS
     (13000, "preprocess.fatbin"),  # JetPack 7's: nvcc 13's fatbin
 ])
 def test_preprocessor_launch_matches_cpu(sim: sim_gpu.Sim, driver: int, image: str) -> None:
