@@ -351,7 +351,7 @@ def test_todays_flat_layout_loads_as_is_and_the_first_writer_migrates_it(tiny_cl
     proc = run_edge("rollback", "--artifact", dest)
     assert proc.returncode == 0, proc.stderr
     assert af.read_set(dest).labels[0] == "a0" and os.path.islink(dest)
-    assert sorted(os.listdir(str(engines / "m.int8.sets"))) == ["0001", "0002", "current"]
+    assert sorted(os.listdir(str(engines / "m.int8.onnx.sets"))) == ["0001", "0002", "current"]
     assert run_edge("rollback", "--artifact", dest).returncode == 0
     assert af.read_set(dest).labels[0] == "b0" and af.read_set(str(engines / "previous" / "m.int8.onnx")).labels[0] \
         == "a0"
@@ -364,8 +364,8 @@ def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_pat
     labelled(dest, tiny_classifiers[1], "b")
     kept = state_of(engines)
     left = [engines / ".m.int8.onnx.0123456789abcdef.staged", engines / ".m.int8.qdq.onnx.fedcba9876543210.staged",
-            engines / ".m.int8.gate.json.00112233445566aa.tmp", engines / "m.int8.sets" / ".new-0123456789abcdef",
-            engines / ".cache-0123456789abcdef.aabbccddeeff0011", engines / "m.int8.sets" / "0009"]
+            engines / ".m.int8.gate.json.00112233445566aa.tmp", engines / "m.int8.onnx.sets" / ".new-0123456789abcdef",
+            engines / ".cache-0123456789abcdef.aabbccddeeff0011", engines / "m.int8.onnx.sets" / "0009"]
     for path in left:
         if path.name.startswith(".new") or path.name.startswith(".cache") or path.name == "0009":
             path.mkdir()
@@ -377,5 +377,5 @@ def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_pat
         af.rollback(dest, log=quiet)
         af.rollback(dest, log=quiet)
     assert [p for p in left if os.path.lexists(str(p))] == []
-    after = {k: v for k, v in state_of(engines).items() if k != "m.int8.sets/0001/previous"}  # set by the rollback
+    after = {k: v for k, v in state_of(engines).items() if k != "m.int8.onnx.sets/0001/previous"}  # set by the rollback
     assert after == dict(kept, **{"notes.txt": sha256_file(str(engines / "notes.txt"))})

@@ -31,7 +31,7 @@ def test_commits_switch_every_name_at_once_and_keep_the_replaced_set_as_previous
     with versions.lock(str(folder), "test"):
         first = layout.commit(dest, files(tmp_path, "one"), keep_previous=True)
         second = layout.commit(dest, files(tmp_path, "two"), keep_previous=True)
-    assert layout.sets_dir(dest) == str(folder / "m.sets") and first != second
+    assert layout.sets_dir(dest) == str(folder / "m.onnx.sets") and first != second
     assert [read(str(folder / n)) for n in NAMES] == ["two m.onnx\n", "two m.json\n"]
     assert [read(str(folder / "previous" / n)) for n in NAMES] == ["one m.onnx\n", "one m.json\n"]
     assert layout.resolve(dest) == (second, True)
