@@ -247,7 +247,8 @@ def _unshare(dest: str, names: Sequence[str]) -> None:
     linked into <artifact>.sets, the links flipped, the shared folder discarded. Every link names a whole set
     throughout; a crash is finished by the next writer."""
     folder, shared = os.path.dirname(os.path.abspath(dest)), _shared_dir(dest)
-    if not os.path.isdir(shared) or os.path.islink(shared):
+    owner = shared[:-len(SETS)]  # an artifact without a suffix (m) owns m.sets: not a shared folder
+    if not os.path.isdir(shared) or os.path.islink(shared) or _sets_of_link(owner, False) or shared == sets_dir(dest):
         return
     copied = os.path.join(shared, CURRENT)
     if os.path.isdir(copied) and not os.path.islink(copied) and _resolved_copy(dest, [
