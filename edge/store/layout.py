@@ -92,7 +92,8 @@ def resolve(path: str) -> Tuple[str, bool]:
 
 def check_names(dest: str, names: Sequence[str], what: Sequence[str]) -> None:
     """Before a writer changes anything: each name beside `dest` and in previous/ is absent, a file (today's
-    layout) or a link made here, and the sets' links are the store's; anything else is refused, naming it."""
+    layout) or a link the store made (to this artifact's sets, a sibling's, or the stem's shared ones from before),
+    and the sets' links are the store's; anything else is refused, naming it."""
     folder = os.path.dirname(os.path.abspath(dest))
     backup = os.path.join(folder, PREVIOUS)
     if os.path.islink(backup) or (os.path.lexists(backup) and not os.path.isdir(backup)):
@@ -282,5 +283,6 @@ def _unshare(dest: str, names: Sequence[str]) -> None:
                 os.unlink(os.path.join(base, name))  # named nothing whole: the bug this split ends
             else:
                 flip(base, name, target=found)
-        fsync_path(base) if os.path.isdir(base) else None
+        if os.path.isdir(base):
+            fsync_path(base)
     versions.discard(shared, shared)
