@@ -351,7 +351,7 @@ def test_todays_flat_layout_loads_as_is_and_the_first_writer_migrates_it(tiny_cl
     proc = run_edge("rollback", "--artifact", dest)
     assert proc.returncode == 0, proc.stderr
     assert af.read_set(dest).labels[0] == "a0" and os.path.islink(dest)
-    assert sorted(os.listdir(str(engines / "m.int8.sets"))) == ["0001", "0002", "current"]
+    assert sorted(os.listdir(str(engines / "m.int8.onnx.sets"))) == ["0001", "0002", "current"]
     assert run_edge("rollback", "--artifact", dest).returncode == 0
     assert af.read_set(dest).labels[0] == "b0" and af.read_set(str(engines / "previous" / "m.int8.onnx")).labels[0] \
         == "a0"
@@ -364,8 +364,8 @@ def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_pat
     labelled(dest, tiny_classifiers[1], "b")
     kept = state_of(engines)
     left = [engines / ".m.int8.onnx.0123456789abcdef.staged", engines / ".m.int8.qdq.onnx.fedcba9876543210.staged",
-            engines / ".m.int8.gate.json.00112233445566aa.tmp", engines / "m.int8.sets" / ".new-0123456789abcdef",
-            engines / ".cache-0123456789abcdef.aabbccddeeff0011", engines / "m.int8.sets" / "0009"]
+            engines / ".m.int8.gate.json.00112233445566aa.tmp", engines / "m.int8.onnx.sets" / ".new-0123456789abcdef",
+            engines / ".cache-0123456789abcdef.aabbccddeeff0011", engines / "m.int8.onnx.sets" / "0009"]
     for path in left:
         if path.name.startswith(".new") or path.name.startswith(".cache") or path.name == "0009":
             path.mkdir()
@@ -377,5 +377,49 @@ def test_the_next_writer_sweeps_what_a_killed_one_left(tiny_classifiers, tmp_pat
         af.rollback(dest, log=quiet)
         af.rollback(dest, log=quiet)
     assert [p for p in left if os.path.lexists(str(p))] == []
-    after = {k: v for k, v in state_of(engines).items() if k != "m.int8.sets/0001/previous"}  # set by the rollback
+    after = {k: v for k, v in state_of(engines).items() if k != "m.int8.onnx.sets/0001/previous"}  # set by the rollback
     assert after == dict(kept, **{"notes.txt": sha256_file(str(engines / "notes.txt"))})
+
+
+def _engine(engines, dest, tag):
+    """A stand-in engine installed at `dest` (the store does not read what the bytes mean)."""
+    staged = str(engines.parent / "staged.engine")
+    with open(staged, "wb") as fh:
+        fh.write(tag.encode())
+    install(dest, artifact=staged, info=dict(info_for(staged, staged, tag=tag), format="tensorrt-engine"),
+            log=quiet)
+
+
+def test_an_engine_install_leaves_the_int8_onnx_of_its_stem_served_and_rolled_back(tiny_classifiers, tmp_path):
+    engines = tmp_path / "engines"
+    onnx, engine = str(engines / "m.int8.onnx"), str(engines / "m.int8.engine")
+    _install(tiny_classifiers[0], onnx, "one")
+    _install(tiny_classifiers[1], onnx, "two")
+    _engine(engines, engine, "engine")  # one stem, another artifact: its own sets (issue 42: it left onnx dangling)
+    assert af.read_set(onnx).sha256 == sha256_file(tiny_classifiers[1]) and read_model_info(onnx)["tag"] == "two"
+    assert read_model_info(engine)["tag"] == "engine" and debris(engines) == []
+    rollback(onnx, verify_kept=verify_onnx, log=quiet)
+    assert af.read_set(onnx).sha256 == sha256_file(tiny_classifiers[0]) and read_model_info(engine)["tag"] == "engine"
+
+
+def test_the_sets_a_stem_shared_before_split_under_each_artifact(tiny_classifiers, tmp_path, monkeypatch):
+    from edge.store import layout
+
+    engines = tmp_path / "engines"
+    onnx, engine = str(engines / "m.int8.onnx"), str(engines / "m.int8.engine")
+    with monkeypatch.context() as before:  # the layout before: one m.int8.sets for both
+        before.setattr(layout, "sets_dir", layout._shared_dir)
+        before.setattr(layout, "_unshare", lambda dest, names: None)
+        _install(tiny_classifiers[1], onnx, "two")
+        _engine(engines, engine, "engine")
+    assert os.path.islink(onnx) and not os.path.exists(onnx)  # the engine's set left it naming nothing
+    assert os.readlink(onnx) == "m.int8.sets/current/m.int8.onnx"
+    _engine(engines, engine, "engine2")  # the next writer splits the shared sets
+    assert af.read_set(onnx).sha256 == sha256_file(tiny_classifiers[1]) and read_model_info(onnx)["tag"] == "two"
+    assert read_model_info(engine)["tag"] == "engine2"
+    assert read_model_info(str(engines / "previous" / "m.int8.engine"))["tag"] == "engine"
+    assert sorted(n for n in os.listdir(str(engines)) if n.endswith(".sets")) == ["m.int8.engine.sets",
+                                                                                   "m.int8.onnx.sets"]
+    assert debris(engines) == []
+    rollback(engine, log=quiet)
+    assert read_model_info(engine)["tag"] == "engine" and read_model_info(onnx)["tag"] == "two"

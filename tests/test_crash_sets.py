@@ -118,6 +118,38 @@ def test_rollback_killed_at_any_moment_leaves_a_whole_set_that_rolls_back(tiny_c
     assert len(points) >= 4
 
 
+def test_the_split_of_a_stems_shared_sets_killed_at_any_moment_is_finished_by_the_next_writer(
+        tiny_classifiers, tmp_path, monkeypatch):
+    from edge.store import layout
+
+    shared, engines = tmp_path / "shared", tmp_path / "engines"
+    onnx, engine = str(engines / "m.int8.onnx"), str(engines / "m.int8.engine")
+    with monkeypatch.context() as before:  # the layout before: one m.int8.sets for every artifact of the stem
+        before.setattr(layout, "sets_dir", layout._shared_dir)
+        before.setattr(layout, "_unshare", lambda dest, names: None)
+        other = install_set(str(engines / "e.int8.onnx"), tiny_classifiers[0], "x")  # another stem: its own writer's
+        install_set(str(engines / "m.int8.engine"), tiny_classifiers[0], "e")
+        a, b = install_set(onnx, tiny_classifiers[0], "a"), install_set(onnx, tiny_classifiers[1], "b")
+    assert os.readlink(engine) == "m.int8.sets/current/m.int8.engine" and not os.path.exists(engine)
+    shutil.copytree(str(engines), str(shared), symlinks=True)
+
+    def prepare():
+        shutil.rmtree(str(engines))
+        shutil.copytree(str(shared), str(engines), symlinks=True)
+
+    points = kill_points("split", "rollback", "--artifact", onnx, prepare=prepare)
+    for kind, k in points:
+        prepare()
+        killed(k, kind, "rollback", "--artifact", onnx)
+        now = served(onnx)  # old links or new, each names a whole set
+        assert now in (a, b), (kind, k)
+        assert rolls_back(onnx, now) in (a, b), (kind, k)  # the next writer finishes the split
+        assert sorted(n for n in os.listdir(str(engines)) if n.endswith(".sets")) == [
+            "e.int8.sets", "m.int8.onnx.sets"] and served(str(engines / "e.int8.onnx")) == other, (kind, k)
+        assert not os.path.lexists(engine) and debris(str(engines)) == [], (kind, k)
+    assert len(points) >= 4
+
+
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory):
     """A calibration and a regression set of three shipped images each."""

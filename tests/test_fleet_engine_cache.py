@@ -84,8 +84,9 @@ def test_hit_from_a_folder_installs_the_verified_artifact(canary, tmp_path, mode
     verify(plan.artifact, expected_model_info(plan))
     assert read_model_info(plan.artifact)["built_at"] == read_model_info(plan_of(config).artifact)["built_at"]
     names = sorted(os.path.basename(p) for p in companions(plan.artifact))
-    assert sorted(os.listdir(os.path.dirname(plan.artifact))) == sorted(names + ["tiny0.int8.sets"])  # no temporary
-    assert sorted(os.listdir(os.path.join(os.path.dirname(plan.artifact), "tiny0.int8.sets", "0001"))) == names
+    sets = os.path.basename(plan.artifact) + ".sets"  # the artifact's own sets
+    assert sorted(os.listdir(os.path.dirname(plan.artifact))) == sorted(names + [sets])  # no temporary
+    assert sorted(os.listdir(os.path.join(os.path.dirname(plan.artifact), sets, "0001"))) == names
 
 
 def test_miss_and_another_identity_install_nothing(canary, tmp_path, model):

@@ -31,7 +31,7 @@ def test_commits_switch_every_name_at_once_and_keep_the_replaced_set_as_previous
     with versions.lock(str(folder), "test"):
         first = layout.commit(dest, files(tmp_path, "one"), keep_previous=True)
         second = layout.commit(dest, files(tmp_path, "two"), keep_previous=True)
-    assert layout.sets_dir(dest) == str(folder / "m.sets") and first != second
+    assert layout.sets_dir(dest) == str(folder / "m.onnx.sets") and first != second
     assert [read(str(folder / n)) for n in NAMES] == ["two m.onnx\n", "two m.json\n"]
     assert [read(str(folder / "previous" / n)) for n in NAMES] == ["one m.onnx\n", "one m.json\n"]
     assert layout.resolve(dest) == (second, True)
@@ -60,3 +60,14 @@ def test_todays_flat_files_migrate_as_the_same_bytes_at_the_same_names(tmp_path)
     assert [read(str(folder / n)) for n in NAMES] == ["new m.onnx", "new m.json"]
     assert [read(str(folder / "previous" / n)) for n in NAMES] == ["old m.onnx", "old m.json"]
     assert all(os.path.islink(str(folder / n)) for n in NAMES) and layout.resolve(dest)[1]
+
+
+def test_the_sets_of_an_artifact_without_a_suffix_are_never_taken_for_a_stems_shared_ones(tmp_path):
+    folder = tmp_path / "engines"
+    folder.mkdir()
+    bare, other = str(folder / "m"), str(folder / "m.onnx")
+    with versions.lock(str(folder), "test"):
+        layout.commit(bare, {"m": files(tmp_path, "one")["m.onnx"]}, keep_previous=True)
+        layout.settle(other, NAMES)  # m.sets is m's own, named from its whole name
+        layout.settle(bare, ["m"])
+    assert layout.sets_dir(bare) == str(folder / "m.sets") and read(bare) == "one m.onnx\n"

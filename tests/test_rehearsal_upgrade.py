@@ -75,8 +75,7 @@ def test_a_jetpack_upgrade_ends_with_the_service_serving(sim: sim_gpu.Sim, monke
     config = write_config(tmp_path / "config.yaml", {"model": {"path": str(engines / (STEM + ".int8.engine"))},
                                                      "backend": {"kind": "auto"}, "preprocess": {"device": "cpu"}})
     jetpack(monkeypatch, sim, "8.6.2", 12020)  # JetPack 6.0
-    # the docs' CPU block first (the INT8 Q/DQ ONNX), then the engine block: one set folder, <stem>.int8.sets, holds
-    # both names, and the engine's set leaves <stem>.int8.onnx naming nothing (its set is the engine's previous)
+    # the docs' CPU block first (the INT8 Q/DQ ONNX), then the engine block: each in its own sets
     with open(tiny_classifiers[1], "rb") as fh:
         installed(engines, STEM + ".int8.onnx", fh.read(), "onnx-qdq")
     installed(engines, STEM + ".int8.engine", ENGINE_MAGIC, "tensorrt-engine")
@@ -90,8 +89,8 @@ def test_a_jetpack_upgrade_ends_with_the_service_serving(sim: sim_gpu.Sim, monke
     assert code == 0 and "build: needed:" in said and "system.cuda '12.2', expected '12.6'" in said
     degraded = served(capsys, config)  # the service's start while the engine unit builds (or after it failed)
     assert degraded["backend"] == "onnxruntime" and degraded["frames"] == 3
-    assert degraded["model"] == str(engines / (STEM + ".onnx"))  # the FP32 source: the INT8 ONNX is not current
-    assert degraded["degraded"].startswith("serving {}.onnx on the CPU: ".format(STEM))
+    assert degraded["model"] == str(engines / (STEM + ".int8.onnx"))  # the INT8 Q/DQ ONNX the gate judged
+    assert degraded["degraded"].startswith("serving {}.int8.onnx on the CPU: ".format(STEM))
     assert "expected '12.6'" in degraded["degraded"] and ENGINE_UNIT in degraded["degraded"]
 
     installed(engines, STEM + ".int8.engine", ENGINE_MAGIC, "tensorrt-engine")  # the engine unit's build, done

@@ -39,7 +39,7 @@ def two_sets(tmp_path, tiny_classifiers):
     dest = str(tmp_path / "engines" / "m.int8.onnx")
     install(dest, tiny_classifiers[0], "a")
     install(dest, tiny_classifiers[1], "b")
-    return dest, str(tmp_path / "engines" / "m.int8.sets")
+    return dest, str(tmp_path / "engines" / "m.int8.onnx.sets")
 
 
 def relink(path, target):
@@ -125,10 +125,11 @@ def test_a_copy_that_resolved_the_links_migrates_as_its_plain_files(tiny_classif
         af.rollback(copy, log=quiet)
     assert os.path.islink(copy) and af.read_set(copy).labels == served
     shutil.copytree(str(tmp_path / "a" / "engines"), str(tmp_path / "copy2"))
-    with open(str(tmp_path / "copy2" / "m.int8.sets" / "current" / "m.int8.labels.txt"), "a", encoding="utf-8") as fh:
+    copied = tmp_path / "copy2" / "m.int8.onnx.sets" / "current" / "m.int8.labels.txt"
+    with open(str(copied), "a", encoding="utf-8") as fh:
         fh.write("edited\n")  # a resolved `current` that is not the files beside it: not the store's
     refused_in_one_line(lambda: install(str(tmp_path / "copy2" / "m.int8.onnx"), tiny_classifiers[0], "c"),
-                        os.path.join(str(tmp_path / "copy2"), "m.int8.sets", "current"))
+                        os.path.join(str(tmp_path / "copy2"), "m.int8.onnx.sets", "current"))
 
 
 def test_a_set_folder_that_is_a_symlink_loop_is_named_as_one(tiny_classifiers, tmp_path):

@@ -2,8 +2,12 @@
 `resolve`, made by `ensure_links` (through versions.flip), and today's flat layout migrated (`migrate`). Only
 edge.store.artifact uses this module; it knows file names, not what the files mean.
 
-    <folder>/m.int8.onnx            -> m.int8.sets/current/m.int8.onnx
-    <folder>/previous/m.int8.onnx   -> ../m.int8.sets/current/previous/m.int8.onnx
+    <folder>/m.int8.onnx            -> m.int8.onnx.sets/current/m.int8.onnx
+    <folder>/previous/m.int8.onnx   -> ../m.int8.onnx.sets/current/previous/m.int8.onnx
+
+Each artifact has its own sets, named from its whole file name: m.int8.onnx and m.int8.engine never share one, and
+the names they share (m.int8.json, m.int8.labels.txt: each reader takes them from its artifact's set) link to the
+last installed. The one folder per stem they shared before (m.int8.sets) is split by the next writer (`_unshare`).
 """
 
 import filecmp
@@ -18,6 +22,11 @@ from edge.store.versions import CURRENT, PREVIOUS, SETS, flip, require_lock
 
 
 def sets_dir(dest: str) -> str:
+    return os.path.abspath(dest) + SETS
+
+
+def _shared_dir(dest: str) -> str:
+    """The sets folder every artifact of `dest`'s stem shared before (split by `_unshare`)."""
     folder, name = os.path.split(os.path.abspath(dest))
     return os.path.join(folder, os.path.splitext(name)[0] + SETS)
 
@@ -32,6 +41,19 @@ def _readlink(path: str) -> Optional[str]:
         return os.readlink(path)
     except OSError:
         return None
+
+
+def _sets_of_link(path: str, previous: bool) -> Optional[str]:
+    """The sets folder a link at `path` names when the store wrote it (for any artifact of the folder), else None."""
+    parts = (_readlink(path) or "").split("/")
+    if previous and parts[:1] != [".."]:
+        return None
+    parts = parts[1:] if previous else parts
+    middle = [CURRENT, PREVIOUS] if previous else [CURRENT]
+    if len(parts) == len(middle) + 2 and parts[1:-1] == middle and parts[-1] == os.path.basename(path) \
+            and parts[0].endswith(SETS) and not parts[0].startswith("."):
+        return parts[0]
+    return None
 
 
 def current_set(dest: str) -> Optional[str]:
@@ -70,7 +92,8 @@ def resolve(path: str) -> Tuple[str, bool]:
 
 def check_names(dest: str, names: Sequence[str], what: Sequence[str]) -> None:
     """Before a writer changes anything: each name beside `dest` and in previous/ is absent, a file (today's
-    layout) or a link made here, and the sets' links are the store's; anything else is refused, naming it."""
+    layout) or a link the store made (to this artifact's sets, a sibling's, or the stem's shared ones from before),
+    and the sets' links are the store's; anything else is refused, naming it."""
     folder = os.path.dirname(os.path.abspath(dest))
     backup = os.path.join(folder, PREVIOUS)
     if os.path.islink(backup) or (os.path.lexists(backup) and not os.path.isdir(backup)):
@@ -82,7 +105,7 @@ def check_names(dest: str, names: Sequence[str], what: Sequence[str]) -> None:
                 mode = os.lstat(path).st_mode
             except FileNotFoundError:
                 continue
-            if stat.S_ISREG(mode) or _readlink(path) == _link_target(dest, name, previous):
+            if stat.S_ISREG(mode) or _sets_of_link(path, previous):
                 continue
             raise EdgeError("{}: {} is {}; refusing to use it".format(path, kind, versions.kind_of(mode)))
     sets = sets_dir(dest)
@@ -92,10 +115,10 @@ def check_names(dest: str, names: Sequence[str], what: Sequence[str]) -> None:
         previous_set(dest, current_set(dest))
 
 
-def _resolved_copy(dest: str, names: Sequence[str]) -> bool:
+def _resolved_copy(dest: str, names: Sequence[str], sets: str = "") -> bool:
     """True for a copy that resolved the links (cp -rL, scp -r, shutil.copytree): `current` a folder whose files
     are byte for byte the plain files beside `dest`, so migrating those loses nothing."""
-    folder, current = os.path.dirname(os.path.abspath(dest)), os.path.join(sets_dir(dest), CURRENT)
+    folder, current = os.path.dirname(os.path.abspath(dest)), os.path.join(sets or sets_dir(dest), CURRENT)
     if os.path.islink(current) or not os.path.isdir(current):
         return False
     present = [n for n in names if os.path.lexists(os.path.join(current, n))]
@@ -112,7 +135,7 @@ def commit(dest: str, files: Dict[str, str], *, keep_previous: bool) -> str:
     sets, current = sets_dir(dest), current_set(dest)
     number = versions.new_set(sets, files, current if keep_previous else None)
     flip(sets, CURRENT, target=number)
-    ensure_links(dest, list(files), with_previous=keep_previous and current is not None)
+    ensure_links(dest, list(files), with_previous=keep_previous and current is not None, claim=True)
     versions.collect(sets)
     return os.path.join(sets, number)
 
@@ -152,8 +175,9 @@ def remove(dest: str, names: Sequence[str]) -> None:
     remove_path(sets_dir(dest))
 
 
-def ensure_links(dest: str, names: Sequence[str], *, with_previous: bool = True) -> None:
-    """The fixed links beside `dest` and (`with_previous`) in previous/: made once, a missing one made."""
+def ensure_links(dest: str, names: Sequence[str], *, with_previous: bool = True, claim: bool = False) -> None:
+    """The fixed links beside `dest` and (`with_previous`) in previous/: made once, a missing one made; `claim`
+    (an install): a name another artifact's set holds (a shared companion) links to this one's."""
     folder = os.path.dirname(os.path.abspath(dest))
     bases = [(folder, False)]
     if with_previous:
@@ -162,7 +186,8 @@ def ensure_links(dest: str, names: Sequence[str], *, with_previous: bool = True)
     for base, previous in bases:
         for name in names:
             target = _link_target(dest, name, previous)
-            if _readlink(os.path.join(base, name)) != target and not os.path.lexists(os.path.join(base, name)):
+            path = os.path.join(base, name)
+            if _readlink(path) != target and (not os.path.lexists(path) or claim and _sets_of_link(path, previous)):
                 flip(base, name, target=target)
 
 
@@ -176,6 +201,7 @@ def repair(dest: str, names: Sequence[str]) -> None:
 def settle(dest: str, names: Sequence[str]) -> None:
     """Under the lock, before a writer changes anything: today's flat layout migrated, the links a killed writer
     did not make made, and the sets `current` no longer reaches removed (versions.collect)."""
+    _unshare(dest, names)
     migrate(dest, names)
     repair(dest, names)
     versions.collect(sets_dir(dest))
@@ -214,3 +240,49 @@ def migrate(dest: str, names: Sequence[str]) -> bool:
             flip(os.path.dirname(path), os.path.basename(path), target=target)
     ensure_links(dest, names, with_previous=os.path.isdir(backup))
     return True
+
+
+def _unshare(dest: str, names: Sequence[str]) -> None:
+    """Under the lock: the sets folder `dest`'s stem shared (m.int8.sets, where an engine's install left
+    m.int8.onnx naming nothing) split into each artifact's own: the sets holding it (current, then previous) hard
+    linked into <artifact>.sets, the links flipped, the shared folder discarded. Every link names a whole set
+    throughout; a crash is finished by the next writer."""
+    folder, shared = os.path.dirname(os.path.abspath(dest)), _shared_dir(dest)
+    owner = shared[:-len(SETS)]  # an artifact without a suffix (m) owns m.sets: not a shared folder
+    if not os.path.isdir(shared) or os.path.islink(shared) or _sets_of_link(owner, False) or shared == sets_dir(dest):
+        return
+    copied = os.path.join(shared, CURRENT)
+    if os.path.isdir(copied) and not os.path.islink(copied) and _resolved_copy(dest, [
+            f for f in os.listdir(copied) if f != PREVIOUS], shared):
+        versions.discard(shared, shared)  # its bytes are the plain files `migrate` takes
+        return
+    now = versions.current(shared)
+    chain = [n for n in (now, versions.previous(shared, now)) if n]
+    companions = set(names) - {os.path.basename(dest)}
+    artifacts = []  # the artifact of `current` first: the shared names link to it
+    for number in chain:
+        artifacts += sorted(f for f in os.listdir(os.path.join(shared, number)) if f not in companions
+                            and f != PREVIOUS and not f.startswith(".") and f not in artifacts)
+    for artifact in artifacts:
+        own = sets_dir(os.path.join(folder, artifact))
+        if versions.current(own) is None:
+            kept = None
+            for number in reversed([n for n in chain if os.path.isfile(os.path.join(shared, n, artifact))]):
+                held = {f: os.path.join(shared, number, f) for f in sorted(companions) + [artifact]
+                        if os.path.isfile(os.path.join(shared, number, f))}
+                kept = versions.new_set(own, held, kept, link=True)
+            flip(own, CURRENT, target=kept)
+    for base, previous in ((folder, False), (os.path.join(folder, PREVIOUS), True)):
+        for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+            if _sets_of_link(os.path.join(base, name), previous) != os.path.basename(shared):
+                continue
+            targets = [_link_target(os.path.join(folder, a), name, previous)
+                       for a in ([name] if name in artifacts else artifacts)]
+            found = next((t for t in targets if os.path.isfile(os.path.join(base, t))), None)
+            if found is None:
+                os.unlink(os.path.join(base, name))  # named nothing whole: the bug this split ends
+            else:
+                flip(base, name, target=found)
+        if os.path.isdir(base):
+            fsync_path(base)
+    versions.discard(shared, shared)

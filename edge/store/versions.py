@@ -4,10 +4,10 @@ folder is fsynced after every flip and every rename. Two shapes:
 
 Link-switched sets (artifact sets; fleet releases can adopt `flip`, `read_link`, `lock` and `collect`'s rule):
 
-    <folder>/m.int8.onnx            -> m.int8.sets/current/m.int8.onnx     fixed links, made once
-    <folder>/previous/m.int8.onnx   -> ../m.int8.sets/current/previous/m.int8.onnx   (and the other names)
-    <folder>/m.int8.sets/current    -> 0007          the one flip: a new link renamed over it
-    <folder>/m.int8.sets/0007/      the set's files, fsynced, never changed; previous -> ../0006
+    <folder>/m.int8.onnx            -> m.int8.onnx.sets/current/m.int8.onnx     fixed links, made once
+    <folder>/previous/m.int8.onnx   -> ../m.int8.onnx.sets/current/previous/m.int8.onnx   (and the other names)
+    <folder>/m.int8.onnx.sets/current    -> 0007          the one flip: a new link renamed over it
+    <folder>/m.int8.onnx.sets/0007/      the set's files, fsynced, never changed; previous -> ../0006
 
 A set folder is written complete under a temporary name, renamed to its number, then `current` is flipped: a crash
 at any instant leaves `current` naming a whole set, old or new. A rollback points the previous set's `previous`
