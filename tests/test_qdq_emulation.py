@@ -12,7 +12,7 @@ from edge.infer.onnxruntime_backend import OnnxRuntimeBackend, session_options
 from edge.infer.preprocess import CpuPreprocessor
 from edge.infer.qdq_emulation import emulated_model, fake_quantize, int8_kernels_saturate
 from edge.model.plan import check_inputs
-from edge.model.steps import judge
+from edge.model.steps import BuildState, judge
 
 
 def _session(model, level, prepacking=True):
@@ -71,7 +71,7 @@ def test_gate_verdict_is_identical_with_optimisations_forced_on_and_off(digits, 
             return options
 
         monkeypatch.setattr(onnxruntime_backend, "session_options", forced)
-        reports.append(judge(plan, digits_qdq, plan.fmt.runner).report)
+        reports.append(judge(plan, BuildState(digits_qdq), plan.fmt.runner, 1).report)
         monkeypatch.undo()
     on, off = reports
     assert on["passed"] is off["passed"] is True and on["samples"] == off["samples"] == 297

@@ -255,7 +255,7 @@ def test_the_builds_sessions_each_keep_to_one_core(tiny_model):
     images = default_images(2)
     calibrator = SimpleNamespace(augmented_model_path=tiny_model, execution_providers=["CPUExecutionProvider"])
     with onnx_runner(tiny_model) as gate:
-        sessions = [quant.calibration_session(calibrator), gate.__self__.session,
+        sessions = [quant.calibration_session(calibrator), gate.session,
                     Fidelity(tiny_model, images, TINY_PRE)._session(onnx.load(tiny_model))]
         for session in sessions:
             options = session.get_session_options()

@@ -108,8 +108,8 @@ def test_frames_a_reader_put_in_the_staging_buffers_need_no_host_copy(cuda_pre) 
 def test_kernel_loads_from_each_source(session, tmp_path, monkeypatch, photo: Callable[[str], np.ndarray],
                                        source: str) -> None:
     """Which binary this driver accepts: a cubin built here by this JetPack's nvcc, and the one prebuilt for its
-    CUDA major version (edge/cuda/prebuilt.json: NVRTC 11.8 SASS, 12.2 SASS + PTX, nvcc 13's fatbin); the printed line says
-    which, or why the driver refused it (the cubin built here is what the installer makes first)."""
+    CUDA major version (edge/cuda/prebuilt.json: NVRTC 11.8 SASS, 12.2 SASS + PTX, nvcc 13's fatbin); the printed
+    line says which, or why the driver refused it (the cubin built here is what the installer makes first)."""
     from edge.infer import cuda_kernel
     from edge.infer.cuda_preprocess import CudaPreprocessor
 
