@@ -102,7 +102,7 @@ def test_export_flips_refuses_bad_input_in_one_line_writing_nothing(report, regr
     path, _ = report
     out = str(tmp_path / "flips")
     not_report = tmp_path / "not.json"
-    not_report.write_text('{"verdict": "pass"}')
+    not_report.write_text('{"verdict": "pass"}', encoding="utf-8")
     for argv, says in ((["--report", str(tmp_path / "none.gate.json")], "no gate report"),
                        (["--report", str(not_report)], "not a gate report"),
                        (["--model", str(tmp_path / "m.onnx")], "no gate report")):
