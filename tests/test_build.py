@@ -52,11 +52,11 @@ def digits_build_config(folder, digits, model=None, **build):
 
 
 def snapshot(engines):
-    """Every installed file's hash (gate reports excluded: a failed gate writes its report by design)."""
+    """Every installed file's hash (gate reports and summaries excluded: a failed gate writes them by design)."""
     out = {}
     for root, _, files in os.walk(engines):
         for name in files:
-            if not name.endswith(".gate.json"):
+            if not name.endswith((".gate.json", ".gate.md")):
                 out[os.path.relpath(os.path.join(root, name), engines)] = sha256_file(os.path.join(root, name))
     return out
 
@@ -94,6 +94,8 @@ def test_build_installs_validated_qdq_model_with_manifest(built, digits):
     assert " pp at 96.96 % (297 labelled images" in report["claims"][0]  # the first look's share of the 5 %
     assert report["calibration_overlap_dropped"] == 0 and report["collapsed_classes"] == []
     assert manifest["gate"]["looks"] == len(report["looks"]) == 1
+    summary = open(os.path.join(engines, "digits.int8.gate.md"), encoding="utf-8").read()  # what an engineer reads
+    assert "Verdict: **pass**" in summary and report["claims"][0].split(";")[0] in summary
     kernels = report["this_cpu_int8_kernels"]  # what this CPU's fused int8 kernels would serve, beside the verdict
     assert kernels["images"] == 32 and 0 <= kernels["top1_agreement"] <= 1 and kernels["max_relative_difference"] >= 0
     assert kernels["served"] == "emulated" and isinstance(kernels["saturate"], bool)  # served as judged, any CPU

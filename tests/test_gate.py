@@ -67,7 +67,8 @@ def test_grey_calibration_fails_with_reasons_and_report(digits, reference, tmp_p
     assert any(f.startswith("mean logit cosine") for f in r["failures"])
     assert any("; top-1 drop >= " in f for f in r["failures"]), r["failures"]
     flip = r["flips"][0]
-    assert set(flip) == {"file", "reference", "candidate", "label", "cosine"} and flip["reference"] != flip["candidate"]
+    assert set(flip) == {"file", "reference", "candidate", "label", "cosine", "reference_margin", "candidate_margin"}
+    assert flip["reference"] != flip["candidate"] and flip["reference_margin"] >= 0 and flip["candidate_margin"] >= 0
     assert flip["label"] == flip["file"].split("/")[0]
     report = str(tmp_path / "gate.json")
     write_report(report, result, {"artifact": "x"})

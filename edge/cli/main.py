@@ -10,7 +10,7 @@ from edge.cli.common import execute
 
 # modules in edge/cli/
 COMMANDS = ("run", "export", "model", "build", "check", "sweep", "rebuild", "demo", "classify", "doctor", "cache",
-            "init", "release")
+            "init", "release", "gate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -257,6 +257,13 @@ def _outputs(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
             "scores": [np.asarray([pair[i] for pair in rows["scores"]], np.float32).reshape(n, -1) for i in (0, 1)]}
 
 
+def _margins(scores: List[np.ndarray], i: int, ref: int, cand: int) -> Dict[str, float]:
+    """A flip's logit margins: FP32's lead of its answer over the candidate's, and the candidate's the other way."""
+    a, b = scores[0][i], scores[1][i]
+    return {"reference_margin": round(float(a[ref] - a[cand]), 4),
+            "candidate_margin": round(float(b[cand] - b[ref]), 4)}
+
+
 def _checks(report: Dict[str, Any], out: Dict[str, Any], labels: Optional[Sequence[str]],
             source_info: Dict[str, Any], confidence: float, name_of: Callable[[int], Any]) -> Dict[str, Any]:
     """The reference, labels and per-class checks (edge.model.gate_checks)."""
@@ -284,9 +291,10 @@ def evaluate(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
         return labels[i] if labels is not None and i < len(labels) else i
 
     flipped = ref_top5[:, 0] != cand_top5[:, 0] if n else np.zeros(0, bool)
-    flips = [{"file": images.files[i], "reference": name_of(int(ref_top5[i, 0])),
-              "candidate": name_of(int(cand_top5[i, 0])), "label": None if truth[i] is None else name_of(truth[i]),
-              "cosine": round(float(cosines[i]), 5)} for i in np.flatnonzero(flipped)]
+    flips = [dict(_margins(out["scores"], i, int(ref_top5[i, 0]), int(cand_top5[i, 0])), file=images.files[i],
+                  reference=name_of(int(ref_top5[i, 0])), candidate=name_of(int(cand_top5[i, 0])),
+                  label=None if truth[i] is None else name_of(truth[i]), cosine=round(float(cosines[i]), 5))
+             for i in np.flatnonzero(flipped)]
     report: Dict[str, Any] = {
         "samples": n, "labelled": sum(t is not None for t in truth), "regression_set": images.root,
         "regression_sha256": images.sha256, "classes": out["classes"], "confidence": confidence,

@@ -20,6 +20,7 @@ from edge.model.artifacts import verify_onnx
 from edge.model.calibration import CalibrationSet, load_calibration_set
 from edge.model.gate import Infer, resolve_labels
 from edge.model.gate_looks import ledger_path, next_look
+from edge.model.gate_report import report_path
 from edge.model.qdq_rules import OPSET_MAX, OPSET_MIN, max_opset
 from edge.store.artifact import engine_expectations, is_current, read_set, sha256_file
 from edge.store.versions import recover_folder
@@ -124,7 +125,7 @@ class BuildPlan:
 
     @property
     def report_path(self) -> str:
-        return os.path.splitext(self.artifact)[0] + ".gate.json"
+        return report_path(self.artifact)
 
     @property
     def gate_enforced(self) -> bool:

@@ -34,6 +34,7 @@ from edge.model.fallback import expected_cost, search
 from edge.model.fidelity import Fidelity, split
 from edge.model.gate import GateResult, enforce, evaluate, kernel_distance, write_report
 from edge.model.gate_looks import next_look, record_look
+from edge.model.gate_report import summary_path, write_summary
 from edge.model.gate_stats import MAX_LOOKS, look_confidence
 from edge.model.plan import BuildPlan, Log, fused_runner, onnx_runner
 from edge.model.set_overlap import without_calibration
@@ -229,9 +230,10 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
         with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
             extra["this_cpu_int8_kernels"] = dict(kernel_distance(judged, fused, plan.regression, plan.cfg.preprocess),
                                                   saturate=int8_kernels_saturate(), served="emulated")
-    write_report(plan.report_path, result, {"artifact": plan.artifact, "source": plan.source,
-                                            "enforced": plan.gate_enforced, "evaluator": plan.fmt.evaluator,
-                                            "accept_inconclusive": plan.accept_inconclusive, **extra})
+    extra.update(artifact=plan.artifact, source=plan.source, enforced=plan.gate_enforced,
+                 evaluator=plan.fmt.evaluator, accept_inconclusive=plan.accept_inconclusive)
+    write_report(plan.report_path, result, extra)
+    write_summary(summary_path(plan.report_path), dict(result.report, **extra))
     log("gate: {} - {} (report {})".format(result.verdict, result.summary(), plan.report_path))
     looks = result.report["looks"]
     if len(looks) > 1:
