@@ -67,6 +67,26 @@ def test_half_open_connections_cost_bounded_threads_and_the_endpoint_recovers(ca
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_one_flooding_peer_holds_at_most_half_the_slots_and_others_are_served(monkeypatch):
+    """Issue 39: 200 slow heads from one host held every metrics slot, so /metrics and /healthz answered 503 to
+    Prometheus and the release bake. One peer address now holds at most half the slots."""
+    monkeypatch.setattr(http, "HEAD_DEADLINE_S", 60.0)  # the flood holds its slots for the whole test
+    sink = MetricsSink(30.0)
+    port = sink.serve("0.0.0.0", 0)
+    flood = []
+    try:
+        for _ in range(MAX_SCRAPERS):  # from 127.0.0.2: another host as far as the server can tell
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0)))
+        answers = [s.recv(64) for s in flood[MAX_SCRAPERS // 2:]]  # past half: refused at once
+        assert all(a.startswith(b"HTTP/1.0 503") for a in answers), answers[:3]
+        status, body = get("http://127.0.0.1:{}/metrics".format(port))  # while the first half still hold theirs
+        assert status == 200 and b"edge_frames_total" in body
+    finally:
+        for s in flood:
+            s.close()
+        sink.close()
+
+
 def test_a_dripping_head_is_dropped_at_its_total_deadline():
     """One header byte every DEADLINE_S/4: each byte comes in time, the head as a whole does not."""
     sink = MetricsSink(30.0)
@@ -120,9 +140,12 @@ def test_demo_slowloris_clients_do_not_lock_out_others():
         status, body = served_within("http://127.0.0.1:{}/stats.json".format(port), 20 * DEADLINE_S)
         assert status == 200 and b'"frame": 1' in body
         stop.set()
-        for s in drippers:  # each dripper was closed by the server without an answer
+        answers = []
+        for s in drippers:  # half were over their peer's share (503 at once), the rest closed at the deadline
             s.settimeout(10)
-            assert s.recv(64) == b""
+            answers.append(s.recv(64))
+        assert answers[:MAX_CLIENTS // 2] == [b""] * (MAX_CLIENTS // 2), answers
+        assert all(a.startswith(b"HTTP/1.0 503") for a in answers[MAX_CLIENTS // 2:]), answers
     finally:
         stop.set()
         for s in drippers:

@@ -1,7 +1,8 @@
 """The small HTTP servers (the metrics endpoint, the demo's stream) held to bounds a flood cannot move:
 
-- at most `max_clients` connections are served at once, one thread each; more are answered 503 and closed at
-  once (no thread is started for them, and a thread that cannot start is a refusal, not a traceback);
+- at most `max_clients` connections are served at once, one thread each, and at most half of them from one peer
+  address; more are answered 503 and closed at once (no thread is started for them, and a thread that cannot
+  start is a refusal, not a traceback): one flooding host cannot lock out Prometheus or the release bake;
 - a request's head (request line and headers) must arrive whole within `HEAD_DEADLINE_S` of the connection,
   however slowly it drips: the deadline is total, not per byte;
 - a request head larger than MAX_HEAD_BYTES is answered 431, never parsed as a bare HTTP/0.9 request line;
@@ -109,28 +110,45 @@ class BoundedThreadingMixIn(ThreadingMixIn):
     name = "edge http"  # who prints the one line on an unexpected failure
     refused = 0
 
-    def _slots(self) -> threading.BoundedSemaphore:
-        slots = self.__dict__.get("_slot_semaphore")
-        if slots is None:
-            slots = self.__dict__["_slot_semaphore"] = threading.BoundedSemaphore(self.max_clients)
-        return slots
+    def _peers(self) -> Any:
+        """(lock, {peer address: connections held}), made on first use (the servers' own __init__ is theirs)."""
+        peers = self.__dict__.get("_peer_slots")
+        if peers is None:
+            peers = self.__dict__["_peer_slots"] = (threading.Lock(), {})
+        return peers
+
+    def _take_slot(self, peer: str) -> bool:
+        lock, held = self._peers()
+        with lock:
+            total = sum(held.values())
+            if total >= self.max_clients or held.get(peer, 0) >= max(1, self.max_clients // 2):
+                return False
+            held[peer] = held.get(peer, 0) + 1
+            return True
+
+    def _free_slot(self, peer: str) -> None:
+        lock, held = self._peers()
+        with lock:
+            held[peer] -= 1
+            if not held[peer]:
+                del held[peer]
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        slots = self._slots()
-        if not slots.acquire(blocking=False):
+        peer = str(client_address[0])
+        if not self._take_slot(peer):
             self._refuse(request)
             return
         try:
             super().process_request(request, client_address)
         except RuntimeError:  # "can't start new thread" (ulimit -u): a refusal like any other
-            slots.release()
+            self._free_slot(peer)
             self._refuse(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)  # type: ignore[misc]
         finally:
-            self._slots().release()
+            self._free_slot(str(client_address[0]))
 
     def _refuse(self, request: Any) -> None:
         self.refused += 1
