@@ -2,13 +2,16 @@
 
     edge release try NAME [--retry]    arm the fallback, switch to NAME, restart; then wait for the bake's verdict:
                                        exit 0 committed, 1 failed (the device is back on the fallback) or no
-                                       verdict within --timeout (the device decides by itself), 2 refused
+                                       verdict within --timeout (the device decides by itself), 2 refused;
+                                       --no-wait: exit 0 once armed and switched (the settle unit bakes)
     edge release settle                the settle unit and its timer: bake a release on trial and commit it or
                                        fall back; leave a release withdrawn or failed anywhere in the fleet
     edge release withdraw NAME         the kill switch on this device: NAME is refused from now on, and left
     edge release fail NAME --why W     record NAME failed (its build, the fleet gate): refused from now on, and left
     edge release check NAME [--retry]  exit 0 when NAME may be installed here, 2 (with the record) when refused
-    edge release status                current, previous, committed, the trial and the refused releases (JSON)
+    edge release status [NAME]         current, previous, committed, the trial and the refused releases (JSON);
+                                       with NAME its verdict here: baking, committed, failed, withdrawn or none
+                                       (what a play polls after `try --no-wait`), and the record's why
 
 The state folder is /var/lib/jetson-edge-release (--state): root's alone (edge/fleet/statedir.py); its rollout.json
 holds the settings deploy/ansible writes.
@@ -60,18 +63,22 @@ def cmd_release(args: argparse.Namespace) -> int:
     if args.action == "check":
         print("edge release: {} may be installed ({})".format(args.name, rollout.check(dev, args.name, args.retry)))
         return EXIT_OK
-    print(json.dumps({"current": dev.link("current"), "previous": dev.link("previous"),
-                      "committed": dev.link("committed"), "trial": dev.trial(), "refused": dev.refused_names()},
-                     indent=2))
+    status = {"current": dev.link("current"), "previous": dev.link("previous"), "committed": dev.link("committed"),
+              "trial": dev.trial(), "refused": dev.refused_names()}
+    if args.name:
+        rec = dev.refusal(args.name) or {}
+        status.update(release=args.name, verdict=rollout.verdict(dev, args.name), why=str(rec.get("why", "")))
+    print(json.dumps(status, indent=2))
     return EXIT_OK
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("try", "settle", "withdraw", "fail", "check", "status"))
-    p.add_argument("name", nargs="?", default="", help="the release (try, withdraw, fail, check)")
+    p.add_argument("name", nargs="?", default="", help="the release (try, withdraw, fail, check; status: its verdict)")
     p.add_argument("--state", default=STATE, help="the state folder (default %(default)s)")
     p.add_argument("--retry", action="store_true", help="try or check a release that failed or was withdrawn")
-    p.add_argument("--no-wait", action="store_true", help="try: return after the switch")
+    p.add_argument("--no-wait", action="store_true", help="try: return once armed and switched (the settle unit bakes; "
+                   "poll `edge release status NAME`)")
     p.add_argument("--timeout", type=float, default=3600.0, help="try: seconds to wait for the verdict")
     p.add_argument("--why", default="kill switch", help="withdraw, fail: the reason recorded")
     p.add_argument("--by", default="", help="who, for the audit line and the records (default USER@host)")
