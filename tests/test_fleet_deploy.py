@@ -62,7 +62,7 @@ def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_firs
     assert reach["tasks"][0]["ignore_unreachable"] is True and report["hosts"] == "jetson_edge_unreachable"
     assert canaries["hosts"] == "jetson_edge_canary" and canaries["serial"] == 1
     assert canaries["roles"][0]["vars"]["jetson_edge_fetch_only"] is False
-    assert rest["hosts"] == "jetson_edge_follower" and rest["strategy"] == "host_pinned"
+    assert rest["hosts"] == "jetson_edge_follower" and rest["strategy"] == "linear"  # one bake a batch (below)
     assert rest["roles"][0]["vars"]["jetson_edge_fetch_only"] is True
     assert all(p["gather_facts"] is False for p in plays)  # facts cost a round trip per device; nothing reads them
     tasks = os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks")
@@ -78,6 +78,23 @@ def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_firs
     assert all("release fail" not in str(t) for t in attempt["rescue"])
     assert all(t["ansible.builtin.include_tasks"] == "stop.yml" for t in (build["rescue"][-1], attempt["rescue"][-1]))
     assert "systemd_service" not in open(os.path.join(tasks, "gate.yml"), encoding="utf-8").read()
+
+
+def test_a_batch_switches_every_device_before_waiting_on_any():
+    """Issue 43 (scale): `edge release try` held its fork for the whole bake, so the 100 % batch of 1000 devices
+    at forks 50 cost ~18 bakes. The try arms and returns (--no-wait), the next task polls `edge release status`
+    until the device's verdict, and the follower play is linear: every device of the batch bakes at once."""
+    attempt = role_tasks("gate.yml")[-1]
+    try_task, wait = attempt["block"]
+    argv = try_task["ansible.builtin.command"]["argv"]
+    assert "'try'" in argv and "'--no-wait'" in argv and "--timeout" not in argv
+    status = wait["ansible.builtin.command"]["argv"]
+    assert status[1:4] == ["release", "status", "{{ jetson_edge_release }}"]
+    assert "!= 'baking'" in wait["until"] and "!= 'committed'" in wait["failed_when"]
+    assert "jetson_edge_bake_s" in wait["retries"] and wait["delay"] == "{{ jetson_edge_poll_s }}"
+    with open(os.path.join(ANSIBLE, "site.yml"), encoding="utf-8") as fh:
+        rest = yaml.safe_load(fh)[-1]
+    assert rest["strategy"] == "linear"  # host_pinned runs one device's tasks, its wait included, on one fork
 
 
 def role_tasks(name):
