@@ -56,13 +56,14 @@ def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_firs
     names = [p["name"].split(" (")[0].split(",")[0] for p in plays]
     assert names == ["Rollout state first", "Find the reachable devices", "Report the skipped devices",
                      "Withdraw the release", "Board types and their canaries", "Roll out to the canary of each board "
-                     "type", "Bake between the canaries and the fleet", "Roll out to the rest of each board type"]
-    controller, reach, report, kill, types, canaries, bake, rest = plays
+                     "type", "Bake between the canaries and the fleet", "Roll out to the rest of each board type",
+                     "Free the rollout lease"]
+    controller, reach, report, kill, types, canaries, bake, rest, free = plays
     assert controller["hosts"] == "localhost" and controller["any_errors_fatal"] is True  # before any device
     assert reach["tasks"][0]["ignore_unreachable"] is True and report["hosts"] == "jetson_edge_unreachable"
     assert canaries["hosts"] == "jetson_edge_canary" and canaries["serial"] == 1
     assert canaries["roles"][0]["vars"]["jetson_edge_fetch_only"] is False
-    assert rest["hosts"] == "jetson_edge_follower" and rest["strategy"] == "host_pinned"
+    assert rest["hosts"] == "jetson_edge_follower" and rest["strategy"] == "linear"  # one bake a batch (below)
     assert rest["roles"][0]["vars"]["jetson_edge_fetch_only"] is True
     assert all(p["gather_facts"] is False for p in plays)  # facts cost a round trip per device; nothing reads them
     tasks = os.path.join(ANSIBLE, "roles", "jetson_edge", "tasks")
@@ -78,6 +79,71 @@ def test_rollout_plays_write_the_stop_first_and_put_a_canary_per_board_type_firs
     assert all("release fail" not in str(t) for t in attempt["rescue"])
     assert all(t["ansible.builtin.include_tasks"] == "stop.yml" for t in (build["rescue"][-1], attempt["rescue"][-1]))
     assert "systemd_service" not in open(os.path.join(tasks, "gate.yml"), encoding="utf-8").read()
+
+
+def test_a_batch_switches_every_device_before_waiting_on_any():
+    """Issue 43 (scale): `edge release try` held its fork for the whole bake, so the 100 % batch of 1000 devices
+    at forks 50 cost ~18 bakes. The try arms and returns (--no-wait), the next task polls `edge release status`
+    until the device's verdict, and the follower play is linear: every device of the batch bakes at once."""
+    attempt = role_tasks("gate.yml")[-1]
+    try_task, wait = attempt["block"]
+    argv = try_task["ansible.builtin.command"]["argv"]
+    assert "'try'" in argv and "'--no-wait'" in argv and "--timeout" not in argv
+    status = wait["ansible.builtin.command"]["argv"]
+    assert status[1:4] == ["release", "status", "{{ jetson_edge_release }}"]
+    assert "!= 'baking'" in wait["until"] and "!= 'committed'" in wait["failed_when"]
+    assert "jetson_edge_bake_s" in wait["retries"] and wait["delay"] == "{{ jetson_edge_poll_s }}"
+    with open(os.path.join(ANSIBLE, "site.yml"), encoding="utf-8") as fh:
+        rest = yaml.safe_load(fh)[-2]
+    assert rest["strategy"] == "linear"  # host_pinned runs one device's tasks, its wait included, on one fork
+
+
+def test_the_rollout_lease_is_taken_before_any_device_renewed_per_batch_and_freed_last():
+    """Issue 43 MEDIUM 6: two operators' runs interleaved. The controller takes the lease (edge release lease)
+    before any device play, each batch of the canary and follower plays renews it, the last play frees it."""
+    with open(os.path.join(ANSIBLE, "site.yml"), encoding="utf-8") as fh:
+        plays = yaml.safe_load(fh)
+    take = role_tasks("controller.yml")[-1]
+    assert take["ansible.builtin.include_tasks"] == "lease.yml" and take["vars"] == {"jetson_edge_lease": "take"}
+    assert plays[0]["hosts"] == "localhost" and plays[0]["any_errors_fatal"] is True  # a refusal stops the run
+    for play in plays[5], plays[7]:  # the canaries, the rest: once a batch, before the role touches a device
+        renew = play["pre_tasks"][0]
+        assert renew["ansible.builtin.include_role"]["tasks_from"] == "lease.yml"
+        assert renew["vars"] == {"jetson_edge_lease": "renew"}
+    assert plays[-1]["hosts"] == "localhost" and plays[-1]["tasks"][0]["vars"] == {"jetson_edge_lease": "free"}
+    task = role_tasks("lease.yml")[0]
+    argv = task["ansible.builtin.command"]["argv"]
+    assert "'release', 'lease'" in argv and "'--steal'" in argv and "'--free'" in argv
+    assert task["run_once"] is True and task["delegate_to"] == "localhost"
+
+
+def test_a_second_operators_run_is_refused_before_any_device_naming_the_holder(tmp_path):
+    """The controller play against a folder store: Bob's unexpired lease stops Alice's run in one line naming him;
+    jetson_edge_lease_steal takes it over, and the run's last play frees it."""
+    playbook = venv_tool("ansible-playbook", "ansible-core")
+    store = tmp_path / "store"
+    store.mkdir()
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+        "children": {"jetsons": {"hosts": {}}}}}), encoding="utf-8")
+
+    def run(*args):
+        return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml"), "-e",
+                               "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store)] + list(args),
+                              capture_output=True, encoding="utf-8", errors="replace", cwd=str(tmp_path),
+                              timeout=300, stdin=subprocess.DEVNULL, env=dict(ansible_env(tmp_path / "tmp"),
+                                                                              USER="alice"))
+
+    bob = subprocess.run([sys.executable, "-m", "edge", "release", "lease", "r3", "--store", str(store), "--run",
+                          "bob@ctl2", "--by", "bob@ctl2"], capture_output=True, encoding="utf-8", timeout=120)
+    assert bob.returncode == 0, bob.stderr
+    refused = run()
+    assert refused.returncode != 0 and "rollout lease held by bob@ctl2 on" in refused.stdout, refused.stdout
+    assert "Find the reachable devices" not in refused.stdout  # stopped before any device play
+    stolen = run("-e", "jetson_edge_lease_steal=true")
+    assert stolen.returncode == 0, stolen.stdout + stolen.stderr
+    assert not (store / "rollout" / "_lease.json").exists()  # freed by the last play
 
 
 def role_tasks(name):

@@ -132,6 +132,31 @@ def test_a_release_is_baked_on_its_own_metrics_then_committed_or_left_by_the_dev
     assert not os.path.exists(os.path.join(device.state, "releases", "r2"))  # pruned (keep 1 besides the links)
 
 
+def test_try_no_wait_returns_armed_and_status_reports_the_bakes_verdict(device):
+    """Issue 43 (scale): `try` held its caller for the whole bake, so a batch of N devices cost N / forks bakes.
+    `--no-wait` returns once armed and switched; the settle unit bakes and `status NAME` is what a play polls."""
+    def verdict(name):
+        proc = device.edge("status", name)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    device.release("r1")
+    assert verdict("r1")["verdict"] == "none"
+    device.settings(store=device.store, device="dev-1", **dict(BAKE, bake_s=4))
+    armed = device.edge("try", "r1", "--no-wait")
+    assert armed.returncode == 0 and "r1 switched" in armed.stdout, armed.stdout + armed.stderr
+    assert verdict("r1")["verdict"] == "baking"  # returned before the bake's verdict
+    assert sh.wait_until(lambda: verdict("r1")["verdict"] != "baking", 120, 0.2)
+    assert verdict("r1")["verdict"] == "committed" and device.link("committed") == "r1" and device.serves("r1")
+
+    device.release("r2", budget_ms=0.001)  # every frame misses
+    assert device.edge("try", "r2", "--no-wait").returncode == 0
+    assert sh.wait_until(lambda: verdict("r2")["verdict"] != "baking", 120, 0.2)
+    failed = verdict("r2")
+    assert failed["verdict"] == "failed" and "miss ratio 1.0000 over 0.05" in failed["why"], failed
+    assert device.link("current") == "r1" and device.serves("r1")
+
+
 def test_a_device_offline_during_a_withdrawal_leaves_it_when_its_timer_fires(device):
     for name in ("r1", "r2"):
         device.release(name)

@@ -2,13 +2,20 @@
 
     edge release try NAME [--retry]    arm the fallback, switch to NAME, restart; then wait for the bake's verdict:
                                        exit 0 committed, 1 failed (the device is back on the fallback) or no
-                                       verdict within --timeout (the device decides by itself), 2 refused
+                                       verdict within --timeout (the device decides by itself), 2 refused;
+                                       --no-wait: exit 0 once armed and switched (the settle unit bakes)
     edge release settle                the settle unit and its timer: bake a release on trial and commit it or
                                        fall back; leave a release withdrawn or failed anywhere in the fleet
     edge release withdraw NAME         the kill switch on this device: NAME is refused from now on, and left
     edge release fail NAME --why W     record NAME failed (its build, the fleet gate): refused from now on, and left
     edge release check NAME [--retry]  exit 0 when NAME may be installed here, 2 (with the record) when refused
-    edge release status                current, previous, committed, the trial and the refused releases (JSON)
+    edge release lease NAME --store S --run ID [--ttl T] [--steal] [--free]
+                                       the controller's rollout lease in the shared store (edge/fleet/lease.py):
+                                       taken or renewed by run ID, exit 1 naming the holder while another run's
+                                       is unexpired; --steal takes it over, --free gives it back
+    edge release status [NAME]         current, previous, committed, the trial and the refused releases (JSON);
+                                       with NAME its verdict here: baking, committed, failed, withdrawn or none
+                                       (what a play polls after `try --no-wait`), and the record's why
 
 The state folder is /var/lib/jetson-edge-release (--state): root's alone (edge/fleet/statedir.py); its rollout.json
 holds the settings deploy/ansible writes.
@@ -18,10 +25,13 @@ import argparse
 import json
 import os
 import socket
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from edge.cli.common import add_command
-from edge.errors import EXIT_FAIL, EXIT_OK, one_line
+from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, one_line
+from edge.fields import add_flags, leaves, options_from, setting
 
 STATE = "/var/lib/jetson-edge-release"
 
@@ -30,10 +40,43 @@ def _who() -> str:
     return "{}@{}".format(os.environ.get("SUDO_USER") or os.environ.get("USER") or "root", socket.gethostname())
 
 
+@dataclass(frozen=True)
+class LeaseOptions:
+    """`edge release lease`'s flags, declared once (edge.fields)."""
+
+    store: str = setting("", "lease: the shared store folder (deploy/ansible's jetson_edge_rollout_store)",
+                         flag="--store")
+    run: str = setting("", "lease: this run's id, the same for each renewal", flag="--run")
+    ttl_s: float = setting(3600.0, "lease: seconds it holds without a renewal", low=60, high=86400, flag="--ttl")
+    steal: bool = setting(False, "lease: take over another run's unexpired lease", flag="--steal")
+    free: bool = setting(False, "lease: give it back (only the run holding it does)", flag="--free")
+
+
+def cmd_lease(args: argparse.Namespace) -> int:
+    from edge.fleet import lease
+    from edge.fleet.releases import check_name
+    from edge.fleet.store import is_url
+
+    opts = options_from(args, LeaseOptions)
+    check_name(args.name)
+    if not opts.store.startswith("/") or is_url(opts.store) or not opts.run.strip():
+        raise EdgeError("edge release lease: --store must be the store's absolute folder and --run an id")
+    if opts.free:
+        print("edge release: lease {}".format("freed" if lease.free(opts.store, run=opts.run) else "not held"))
+        return EXIT_OK
+    held = lease.take(opts.store, run=opts.run, release=args.name, operator=args.by or _who(),
+                      host=socket.gethostname(), now=time.time(), ttl_s=opts.ttl_s, steal=opts.steal)
+    stole = "; taken over from " + held["stole"] if "stole" in held else ""
+    print("edge release: lease on {} until {}{}".format(args.name, lease.at(held["expires"]), stole))
+    return EXIT_OK
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     from edge.fleet import rollout
     from edge.fleet.releases import Device
 
+    if args.action == "lease":
+        return cmd_lease(args)
     dev = Device(args.state)
     by = args.by or _who()
     if args.action == "try":
@@ -60,21 +103,27 @@ def cmd_release(args: argparse.Namespace) -> int:
     if args.action == "check":
         print("edge release: {} may be installed ({})".format(args.name, rollout.check(dev, args.name, args.retry)))
         return EXIT_OK
-    print(json.dumps({"current": dev.link("current"), "previous": dev.link("previous"),
-                      "committed": dev.link("committed"), "trial": dev.trial(), "refused": dev.refused_names()},
-                     indent=2))
+    status = {"current": dev.link("current"), "previous": dev.link("previous"), "committed": dev.link("committed"),
+              "trial": dev.trial(), "refused": dev.refused_names()}
+    if args.name:
+        rec = dev.refusal(args.name) or {}
+        status.update(release=args.name, verdict=rollout.verdict(dev, args.name), why=str(rec.get("why", "")))
+    print(json.dumps(status, indent=2))
     return EXIT_OK
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("try", "settle", "withdraw", "fail", "check", "status"))
-    p.add_argument("name", nargs="?", default="", help="the release (try, withdraw, fail, check)")
+    p.add_argument("action", choices=("try", "settle", "withdraw", "fail", "check", "status", "lease"))
+    p.add_argument("name", nargs="?", default="",
+                   help="the release (try, withdraw, fail, check, lease; status: its verdict)")
     p.add_argument("--state", default=STATE, help="the state folder (default %(default)s)")
     p.add_argument("--retry", action="store_true", help="try or check a release that failed or was withdrawn")
-    p.add_argument("--no-wait", action="store_true", help="try: return after the switch")
+    p.add_argument("--no-wait", action="store_true", help="try: return once armed and switched (the settle unit bakes; "
+                   "poll `edge release status NAME`)")
     p.add_argument("--timeout", type=float, default=3600.0, help="try: seconds to wait for the verdict")
     p.add_argument("--why", default="kill switch", help="withdraw, fail: the reason recorded")
     p.add_argument("--by", default="", help="who, for the audit line and the records (default USER@host)")
+    add_flags(p, LeaseOptions, *(dotted for dotted, _, _ in leaves(LeaseOptions)))
 
 
 def register(subparsers: Any) -> None:

@@ -104,16 +104,30 @@ def _record_key(rec: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return {k: rec.get(k) for k in ("state", "at", "by", "why")} if rec else None
 
 
+def verdict(dev: Device, release: str, armed_at: str = "") -> str:
+    """Where the trial of `release` stands here: 'baking' while it is armed, then 'committed' (the GATED of the trial
+    armed at `armed_at`, any when empty), 'failed' or 'withdrawn' (its record), or 'none' (never committed here)."""
+    trial = dev.trial()
+    if trial is not None and trial["release"] == check_name(release):
+        return "baking"
+    rec = dev.refusal(release)
+    if rec:
+        return str(rec["state"])
+    gate = dev.gate_record(release)
+    return "committed" if gate is not None and (not armed_at or gate.get("armed_at") == armed_at) else "none"
+
+
 def wait(dev: Device, release: str, armed_at: str, timeout_s: float) -> Optional[bool]:
     """The verdict on the trial of `release` armed at `armed_at` once it ended: True committed, False failed;
     None: still baking."""
     deadline = time.monotonic() + timeout_s
-    while dev.trial() is not None:
+    while True:
+        state = verdict(dev, release, armed_at)
+        if state != "baking":
+            return bool(armed_at) and state == "committed"
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.5)
-    gate = dev.gate_record(release) or {}
-    return bool(armed_at) and gate.get("armed_at") == armed_at and dev.refusal(release) is None
 
 
 def settle(dev: Device, by: str) -> str:

@@ -14,8 +14,9 @@ following a link and each record is opened O_NOFOLLOW in its folder, so a link t
 store (the service user publishes artifacts there) plants never takes root's write anywhere else.
 """
 
+import contextlib
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from edge.errors import EdgeError
 from edge.fleet.statedir import StateDir
@@ -62,15 +63,23 @@ def write(store: str, record: Dict[str, Any]) -> bool:
     """Add `record` to a folder store (True); an http(s):// store is read only here (False)."""
     if not store or is_url(store):
         return False
+    with records(store) as folder:
+        folder.write_json(record["release"] + ".json", record)
+    return True
+
+
+@contextlib.contextmanager
+def records(store: str) -> Iterator[StateDir]:
+    """The rollout folder of the folder store `store`, made if missing (the store itself must exist)."""
     try:
-        with StateDir.open(store, trusted=False) as top:
-            if top.lstat(FOLDER) is None:
-                os.mkdir(FOLDER, 0o755, dir_fd=top.fd)
-            with top.sub(FOLDER) as folder:
-                folder.write_json(record["release"] + ".json", record)
+        top = StateDir.open(store, trusted=False)
     except FileNotFoundError:
         raise EdgeError("{}: the shared engine cache folder does not exist".format(store)) from None
-    return True
+    with top:
+        if top.lstat(FOLDER) is None:
+            os.mkdir(FOLDER, 0o755, dir_fd=top.fd)
+        with top.sub(FOLDER) as folder:
+            yield folder
 
 
 def clear(store: str, release: str) -> bool:
