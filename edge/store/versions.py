@@ -27,6 +27,7 @@ Every writer of a link-switched folder holds `lock(folder)`: a 0600 lock file of
 user can open; a refusal names the holder's pid. Taking it, `sweep` removes what a killed writer left.
 """
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -179,12 +180,22 @@ def lock(folder: str, command: str) -> Iterator[None]:
                 del _held[key]
         return
     fd = _take(os.path.join(folder, LOCK), command)
+    _held[key] = [fd, 1]
     try:
-        _held[key] = [fd, 1]
         yield
     finally:
+        _release(os.path.join(key, LOCK), fd)
         _held.pop(key, None)
-        _release(os.path.join(folder, LOCK), fd)
+
+
+@atexit.register
+def _release_left() -> None:
+    """A signal raised between the lock's enter and the `with` body (or inside its release) skips the `finally`:
+    the lock file still goes at exit."""
+    for key, (fd, _) in list(_held.items()):
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                _release(os.path.join(key, LOCK), fd)
 
 
 def _release(path: str, fd: int) -> None:
