@@ -222,8 +222,10 @@ def test_edge_run_prints_each_miss_only_with_json_or_in_the_journal(small_model)
     journal = run_edge(*args, env={"JOURNAL_STREAM": "8:1"})
     for proc in (plain, verbose, journal):
         assert proc.returncode == 0, proc.stderr
-    assert [r["event"] for r in sh.json_lines(plain.stdout)] == ["start", "overload", "report"]
-    assert "over the 0.001 ms budget" in sh.json_lines(plain.stdout)[1]["reason"]
+    events = [r["event"] for r in sh.json_lines(plain.stdout)]  # a loaded machine may add a source_timeout
+    assert events[0] == "start" and events[-1] == "report" and "frame_miss" not in events, events
+    overload = [r for r in sh.json_lines(plain.stdout) if r["event"] == "overload"]
+    assert len(overload) == 1 and "over the 0.001 ms budget" in overload[0]["reason"], events
     report = sh.json_lines(plain.stdout)[-1]
     assert report["misses"] == 20 and sum(c["frames"] for c in report["top_classes"]) == 20
     assert "classified (top-1): {} ".format(report["top_classes"][0]["label"]) in plain.stderr
