@@ -28,6 +28,7 @@ class Daemon:
         self.figures = {"release": release, "ok": 0.0, "misses": 0.0, "started": 1000.0}
         self.ok_per_step, self.misses_per_step = ok_per_step, misses_per_step
         self.on_step = []  # changes made at a given step: {step: {figure: value}}
+        self.busy = set()  # steps at which every metrics slot is taken: /metrics answers 503
         self.steps = 0
 
     def step(self):
@@ -48,6 +49,9 @@ def daemon():
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            if state.steps in state.busy:
+                self.send_error(503, "every metrics slot is busy")
+                return
             body = state.text().encode("utf-8")
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -108,6 +112,22 @@ def test_a_restart_or_silence_during_the_bake_fails_it(daemon):
     daemon.on_step, daemon.steps = [(2, {"release": None})], 0
     daemon.figures["started"] = 1000.0
     assert judge(daemon).why == "the service stopped answering during the bake"
+
+
+def test_a_503_in_the_middle_of_a_bake_is_skipped(daemon):
+    """Issue 39: slow clients held every metrics slot; a busy answer is no figure, never the release stopping."""
+    daemon.busy = {2, 3}
+    verdict = judge(daemon)
+    assert verdict.ok and verdict.why == "5 s bake: 500 frames, miss ratio 0.0000", verdict
+
+
+def test_a_bake_that_reads_only_503s_is_inconclusive_not_failed(daemon):
+    daemon.busy = set(range(1, 20))  # busy once the bake has its first sample
+    verdict = judge(daemon)
+    assert verdict.ok is None and not verdict.aborted and "503" in verdict.why, verdict
+    daemon.steps, daemon.busy = 0, set(range(0, 20))  # busy from the start
+    verdict = judge(daemon)
+    assert verdict.ok is None and "503" in verdict.why, verdict
 
 
 def test_the_release_must_be_served_within_the_start_timeout(daemon):
