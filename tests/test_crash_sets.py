@@ -10,14 +10,11 @@ time before the same point), so the kills here cover the windows the issue widen
 """
 
 import os
-import random
 import shutil
-import subprocess
-import sys
 
 import pytest
 import yaml
-from store_helpers import debris
+from store_helpers import debris, kill_points, killed
 
 from edge.config import load_config
 from edge.model import engine_cache
@@ -26,36 +23,13 @@ from edge.model.plan import check_inputs
 from edge.store import artifact as af
 from edge.store.versions import recover_folder, temp_prefix
 
-from conftest import HERE, REPO
+from conftest import REPO
 
-RANDOM_POINTS = 2  # seeded random steps of any kind, on top of one kill after each rename
 quiet = lambda *a: None  # noqa: E731
 
 
 def labels_of(tag):
     return ["{}{}".format(tag, i) for i in range(10)]
-
-
-def killed(k, kind, *argv, env=None):
-    """The CLI run by crash_driver, killed after step `k` (0: not killed): (returncode, steps it took)."""
-    command = [sys.executable, os.path.join(HERE, "crash_driver.py"), str(k), kind] + [str(a) for a in argv]
-    proc = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", cwd=REPO, timeout=300,
-                          env=dict(os.environ, **(env or {})))
-    steps = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("crash_driver:")]
-    assert proc.returncode == -9 or (k == 0 and proc.returncode in (0, 1)), proc.stderr[-2000:]
-    return proc.returncode, (steps[0] if steps else None)
-
-
-def kill_points(name, *argv, env=None, prepare=lambda: None):
-    """[(kind, k)]: after each rename the command makes, and RANDOM_POINTS seeded steps of any kind (counted on
-    runs from the state `prepare()` sets up, as each kill starts from)."""
-    prepare()
-    _, renames = killed(0, "rename", *argv, env=env)
-    prepare()
-    _, steps = killed(0, "any", *argv, env=env)
-    rng = random.Random(name)
-    return [("rename", k) for k in range(1, renames + 1)] + [("any", rng.randint(1, steps))
-                                                            for _ in range(RANDOM_POINTS)]
 
 
 def served(dest):

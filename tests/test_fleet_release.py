@@ -13,6 +13,7 @@ import sys
 import pytest
 import service_helpers as sh
 import yaml
+from store_helpers import kill_points, killed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STATE = os.path.join("var", "lib", "jetson-edge-release")
@@ -305,3 +306,63 @@ def test_a_settle_restarts_a_daemon_that_serves_another_release_before_it_bakes(
     assert settle.returncode == 0 and "committed r2" in settle.stdout, settle.stdout + settle.stderr
     assert any("restart: the service ran r1, current is r2" in line for line in device.audit())
     assert device.serves("r2") and not os.path.exists(os.path.join(device.store, "rollout", "r2.json"))
+
+
+def quiet_host(root, running):
+    """A device root with r1 and r2 (both committed here), `running` current and committed, the other previous, and a
+    stand-in systemctl that only notes its calls: nothing serves, so a bake fails at once and a settle returns to a
+    release that passed here. Returns the state folder."""
+    shutil.rmtree(root, ignore_errors=True)
+    state = os.path.join(root, STATE)
+    for name in ("r1", "r2"):
+        folder = os.path.join(state, "releases", name)
+        os.makedirs(os.path.join(folder, "models"))
+        with open(os.path.join(folder, "models", "m.onnx"), "w", encoding="utf-8") as fh:
+            fh.write(name)
+        with open(os.path.join(folder, "config.yaml"), "w", encoding="utf-8") as fh:
+            fh.write("service:\n  metrics:\n    enabled: true\n    host: 127.0.0.1\n    port: 9\n")
+        with open(os.path.join(folder, "GATED"), "w", encoding="utf-8") as fh:
+            json.dump({"release": name, "armed_at": "2026-01-01T00:00:00Z"}, fh)
+    for link, release in (("current", running), ("committed", running), ("previous", {"r1": "r2"}.get(running, "r1"))):
+        os.symlink("releases/" + release, os.path.join(state, link))
+    with open(os.path.join(state, "rollout.json"), "w", encoding="utf-8") as fh:
+        json.dump({"device": "dev-1", "keep": 0, "start_timeout_s": 0, "bake_s": 0}, fh)
+    os.makedirs(os.path.join(root, "bin"))
+    with open(os.path.join(root, "bin", "systemctl"), "w", encoding="utf-8") as fh:
+        fh.write("#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/calls\"\n")
+    os.chmod(os.path.join(root, "bin", "systemctl"), 0o755)
+    return state
+
+
+@pytest.mark.parametrize("move, running, argv", [("try", "r1", ["try", "r2", "--no-wait"]),
+                                                 ("withdraw", "r2", ["withdraw", "r2", "--why", "camera faults"])])
+def test_a_release_change_killed_at_any_moment_leaves_a_whole_release_the_next_settle_finishes(tmp_path, move,
+                                                                                              running, argv):
+    """SIGKILL right after each rename of `try` and `withdraw` (edge.store.versions.flip of current, previous and
+    committed, and trial.json) and at seeded random steps: `current` always names a whole release, the switch line
+    is in the audit before `current` names r2, and the next settle ends on r1 (r2's trial cannot pass: nothing
+    serves; withdrawn: recorded first) or, withdraw killed before its record, still on r2, with no link a killed
+    flip left behind."""
+    root = str(tmp_path / "host")
+    env = {"PATH": os.path.join(root, "bin") + os.pathsep + os.environ["PATH"]}
+    args = ["release"] + argv + ["--state", os.path.join(root, STATE), "--by", "alice@ctl"]
+    points = kill_points("release " + move, *args, env=env, prepare=lambda: quiet_host(root, running))
+    assert len(points) >= 4
+    for kind, k in points:
+        state = quiet_host(root, running)
+        killed(k, kind, *args, env=env)
+        assert os.readlink(os.path.join(state, "current")) in ("releases/r1", "releases/r2"), (kind, k)
+        audit = os.path.join(state, "audit.log")
+        lines = open(audit, encoding="utf-8").read() if os.path.exists(audit) else ""
+        assert move != "try" or os.readlink(os.path.join(state, "current")) == "releases/r1" or \
+            "switch: r1 -> r2" in lines, (kind, k)
+        recorded = os.path.exists(os.path.join(state, "refused", "r2.json"))
+        settle = subprocess.run([sys.executable, "-m", "edge", "release", "settle", "--state", state, "--by", "t"],
+                                capture_output=True, encoding="utf-8", timeout=120,
+                                env=dict(os.environ, **env))
+        assert settle.returncode == 0, (kind, k, settle.stderr)
+        ends = "r2" if move == "withdraw" and not recorded else "r1"
+        assert os.readlink(os.path.join(state, "current")) == "releases/" + ends, (kind, k, settle.stdout)
+        assert not os.path.exists(os.path.join(state, "trial.json")), (kind, k)
+        assert os.readlink(os.path.join(state, "committed")) != "releases/r2" or ends == "r2", (kind, k)
+        assert [n for n in os.listdir(state) if n.startswith(".link-")] == [], (kind, k)

@@ -298,3 +298,28 @@ def test_nobody_can_neither_squat_nor_open_the_lock(tiny_classifiers):
             squatter.communicate("", timeout=60)
     finally:
         shutil.rmtree(top)
+
+
+@pytest.mark.parametrize("planted", ["folder", "file"])
+def test_a_flip_through_a_folder_descriptor_replaces_a_link_and_nothing_else(tmp_path, monkeypatch, planted):
+    """Root's release state (edge.fleet.releases) flips relative to the folder it walked without links: the flip
+    is fsynced there, a removal too, and a folder or file where the link should be is refused and kept."""
+    fd = os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda n: (real_fsync(n), synced.append(n))[0])
+    try:
+        versions.flip(str(tmp_path), "current", target="releases/r1", dir_fd=fd)
+        assert os.readlink(str(tmp_path / "current")) == "releases/r1" and synced == [fd]
+        versions.flip(str(tmp_path), "current", target=None, dir_fd=fd)
+        assert not os.path.lexists(str(tmp_path / "current")) and synced == [fd, fd]
+        if planted == "folder":
+            os.mkdir(str(tmp_path / "committed"))
+        else:
+            (tmp_path / "committed").write_text("x", encoding="utf-8")
+        refused_in_one_line(lambda: versions.flip(str(tmp_path), "committed", target="releases/r1", dir_fd=fd),
+                            tmp_path / "committed", "not a link")
+        assert os.path.exists(str(tmp_path / "committed")) and not os.path.islink(str(tmp_path / "committed"))
+        assert sorted(os.listdir(str(tmp_path))) == ["committed"]
+    finally:
+        os.close(fd)

@@ -10,7 +10,7 @@ switch on the device. Failed and withdrawn releases are recorded here (refused/)
 (edge/fleet/store.py) and never switched to again without an explicit retry.
 
     <state>/releases/<name>/          a release (deploy/ansible writes it); GATED once a trial of it committed here
-    <state>/current, previous, committed   symlinks to releases/<name>, each replaced by one rename
+    <state>/current, previous, committed   symlinks to releases/<name>, each flipped by edge.store.versions
     <state>/trial.json                the armed fallback {release, fallback, sha256, armed_at, by, retry, supersedes}
     <state>/refused/<name>.json       {release, state: failed | withdrawn, why, sha256, at, by, device}
     <state>/rollout.json              settings (deploy/ansible writes it; DEFAULTS below)
@@ -41,9 +41,11 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line, one_line
 from edge.fleet import store
-from edge.fleet.statedir import StateDir, refuse
+from edge.fleet.statedir import StateDir
+from edge.store import versions
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+LINK = re.compile("^releases/" + NAME.pattern[1:])  # current, previous, committed, as set_link flips them
 UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
 DEFAULTS: Dict[str, Any] = {
     "service": "jetson-edge.service",  # the unit that runs `current`
@@ -151,20 +153,13 @@ class Device:
 
     def link(self, name: str) -> Optional[str]:
         """The release `name` (current, previous, committed) points at; anything but releases/<name> is refused."""
-        target = self.dir.readlink(name)
-        if target is None:
-            return None
-        release = target[len("releases/"):] if target.startswith("releases/") else ""
-        if not NAME.match(release):
-            raise refuse(self.path(name), "points at {}, not releases/<name>".format(one_line(repr(target), 80)))
-        return release
+        target = versions.read_link(self.path(name), LINK, dir_fd=self.dir.fd)
+        return None if target is None else target[len("releases/"):]
 
     def set_link(self, name: str, release: Optional[str]) -> None:
-        """Point `name` at releases/`release` by one rename (None: remove it)."""
-        if release is None:
-            self.dir.unlink(name)
-        else:
-            self.dir.symlink(name, "releases/" + check_name(release))
+        """Point `name` at releases/`release` by one rename (None: remove it): the one switch, edge.store.versions."""
+        target = None if release is None else "releases/" + check_name(release)
+        versions.flip(self.state, name, target=target, dir_fd=self.dir.fd)
 
     def release_dir(self, release: str) -> str:
         return self.path("releases", check_name(release))
@@ -280,6 +275,7 @@ class Device:
                         yield False
                         return
                     time.sleep(0.2)
+            versions.drop_temp_links(self.state, self.dir.fd)  # what a changer killed inside a flip left
             yield True
         finally:
             os.close(fd)

@@ -186,16 +186,6 @@ class StateDir:
             return None
         return os.readlink(name, dir_fd=self.fd)
 
-    def symlink(self, name: str, target: str) -> None:
-        """Point the link `name` at `target` by one rename (a file or folder at `name` is refused)."""
-        st = self.lstat(name)
-        if st is not None and not stat.S_ISLNK(st.st_mode):
-            raise refuse(self.where(name), "it is {}, not a link".format(file_kind(st.st_mode)))
-        tmp = os.path.basename(temp_name("", "." + name + "."))
-        os.symlink(target, tmp, dir_fd=self.fd)
-        os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        os.fsync(self.fd)
-
     def remove_tree(self, name: str) -> None:
         """Remove the folder `name` and what is in it, never through a link (a link is removed, not followed)."""
         st = self.lstat(name)

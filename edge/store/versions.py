@@ -2,7 +2,8 @@
 (`read_link`), and every folder that replaces another in one step goes through here (`replace_folder`). The
 folder is fsynced after every flip and every rename. Two shapes:
 
-Link-switched sets (artifact sets; fleet releases can adopt `flip`, `read_link`, `lock` and `collect`'s rule):
+Link-switched sets (artifact sets; fleet releases flip `current`, `previous` and `committed` with `flip` and
+`read_link`, relative to the descriptor of root's state folder):
 
     <folder>/m.int8.onnx            -> m.int8.onnx.sets/current/m.int8.onnx     fixed links, made once
     <folder>/previous/m.int8.onnx   -> ../m.int8.onnx.sets/current/previous/m.int8.onnx   (and the other names)
@@ -49,36 +50,61 @@ MODE = 0o644  # every file of a set: the service user reads what root built
 _NUMBER = re.compile(r"^\d{4,9}$")
 _UP_NUMBER = re.compile(r"^\.\./(\d{4,9})$")  # a set's `previous`
 _TEMP = re.compile(r"^\..+[.-][0-9a-f]{16}(\.staged|\.tmp)?$")  # edge.store.durable.temp_name's, in a folder
+_TEMP_LINK = re.compile(r"^\.link-[0-9a-f]{16}$")  # flip's
 _held: Dict[str, List[int]] = {}  # folder -> [lock fd, depth]: the lock is re-entrant within a process
 
 
 # --- the switch itself: links and renames -------------------------------------------------------------------------
 
-def flip(folder: str, name: str, *, target: str) -> None:
-    """Point the link `folder/name` at `target` in one rename, then fsync `folder`."""
-    tmp = temp_name(folder, ".link-")
-    os.symlink(target, tmp)
-    try:
-        os.replace(tmp, os.path.join(folder, name))
-    except BaseException:
-        remove_path(tmp)
-        raise
-    fsync_path(folder)
+def flip(folder: str, name: str, *, target: Optional[str], dir_fd: Optional[int] = None) -> None:
+    """Point the link `folder/name` at `target` in one rename (None: remove the link), then fsync `folder`.
+    `dir_fd`: `folder` opened already, walked without following a link (root's release state, edge.fleet.statedir):
+    every name resolves relative to it alone, and only a link (or nothing) is replaced there."""
+    at, path = ({}, os.path.join(folder, name)) if dir_fd is None else ({"dir_fd": dir_fd}, name)
+    mode = None if dir_fd is None else _mode(name, dir_fd)
+    if mode is not None and not stat.S_ISLNK(mode):
+        raise EdgeError("{}: not a link; refused, nothing was changed".format(os.path.join(folder, name)))
+    if target is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path, **at)
+    else:
+        tmp = temp_name(folder if dir_fd is None else "", ".link-")
+        os.symlink(target, tmp, **at)
+        try:
+            os.replace(tmp, path, **({} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, **at)
+            raise
+    fsync_path(folder) if dir_fd is None else os.fsync(dir_fd)
 
 
-def read_link(path: str, spelled: Pattern[str]) -> Optional[str]:
-    """The target of the link `path` (None: absent), which must be spelled as the store writes it: anything else
-    (another spelling, a folder, a loop) is one line naming it, and nothing has been changed."""
+def read_link(path: str, spelled: Pattern[str], *, dir_fd: Optional[int] = None) -> Optional[str]:
+    """The target of the link `path` (None: absent) spelled as the store writes it (`dir_fd`: its folder, as for
+    `flip`); anything else (another spelling, a folder, a loop) is one line naming it, and nothing was changed."""
     try:
-        target = os.readlink(path)
+        target = os.readlink(path if dir_fd is None else os.path.basename(path), dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError:
         target = None
     if target is None or not spelled.match(target):
-        raise EdgeError("{}: {}, not a link as the store writes it; refusing to use it, nothing was removed".format(
+        raise EdgeError("{}: {}, not a link as the store writes it; refused, nothing was removed".format(
             path, "a link to {!r}".format(target) if target is not None else "not a link"))
     return target
+
+
+def drop_temp_links(folder: str, dir_fd: int) -> None:
+    """Under the folder's own lock: the temporary links a killed `flip` left in `folder` (opened as `dir_fd`)."""
+    for name in [n for n in os.listdir(dir_fd) if _TEMP_LINK.match(n) and stat.S_ISLNK(_mode(n, dir_fd) or 0)]:
+        flip(folder, name, target=None, dir_fd=dir_fd)
+
+
+def _mode(name: str, dir_fd: int) -> Optional[int]:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
 
 
 def move(src: str, dest: str) -> None:
