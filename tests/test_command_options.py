@@ -11,7 +11,7 @@ import yaml
 from edge.bench import check
 from edge.bench.sweep_options import SweepOptions
 from edge.cli import check as check_command
-from edge.cli import demo, rebuild
+from edge.cli import demo, rebuild, release
 from edge.cli.main import build_parser
 from edge.config import Config, load_config
 from edge.fields import as_argv, leaves, options_from
@@ -20,8 +20,9 @@ from edge.model.rebuild_options import RebuildOptions
 
 from conftest import assert_refused, edge_here
 
-DECLARED = (Config, check.CheckOptions, demo.DemoOptions, RebuildOptions, CaptureOptions, SweepOptions)
-NOT_YET = {"release", "export"}  # commands whose numeric options are still argparse's own
+DECLARED = (Config, check.CheckOptions, demo.DemoOptions, RebuildOptions, CaptureOptions, SweepOptions,
+            release.ReleaseOptions)
+NOT_YET = {"export"}  # commands whose numeric options are still argparse's own
 
 
 def _commands(parser, prefix=""):
@@ -45,6 +46,18 @@ def test_a_numeric_option_with_a_default_is_a_declared_one():
     assert undeclared == []
     declared = [a for _, a in numeric if a.option_strings[0] in flags]
     assert declared and all(a.default is None for a in declared)  # the default is the declaration's, not argparse's
+
+
+def test_every_option_of_edge_release_is_a_declared_one():
+    """`edge release` writes add_argument only for its action and release name: each flag is a ReleaseOptions
+    setting, with no default of argparse's own."""
+    parser = dict(_commands(build_parser()))["release"]
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    declared = {dotted: f.metadata["flag"] for dotted, f, _ in leaves(release.ReleaseOptions)}
+    assert sorted((a.dest, a.option_strings[0]) for a in options) == sorted(declared.items())
+    assert all(a.default is None for a in options)
+    assert release.ReleaseOptions().timeout_s == options_from(_parse(release.add_arguments, ["try", "r1"]),
+                                                              release.ReleaseOptions).timeout_s
 
 
 def _parse(add_arguments, argv):

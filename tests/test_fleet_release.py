@@ -197,7 +197,7 @@ def test_every_crash_point_settles_to_the_old_or_the_new_release(device, cut):
 def test_rollout_settings_and_names_are_refused_in_one_line(device):
     device.settings(bake_s="long")
     proc = device.edge("status")
-    assert proc.returncode == 2 and "rollout.json: bake_s must be a number" in proc.stderr
+    assert proc.returncode == 2 and "rollout.json: 'bake_s' must be a number" in proc.stderr
     device.settings(**BAKE)
     proc = device.edge("try", "../etc")
     assert proc.returncode == 2 and "release '../etc': letters, digits" in proc.stderr

@@ -121,13 +121,14 @@ def test_a_forged_name_in_trial_json_is_refused_and_nothing_switches(base, field
 
 @pytest.mark.parametrize("key, value", [("service", "--now"), ("settle_unit", "x.service; reboot"),
                                         ("service", "getty@tty1.socket"), ("store", "relative/cache"),
-                                        ("store", "/srv/../etc"), ("device", "dev\n1")])
+                                        ("store", "/srv/../etc"), ("device", "dev\n1"), ("bake_s", -1),
+                                        ("keep", 1.5), ("max_miss_ratio", 2), ("interval_s", True)])
 def test_a_forged_setting_in_rollout_json_is_refused_in_one_line(base, key, value):
     state = make_state(base)
     with open(os.path.join(state, "rollout.json"), "w", encoding="utf-8") as fh:
         json.dump({key: value}, fh)
     proc = edge(base, "settle")
-    assert proc.returncode == 2 and "rollout.json: {}".format(key) in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "rollout.json: '{}'".format(key) in proc.stderr, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not os.path.exists(os.path.join(base, "bin", "calls"))
 
 

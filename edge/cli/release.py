@@ -41,9 +41,16 @@ def _who() -> str:
 
 
 @dataclass(frozen=True)
-class LeaseOptions:
-    """`edge release lease`'s flags, declared once (edge.fields)."""
+class ReleaseOptions:
+    """`edge release`'s flags, declared once (edge.fields)."""
 
+    state: str = setting(STATE, "the state folder", flag="--state")
+    by: str = setting("", "who, for the audit line and the records (empty: USER@host)", flag="--by")
+    retry: bool = setting(False, "try or check a release that failed or was withdrawn", flag="--retry")
+    no_wait: bool = setting(False, "try: return once armed and switched (the settle unit bakes; poll `edge release "
+                            "status NAME`)", flag="--no-wait")
+    timeout_s: float = setting(3600.0, "try: seconds to wait for the verdict", low=0, high=1e7, flag="--timeout")
+    why: str = setting("kill switch", "withdraw, fail: the reason recorded", flag="--why")
     store: str = setting("", "lease: the shared store folder (deploy/ansible's jetson_edge_rollout_store)",
                          flag="--store")
     run: str = setting("", "lease: this run's id, the same for each renewal", flag="--run")
@@ -52,56 +59,62 @@ class LeaseOptions:
     free: bool = setting(False, "lease: give it back (only the run holding it does)", flag="--free")
 
 
-def cmd_lease(args: argparse.Namespace) -> int:
+def cmd_lease(name: str, opts: ReleaseOptions) -> int:
     from edge.fleet import lease
     from edge.fleet.releases import check_name
     from edge.fleet.store import is_url
 
-    opts = options_from(args, LeaseOptions)
-    check_name(args.name)
+    check_name(name)
     if not opts.store.startswith("/") or is_url(opts.store) or not opts.run.strip():
         raise EdgeError("edge release lease: --store must be the store's absolute folder and --run an id")
     if opts.free:
         print("edge release: lease {}".format("freed" if lease.free(opts.store, run=opts.run) else "not held"))
         return EXIT_OK
-    held = lease.take(opts.store, run=opts.run, release=args.name, operator=args.by or _who(),
+    held = lease.take(opts.store, run=opts.run, release=name, operator=opts.by or _who(),
                       host=socket.gethostname(), now=time.time(), ttl_s=opts.ttl_s, steal=opts.steal)
     stole = "; taken over from " + held["stole"] if "stole" in held else ""
-    print("edge release: lease on {} until {}{}".format(args.name, lease.at(held["expires"]), stole))
+    print("edge release: lease on {} until {}{}".format(name, lease.at(held["expires"]), stole))
     return EXIT_OK
+
+
+def cmd_try(dev: Any, name: str, opts: ReleaseOptions, by: str) -> int:
+    from edge.fleet import rollout
+
+    switch = rollout.try_release(dev, name, retry=opts.retry, by=by)
+    print("edge release: {} {}".format(name, switch.outcome), flush=True)
+    if switch.outcome == "current" or opts.no_wait:
+        return EXIT_OK
+    verdict = rollout.wait(dev, name, switch.armed_at, opts.timeout_s)
+    if verdict is None:
+        print("edge release: {} still baking after {:g} s; the device commits or falls back by itself".format(
+            name, opts.timeout_s))
+        return EXIT_FAIL
+    rec = dev.refusal(name)
+    print("edge release: {} {}".format(name, "committed" if verdict else "failed: {}, back on {}".format(
+        one_line(str(rec.get("why", ""))) if rec else "", dev.link("current") or "nothing")))
+    return EXIT_OK if verdict else EXIT_FAIL
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     from edge.fleet import rollout
     from edge.fleet.releases import Device
 
+    opts = options_from(args, ReleaseOptions)
     if args.action == "lease":
-        return cmd_lease(args)
-    dev = Device(args.state)
-    by = args.by or _who()
+        return cmd_lease(args.name, opts)
+    dev = Device(opts.state)
+    by = opts.by or _who()
     if args.action == "try":
-        switch = rollout.try_release(dev, args.name, retry=args.retry, by=by)
-        print("edge release: {} {}".format(args.name, switch.outcome), flush=True)
-        if switch.outcome == "current" or args.no_wait:
-            return EXIT_OK
-        verdict = rollout.wait(dev, args.name, switch.armed_at, args.timeout)
-        if verdict is None:
-            print("edge release: {} still baking after {:g} s; the device commits or falls back by itself".format(
-                args.name, args.timeout))
-            return EXIT_FAIL
-        rec = dev.refusal(args.name)
-        print("edge release: {} {}".format(args.name, "committed" if verdict else "failed: {}, back on {}".format(
-            one_line(str(rec.get("why", ""))) if rec else "", dev.link("current") or "nothing")))
-        return EXIT_OK if verdict else EXIT_FAIL
+        return cmd_try(dev, args.name, opts, by)
     if args.action == "settle":
         print("edge release: " + rollout.settle(dev, by))
         return EXIT_OK
     if args.action in ("withdraw", "fail"):
         move = rollout.withdraw if args.action == "withdraw" else rollout.fail
-        print("edge release: " + move(dev, args.name, why=args.why, by=by))
+        print("edge release: " + move(dev, args.name, why=opts.why, by=by))
         return EXIT_OK
     if args.action == "check":
-        print("edge release: {} may be installed ({})".format(args.name, rollout.check(dev, args.name, args.retry)))
+        print("edge release: {} may be installed ({})".format(args.name, rollout.check(dev, args.name, opts.retry)))
         return EXIT_OK
     status = {"current": dev.link("current"), "previous": dev.link("previous"), "committed": dev.link("committed"),
               "trial": dev.trial(), "refused": dev.refused_names()}
@@ -116,14 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("try", "settle", "withdraw", "fail", "check", "status", "lease"))
     p.add_argument("name", nargs="?", default="",
                    help="the release (try, withdraw, fail, check, lease; status: its verdict)")
-    p.add_argument("--state", default=STATE, help="the state folder (default %(default)s)")
-    p.add_argument("--retry", action="store_true", help="try or check a release that failed or was withdrawn")
-    p.add_argument("--no-wait", action="store_true", help="try: return once armed and switched (the settle unit bakes; "
-                   "poll `edge release status NAME`)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="try: seconds to wait for the verdict")
-    p.add_argument("--why", default="kill switch", help="withdraw, fail: the reason recorded")
-    p.add_argument("--by", default="", help="who, for the audit line and the records (default USER@host)")
-    add_flags(p, LeaseOptions, *(dotted for dotted, _, _ in leaves(LeaseOptions)))
+    add_flags(p, ReleaseOptions, *(dotted for dotted, _, _ in leaves(ReleaseOptions)))
 
 
 def register(subparsers: Any) -> None:

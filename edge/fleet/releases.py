@@ -13,7 +13,7 @@ switch on the device. Failed and withdrawn releases are recorded here (refused/)
     <state>/current, previous, committed   symlinks to releases/<name>, each flipped by edge.store.versions
     <state>/trial.json                the armed fallback {release, fallback, sha256, armed_at, by, retry, supersedes}
     <state>/refused/<name>.json       {release, state: failed | withdrawn, why, sha256, at, by, device}
-    <state>/rollout.json              settings (deploy/ansible writes it; DEFAULTS below)
+    <state>/rollout.json              settings (deploy/ansible writes it; Settings below)
     <state>/audit.log                 one line per change: when, who, what, and the content's sha256
 
 Every step is ordered so that a power cut anywhere leaves `current` on the old or the new release, and the next
@@ -37,9 +37,11 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line, one_line
+from edge.fields import build, setting, show, validate
 from edge.fleet import store
 from edge.fleet.statedir import StateDir
 from edge.store import versions
@@ -47,14 +49,6 @@ from edge.store import versions
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 LINK = re.compile("^releases/" + NAME.pattern[1:])  # current, previous, committed, as set_link flips them
 UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
-DEFAULTS: Dict[str, Any] = {
-    "service": "jetson-edge.service",  # the unit that runs `current`
-    "settle_unit": "jetson-edge-release.service",  # runs `edge release settle` (its timer too)
-    "store": "",  # the shared engine cache (folder or http(s):// URL): rollout records
-    "bake_s": 300.0, "start_timeout_s": 180.0, "interval_s": 5.0, "max_miss_ratio": 0.05,
-    "keep": 3,  # releases kept besides current, previous and committed
-    "device": "",  # the device's name in records (the inventory name)
-}
 CONTENT = ("models", "calibration", "config.yaml", "release.env")  # what a release's sha256 covers (+ its venv)
 BUILT = ("engines", "kernels", "calibration/cache")  # what the service user builds in a release: not its content
 PROGRAM = ".venv"  # <prefix>/.venv: the installed program the settle unit runs (deploy/ansible links it)
@@ -72,29 +66,43 @@ def check_name(release: Any, where: str = "release") -> str:
     return release
 
 
-def load_settings(state: StateDir) -> Dict[str, Any]:
+def _unit(value: str, label: str) -> None:
+    if not UNIT.match(value):
+        raise EdgeError("{} must name a systemd .service unit, got {}".format(label, show(value)))
+
+
+def _store(value: str, label: str) -> None:
+    if not _plain_store(value):
+        raise EdgeError("{} must be empty, an absolute folder or an http(s):// URL, got {}".format(label, show(value)))
+
+
+def _device(value: str, label: str) -> None:
+    if len(value) > 253 or not value.isprintable():
+        raise EdgeError("{} must be a printable name of at most 253 characters".format(label))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """<state>/rollout.json (deploy/ansible writes it), each key declared once (edge.fields)."""
+
+    service: str = setting("jetson-edge.service", "the unit that runs `current`", check=_unit)
+    settle_unit: str = setting("jetson-edge-release.service", "runs `edge release settle` (its timer too)",
+                               check=_unit)
+    store: str = setting("", "the shared engine cache (an absolute folder or http(s):// URL): rollout records",
+                         check=_store)
+    bake_s: float = setting(300.0, "seconds of the daemon's metrics a bake judges", low=0, high=1e7)
+    start_timeout_s: float = setting(180.0, "seconds a release has to start serving", low=0, high=1e7)
+    interval_s: float = setting(5.0, "seconds between two reads of the metrics", low=0, high=1e7)
+    max_miss_ratio: float = setting(0.05, "the budget misses per frame a bake allows", low=0, high=1)
+    keep: int = setting(3, "releases kept besides current, previous and committed", low=0, high=10 ** 6)
+    device: str = setting("", "the device's name in records (the inventory name)", check=_device)
+
+
+def load_settings(state: StateDir) -> Settings:
+    """rollout.json, checked: a bad value is one line naming the file and the key."""
     path = state.where("rollout.json")
-    given = state.load_json("rollout.json", "rollout settings", 1 << 16)
-    given = {} if given is None else given
-    if not isinstance(given, dict) or set(given) - set(DEFAULTS):
-        raise EdgeError("{}: an object with the keys {}".format(path, ", ".join(sorted(DEFAULTS))))
-    settings = dict(DEFAULTS, **given)
-    for key, default in DEFAULTS.items():
-        value = settings[key]
-        if isinstance(default, str) and not isinstance(value, str):
-            raise EdgeError("{}: {} must be a string".format(path, key))
-        if not isinstance(default, str) and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                             or not 0 <= value < 1e7 or value != value):
-            raise EdgeError("{}: {} must be a number >= 0".format(path, key))
-    for key in ("service", "settle_unit"):
-        if not UNIT.match(settings[key]):
-            raise EdgeError("{}: {} must name a systemd .service unit, got {}".format(
-                path, key, one_line(repr(settings[key]), 80)))
-    if not _plain_store(settings["store"]):
-        raise EdgeError("{}: store must be empty, an absolute folder or an http(s):// URL, got {}".format(
-            path, one_line(repr(settings["store"]), 120)))
-    if len(settings["device"]) > 253 or not settings["device"].isprintable():
-        raise EdgeError("{}: device must be a printable name of at most 253 characters".format(path))
+    settings = build(Settings, state.load_json("rollout.json", "rollout settings", 1 << 16), path)
+    validate(settings, path)
     return settings
 
 
@@ -216,16 +224,16 @@ class Device:
 
     def refused(self, release: str) -> Optional[Dict[str, Any]]:
         """The device's record of `release`, else the shared store's (an unreadable store raises)."""
-        return self.refusal(release) or store.read(self.settings["store"], release)
+        return self.refusal(release) or store.read(self.settings.store, release)
 
     def record(self, release: str, state: str, why: str, sha: str, by: str) -> Dict[str, Any]:
         """Refuse `release` from now on, here and (a folder store) for every device."""
         rec = {"release": check_name(release), "state": state, "why": why, "sha256": sha, "at": now(), "by": by,
-               "device": self.settings["device"] or socket.gethostname()}
+               "device": self.settings.device or socket.gethostname()}
         with self.folder("refused", make=True) as refused:
             refused.write_json(release + ".json", rec)
         try:
-            store.write(self.settings["store"], rec)
+            store.write(self.settings.store, rec)
         except (EdgeError, OSError) as exc:  # the device's own record holds; the controller writes the store too
             self.audit(by, "note: rollout store not written for {}: {}".format(release, first_line(exc)))
         return rec
@@ -289,7 +297,7 @@ class Device:
             names = sorted((n for n, st in stats.items() if st and stat.S_ISDIR(st.st_mode)),
                            key=lambda n: stats[n].st_mtime)
             keep = {self.link(n) for n in ("current", "previous", "committed")}
-            keep.update(names[-int(self.settings["keep"]):] if self.settings["keep"] else [])
+            keep.update(names[-self.settings.keep:] if self.settings.keep else [])
             venvs = {n: self._venv(n) for n in names}
             used = {v for n, v in venvs.items() if n in keep} | {_real(sys.prefix)}
             used.update(_real(os.path.join(os.path.dirname(os.path.dirname(v)), PROGRAM)) for v in venvs.values() if v)

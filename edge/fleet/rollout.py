@@ -52,7 +52,7 @@ def check(dev: Device, release: str, retry: bool) -> str:
         raise EdgeError("{}: no such release (config.yaml missing)".format(dev.release_dir(release)))
     sha = dev.digest(release)
     local = None if retry else dev.refusal(release)
-    rec = None if retry else local or store.read(dev.settings["store"], release)
+    rec = None if retry else local or store.read(dev.settings.store, release)
     if rec:
         raise EdgeError(refusal_line(release, rec, sha, local is not None))
     return sha
@@ -70,7 +70,7 @@ def try_release(dev: Device, release: str, *, retry: bool, by: str) -> Switch:
         metrics_url(dev, release)
         running = dev.link("current")
         if trial:
-            dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
+            dev.systemctl("start", "--no-block", dev.settings.settle_unit)
             return Switch("baking", trial.get("armed_at", ""))
         if running == release and dev.gated(release) and dev.refusal(release) is None:
             return Switch("current", "")
@@ -87,14 +87,14 @@ def try_release(dev: Device, release: str, *, retry: bool, by: str) -> Switch:
         dev.set_link("current", release)
         # the settle unit is queued before the restart: it waits for this lock, so whatever happens to this
         # command from here on (a dropped connection kills it), the device finishes the trial by itself
-        dev.systemctl("start", "--no-block", dev.settings["settle_unit"])
-        dev.systemctl("restart", dev.settings["service"])
+        dev.systemctl("start", "--no-block", dev.settings.settle_unit)
+        dev.systemctl("restart", dev.settings.service)
         return Switch("switched", armed["armed_at"])
 
 
 def _store_record(dev: Device, release: str) -> Optional[Dict[str, Any]]:
     try:
-        return store.read(dev.settings["store"], release)
+        return store.read(dev.settings.store, release)
     except (EdgeError, OSError):
         return None
 
@@ -132,7 +132,7 @@ def wait(dev: Device, release: str, armed_at: str, timeout_s: float) -> Optional
 
 def settle(dev: Device, by: str) -> str:
     """What the settle unit and its timer run: finish a trial, or leave a withdrawn or failed release."""
-    with dev.lock(dev.settings["start_timeout_s"] + LOCK_WAIT_S) as locked:  # a switch in progress: after it
+    with dev.lock(dev.settings.start_timeout_s + LOCK_WAIT_S) as locked:  # a switch in progress: after it
         if not locked:
             return "busy"
         trial = dev.trial()
@@ -146,7 +146,7 @@ def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
     release = trial["release"]
     if dev.link("current") != release:  # a cut between arming and switching, or inside a fallback
         dev.end_trial()
-        dev.systemctl("restart", dev.settings["service"])
+        dev.systemctl("restart", dev.settings.service)
         return "trial of {} dropped: {} is current".format(release, dev.link("current"))
     gate = dev.gate_record(release) or {}
     if trial.get("armed_at") and gate.get("armed_at") == trial["armed_at"]:  # a cut inside this trial's commit
@@ -155,9 +155,9 @@ def _settle_trial(dev: Device, trial: Dict[str, Any], by: str) -> str:
     s = dev.settings
     aborted: Dict[str, Any] = {}
     try:
-        verdict = health.bake(metrics_url(dev, release), release, bake_s=s["bake_s"],
-                              start_timeout_s=s["start_timeout_s"], max_miss_ratio=s["max_miss_ratio"],
-                              interval_s=s["interval_s"], abort=lambda: _superseded(dev, trial, aborted))
+        verdict = health.bake(metrics_url(dev, release), release, bake_s=s.bake_s,
+                              start_timeout_s=s.start_timeout_s, max_miss_ratio=s.max_miss_ratio,
+                              interval_s=s.interval_s, abort=lambda: _superseded(dev, trial, aborted))
     except Exception as exc:  # whatever stops the bake fails the release: the trial never stays armed
         verdict = health.Verdict(False, "the bake could not run: {}".format(first_line(exc)))
     if verdict.ok:
@@ -188,7 +188,7 @@ def _commit(dev: Device, trial: Dict[str, Any], summary: str, by: str) -> str:
                        "summary": summary})
     dev.set_link("committed", release)
     if trial.get("retry"):
-        store.clear(dev.settings["store"], release)  # the explicit retry's bake passed: every device may install it
+        store.clear(dev.settings.store, release)  # the explicit retry's bake passed: every device may install it
     dev.end_trial()
     dev.audit(by, "commit: {} ({}, {})".format(release, summary, short(sha)))
     dev.prune(by)
@@ -209,7 +209,7 @@ def fall_back(dev: Device, release: str, to: Optional[str], state: str, why: str
         dev.set_link("current", target)
         dev.set_link("previous", None)  # a second fallback must not return to the release just left
         dev.audit(by, "{}: {} ({}, {}), back on {}".format(state, release, why, short(sha), target))
-        dev.systemctl("restart", dev.settings["service"])
+        dev.systemctl("restart", dev.settings.service)
     if trial and trial["release"] == release:
         dev.end_trial()
     return "{} {}{}".format(state, release, ", back on " + target if target else "")
@@ -240,7 +240,7 @@ def _serve_current(dev: Device, by: str) -> bool:
     if served is None or served.release == running:
         return False
     dev.audit(by, "restart: the service ran {}, current is {}".format(served.release or "?", running))
-    dev.systemctl("restart", dev.settings["service"])
+    dev.systemctl("restart", dev.settings.service)
     return True
 
 
@@ -257,7 +257,7 @@ def withdraw(dev: Device, release: str, *, why: str, by: str, state: str = "with
     sha = dev.digest(release) if dev.has_release(release) else ""
     dev.record(release, state, why, sha, by)  # a bake of it in progress sees this and falls back
     s = dev.settings
-    with dev.lock(s["start_timeout_s"] + s["bake_s"] + LOCK_WAIT_S) as locked:
+    with dev.lock(s.start_timeout_s + s.bake_s + LOCK_WAIT_S) as locked:
         if not locked:
             raise EdgeError("{}: another release change holds the lock".format(dev.state), EXIT_FAIL)
         trial = dev.trial()
