@@ -366,3 +366,26 @@ def test_a_release_change_killed_at_any_moment_leaves_a_whole_release_the_next_s
         assert not os.path.exists(os.path.join(state, "trial.json")), (kind, k)
         assert os.readlink(os.path.join(state, "committed")) != "releases/r2" or ends == "r2", (kind, k)
         assert [n for n in os.listdir(state) if n.startswith(".link-")] == [], (kind, k)
+
+
+def test_the_release_sha256_covers_the_controllers_inputs_not_the_devices_config(tmp_path):
+    """Issue 43: the sha256 covered each device's config.yaml and release.env (its camera, its metrics port, its
+    paths), so one release had another sha256 on every device and "same content" could not be compared. Two
+    devices with other configs agree; another model or another calibration image differs."""
+    from edge.fleet.releases import Device
+
+    here, there = (quiet_host(str(tmp_path / host), "r1") for host in ("here", "there"))
+    r2 = os.path.join(there, "releases", "r2")
+    with open(os.path.join(r2, "config.yaml"), "a", encoding="utf-8") as fh:
+        fh.write("source:\n  uri: rtsp://cam-7.example/stream\n")
+    with open(os.path.join(r2, "release.env"), "w", encoding="utf-8") as fh:
+        fh.write("EDGE_RELEASE=r2\nEDGE_KERNEL_DIR=/srv/other-root/releases/r2/kernels\n")
+    assert Device(here).digest("r2") == Device(there).digest("r2")
+    os.makedirs(os.path.join(r2, "calibration", "default"))
+    with open(os.path.join(r2, "calibration", "default", "0.jpg"), "wb") as fh:
+        fh.write(b"an image")
+    calibrated = Device(there).digest("r2")
+    assert calibrated != Device(here).digest("r2")
+    with open(os.path.join(r2, "models", "m.onnx"), "w", encoding="utf-8") as fh:
+        fh.write("another model")
+    assert Device(there).digest("r2") not in (calibrated, Device(here).digest("r2"))

@@ -49,7 +49,9 @@ from edge.store import versions
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 LINK = re.compile("^releases/" + NAME.pattern[1:])  # current, previous, committed, as set_link flips them
 UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
-CONTENT = ("models", "calibration", "config.yaml", "release.env")  # what a release's sha256 covers (+ its venv)
+# what a release's sha256 covers (+ its venv's name, the wheel's): the controller's inputs, the same on every device;
+# not config.yaml and release.env, which deploy/ansible renders per device (its camera, its port, its paths)
+CONTENT = ("models", "calibration")
 BUILT = ("engines", "kernels", "calibration/cache")  # what the service user builds in a release: not its content
 PROGRAM = ".venv"  # <prefix>/.venv: the installed program the settle unit runs (deploy/ansible links it)
 MAX_STATE_BYTES = 1 << 20
@@ -255,7 +257,7 @@ class Device:
                 "exit {}".format(proc.returncode)])[-1])), EXIT_FAIL)
 
     def digest(self, release: str) -> str:
-        """sha256 of what the release is: its model, sets, config and environment files and its venv's name."""
+        """sha256 of what the release is on every device: its model, its sets and its venv's name (CONTENT)."""
         h = hashlib.sha256()
         with self.folder("releases", release) as folder:
             for top in CONTENT:
