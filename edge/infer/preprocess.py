@@ -223,6 +223,11 @@ class FastPreprocessor(Preprocessor):
         self.cfg, self.output = cfg, self.exact.output
         self._plans: "OrderedDict[Tuple[int, int], Any]" = OrderedDict()
         self._cv2 = require("cv2")
+        # value * mul + add for each uint8 value of each RGB channel, in float32 as the exact path computes it: one
+        # table look-up per pixel instead of a multiply and an add (fewer calls: the frame path runs with cold caches)
+        values = np.arange(256, dtype=np.uint8)
+        self._tables = [(np.multiply(values, self.exact.mul[c], casting="unsafe", dtype=np.float32)
+                         + self.exact.add[c]).reshape(256, 1) for c in range(3)]
 
     def _plan(self, shape: Tuple[int, ...]) -> Any:
         key = (shape[0], shape[1])
@@ -241,10 +246,9 @@ class FastPreprocessor(Preprocessor):
         cv2, (k, y0, y1, x0, x1, xy, weights) = self._cv2, plan
         small = cv2.resize(frame[y0:y1, x0:x1], ((x1 - x0) // k, (y1 - y0) // k), interpolation=cv2.INTER_AREA)
         hwc = cv2.remap(small, xy, weights, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        out, mul, add = self.output[0], self.exact.mul, self.exact.add
-        for c in range(3):  # RGB output channel c comes from BGR channel 2 - c
-            np.multiply(hwc[:, :, 2 - c], mul[c], out=out[c], casting="unsafe")
-            out[c] += add[c]
+        blue, green, red = cv2.split(hwc)
+        for plane, table, out in zip((red, green, blue), self._tables, self.output[0]):
+            cv2.LUT(plane, table, dst=out)  # written in place: `out` is a contiguous float32 plane
         return self.output
 
 
