@@ -5,7 +5,8 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from edge.bench.check_report import TELEMETRY_METRICS, SeriesSink
-from edge.bench.report import STACKED, STAGE_COLOURS, new_figure, save_figure
+from edge.bench.report import STAGE_COLOURS, new_figure, save_figure
+from edge.infer.latency import STACKED
 
 
 def plot(path: str, report: Dict[str, Any], series: SeriesSink, telemetry: List[Tuple[float, Dict[str, Any]]],

@@ -13,8 +13,7 @@ from edge.store.fileio import atomic_write
 SCHEMA_VERSION = 1  # of every report edge writes; a report of another version is refused, never misread
 FIGURE_SIZE_IN, FIGURE_DPI = (12.0, 9.0), 100
 FIGURE_PX = (int(FIGURE_SIZE_IN[0] * FIGURE_DPI), int(FIGURE_SIZE_IN[1] * FIGURE_DPI))  # (width, height)
-STACKED = ("frame_age", "preprocess", "infer", "postprocess")  # a frame's end to end, in order (plus timer gaps)
-STAGE_COLOURS = ("#c8c8c8", "#dd8452", "#4c72b0", "#55a868")  # STACKED's, in both figures
+STAGE_COLOURS = ("#c8c8c8", "#dd8452", "#4c72b0", "#55a868")  # edge.infer.latency.STACKED's, in both figures
 
 
 def load_previous(path: str, *, tool: str, rows: str, check_row: Optional[Callable[[str, str, Any], None]] = None

@@ -6,7 +6,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from edge.bench.report import STACKED, STAGE_COLOURS, new_figure, save_figure
+from edge.bench.report import STAGE_COLOURS, new_figure, save_figure
+from edge.infer.latency import STACKED
 
 
 def plot(path: str, report: Dict[str, Any]) -> None:

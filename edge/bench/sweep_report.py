@@ -20,10 +20,10 @@ import numpy as np
 
 from edge import __version__
 from edge.bench import report
-from edge.bench.report import STACKED
 from edge.bench.sweep_options import MAX_DURATION_S
 from edge.errors import EdgeError
 from edge.fields import show
+from edge.infer.latency import STACKED
 
 COLUMNS = ("streams", "batch", "fps_each", "offered_fps", "achieved_fps", "goodput_fps", "mean_batch", "batch_hist",
            "p50_ms", "p90_ms", "p99_ms", "max_ms", "queue_p99_ms", "infer_p99_ms", "miss_pct", "drop_pct",

@@ -12,6 +12,7 @@ import numpy as np
 PERCENTILES = (50, 90, 99)
 # Stages in frame order; end_to_end is capture -> result, frame_age is capture -> pipeline start.
 STAGES = ("capture", "frame_age", "preprocess", "infer", "postprocess", "end_to_end")
+STACKED = STAGES[1:5]  # the parts of end_to_end, in order (it is their sum, plus timer gaps)
 
 
 class StageStats:
