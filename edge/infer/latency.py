@@ -5,7 +5,7 @@ plus running count/sum/max over the whole run. A budget miss is a frame whose ca
 exceeds the budget.
 """
 
-from typing import Dict, Iterable, List
+from typing import Dict, List
 
 import numpy as np
 
@@ -44,10 +44,10 @@ class StageStats:
 
 
 class LatencyRecorder:
-    def __init__(self, budget_ms: float, window: int = 4096, stages: Iterable[str] = STAGES):
+    def __init__(self, budget_ms: float, window: int = 4096):
         self.budget_ms = budget_ms
         self.window = window
-        self.stages = {name: StageStats(window) for name in stages}
+        self.stages = {name: StageStats(window) for name in STAGES}
         self.frames = 0
         self.misses = 0
 
