@@ -20,7 +20,6 @@ from edge.service.log import JsonLog
 from edge.service.loop import run
 from edge.service.signals import StopFlag
 from edge.sources.cameras import Cameras
-from edge.sources.capture import SourceTimeout
 from edge.sources.source import Capture, SyntheticCapture
 
 
@@ -191,6 +190,10 @@ def service_config(model, **overrides):
               "service.reconnect_initial_s": 0.05, "service.reconnect_max_s": 0.2}
     values.update(overrides)
     return load_config(None, values)
+
+
+class SourceTimeout(Exception):
+    """CameraReader.get: no frame within its wait."""
 
 
 class CameraReader:

@@ -14,7 +14,7 @@ import pytest
 import service_helpers as sh
 
 from edge import board
-from edge.bench import check, check_figure, check_report
+from edge.bench import check, check_report
 from edge.bench import report as report_stack
 from edge.config import load_config
 from edge.infer.latency import STAGES
@@ -126,7 +126,7 @@ def test_figure_is_a_png_of_the_documented_size(passed):
     cv2 = pytest.importorskip("cv2")
     image = cv2.imread(str(passed[1] / "check.png"))
     assert image is not None, "not a decodable image"
-    assert (image.shape[1], image.shape[0]) == check_figure.FIGURE_PX == (1200, 900)
+    assert (image.shape[1], image.shape[0]) == report_stack.FIGURE_PX == (1200, 900)
     assert image.std() > 10  # not a blank canvas
 
 

@@ -33,6 +33,18 @@ def test_topk_matches_numpy_softmax():
     assert np.allclose(pred.scores, probs[order], atol=1e-6)
 
 
+def test_topk_refuses_a_non_finite_output_and_takes_the_largest_finite_ones():
+    labels = ["c{}".format(i) for i in range(1000)]
+    huge = np.full((1, 1000), 3e38, np.float32)  # their float32 sum overflows; every value is finite
+    huge[0, 7] = 3.4e38
+    assert TopK(labels)(huge).indices[0] == 7
+    for bad in (np.nan, np.inf, -np.inf):
+        logits = huge.copy()
+        logits[0, 500] = bad
+        with pytest.raises(ValueError, match=r"non-finite model output \(1 of 1000 values"):
+            TopK(labels)(logits)
+
+
 def test_onnxruntime_backend_runs_the_exported_model(small_model):
     with OnnxRuntimeBackend(small_model) as backend:
         assert backend.input_shape == (1, 3, 224, 224)

@@ -8,7 +8,7 @@ import service_helpers as sh
 from edge.config import SourceConfig, load_config
 from edge.errors import EdgeError
 from edge.sources.gstreamer import APPSINK, JETSON, SOFTWARE, csi_pipeline, rtsp_pipeline, usb_pipelines
-from edge.sources.source import Capture, SourceEnded, SourceTimeout, open_capture
+from edge.sources.source import Capture, SourceEnded, open_capture
 
 from conftest import write_video
 
@@ -130,7 +130,7 @@ def test_reader_times_out_and_forwards_errors():
 
     stalled = Stalled()
     reader = sh.CameraReader(stalled, timeout_s=0.1)
-    with pytest.raises(SourceTimeout, match="no frame for 0.1 s"):
+    with pytest.raises(sh.SourceTimeout, match="no frame for 0.1 s"):
         reader.get(0.1)
     stalled.release.set()
     reader.stop()
@@ -248,7 +248,7 @@ def test_a_live_capture_whose_open_hangs_does_not_block_start():
     reader = sh.CameraReader(HangingOpen(release), timeout_s=0.2)
     try:
         assert time.monotonic() - started < 10  # not the open's 30 s: the loop gets control back, its deadline acts
-        with pytest.raises(SourceTimeout):
+        with pytest.raises(sh.SourceTimeout):
             reader.get(0.3)
         assert stalled_for(reader) >= 0.3  # the hung open is seen as a stall (the watcher could abandon it)
         release.set()

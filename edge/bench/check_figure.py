@@ -5,30 +5,14 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from edge.bench.check_report import TELEMETRY_METRICS, SeriesSink
-from edge.errors import require
-from edge.store.fileio import atomic_write
-
-FIGURE_SIZE_IN = (12.0, 9.0)
-
-
-FIGURE_DPI = 100
-
-
-FIGURE_PX = (int(FIGURE_SIZE_IN[0] * FIGURE_DPI), int(FIGURE_SIZE_IN[1] * FIGURE_DPI))  # (width, height)
-
-
-STACKED = ("frame_age", "preprocess", "infer", "postprocess")  # end_to_end = their sum (plus timer gaps)
+from edge.bench.report import STAGE_COLOURS, new_figure, save_figure
+from edge.infer.latency import STACKED
 
 
 def plot(path: str, report: Dict[str, Any], series: SeriesSink, telemetry: List[Tuple[float, Dict[str, Any]]],
          t0: float) -> Dict[str, Any]:
-    """Histogram with the budget line, per-frame stacked stages, telemetry traces: FIGURE_PX pixels, PNG."""
-    require("matplotlib")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
-    FigureCanvasAgg(fig)
+    """Histogram with the budget line, per-frame stacked stages, telemetry traces: a FIGURE_PX PNG."""
+    fig = new_figure()
     grid = fig.add_gridspec(3, 3, height_ratios=(1.0, 1.2, 0.75), left=0.06, right=0.98, top=0.9, bottom=0.06,
                             hspace=0.45, wspace=0.25)
     budget = report["budget_ms"]
@@ -45,8 +29,7 @@ def plot(path: str, report: Dict[str, Any], series: SeriesSink, telemetry: List[
     _stacked(fig.add_subplot(grid[1, :]), budget, series)
     for col, (metric, label) in enumerate(TELEMETRY_METRICS):
         _trace(fig.add_subplot(grid[2, col]), metric, label, report["telemetry"], telemetry, t0)
-    atomic_write(path, lambda fh: fig.savefig(fh, dpi=FIGURE_DPI, format="png"), "figure")
-    return {"path": path, "width_px": FIGURE_PX[0], "height_px": FIGURE_PX[1]}
+    return save_figure(path, fig)
 
 
 def _histogram(ax: Any, report: Dict[str, Any], series: SeriesSink) -> None:
@@ -82,7 +65,7 @@ def _histogram(ax: Any, report: Dict[str, Any], series: SeriesSink) -> None:
 def _stacked(ax: Any, budget: float, series: SeriesSink) -> None:
     x = np.arange(1, series.count + 1)
     stacks = [np.nan_to_num(series.series(s)) for s in STACKED]
-    ax.stackplot(x, *stacks, labels=STACKED, colors=("#c8c8c8", "#dd8452", "#4c72b0", "#55a868"), linewidth=0)
+    ax.stackplot(x, *stacks, labels=STACKED, colors=STAGE_COLOURS, linewidth=0)
     ax.plot(x, series.series("end_to_end"), color="black", linewidth=0.6, label="end_to_end")
     missed = series.missed[:series.count]
     if missed.any():

@@ -164,8 +164,8 @@ class TelemetryTrace(Sink):
         self._last_time = snap.time
         self.source = snap.source + (" (degraded: {})".format(snap.degraded) if snap.degraded else "")
         temps = [t for t in (snap.temperatures or {}).values() if t is not None]
-        values = {"temperature_c": max(temps) if temps else None, "gpu_clock_mhz": _as_float(snap.gpu_freq_mhz),
-                  "power_w": _as_float(snap.power_w)}
+        values = {"temperature_c": max(temps) if temps else None, "gpu_clock_mhz": snap.gpu_freq_mhz,
+                  "power_w": snap.power_w}  # numbers or None already (edge.service.telemetry)
         self.samples.append((time.monotonic(), values))
 
     def summary(self) -> Dict[str, Any]:
@@ -188,13 +188,6 @@ class TelemetryTrace(Sink):
             return out
         out["status"] = "ok"
         return out
-
-
-def _as_float(value: Any) -> Optional[float]:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def load_previous(path: str) -> Dict[str, Any]:

@@ -1,15 +1,19 @@
 """What every measurement report shares (`edge check`'s, `edge sweep`'s): the schema version, reading a previous
-report back, the numbers it may hold and the one regression rule. Each report says what its rows are
-(check_report: stages; sweep_report: cells)."""
+report back, the numbers it may hold, the one regression rule, and the figure's canvas. Each report says what its
+rows are (check_report: stages; sweep_report: cells)."""
 
 import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from edge.errors import EdgeError
+from edge.errors import EdgeError, require
 from edge.fields import show
 from edge.inputs import load_json
+from edge.store.fileio import atomic_write
 
 SCHEMA_VERSION = 1  # of every report edge writes; a report of another version is refused, never misread
+FIGURE_SIZE_IN, FIGURE_DPI = (12.0, 9.0), 100
+FIGURE_PX = (int(FIGURE_SIZE_IN[0] * FIGURE_DPI), int(FIGURE_SIZE_IN[1] * FIGURE_DPI))  # (width, height)
+STAGE_COLOURS = ("#c8c8c8", "#dd8452", "#4c72b0", "#55a868")  # edge.infer.latency.STACKED's, in both figures
 
 
 def load_previous(path: str, *, tool: str, rows: str, check_row: Optional[Callable[[str, str, Any], None]] = None
@@ -57,3 +61,24 @@ def judge(was: Any, now: Any, *, pct: float, ms: float, higher_is_worse: bool = 
         worse = rel is not None and rel < -pct
     entry = {"previous": old, "current": new, "delta_pct": None if rel is None else round(rel, 1), "regressed": worse}
     return (dict(entry, delta_ms=round(delta, 3)) if higher_is_worse else entry), worse
+
+
+def new_figure() -> Any:
+    """A FIGURE_PX matplotlib Figure on the Agg canvas (no display needed)."""
+    require("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(path: str, fig: Any) -> Dict[str, Any]:
+    """Write `fig` to `path` as a PNG, atomically; what a report says of it."""
+    atomic_write(path, lambda fh: fig.savefig(fh, dpi=FIGURE_DPI, format="png"), "figure")
+    return figure_facts(path)
+
+
+def figure_facts(path: str) -> Dict[str, Any]:
+    return {"path": path, "width_px": FIGURE_PX[0], "height_px": FIGURE_PX[1]}

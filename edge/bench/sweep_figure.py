@@ -6,22 +6,12 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from edge.bench.sweep_report import STACKED
-from edge.errors import require
-from edge.store.fileio import atomic_write
-
-FIGURE_SIZE_IN = (12.0, 9.0)
-FIGURE_DPI = 100
-STAGE_COLOURS = ("#c8c8c8", "#dd8452", "#4c72b0", "#55a868")
+from edge.bench.report import STAGE_COLOURS, new_figure, save_figure
+from edge.infer.latency import STACKED
 
 
 def plot(path: str, report: Dict[str, Any]) -> None:
-    require("matplotlib")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
-    FigureCanvasAgg(fig)
+    fig = new_figure()
     grid = fig.add_gridspec(2, 2, left=0.07, right=0.97, top=0.88, bottom=0.07, hspace=0.35, wspace=0.25)
     cells, s = report["cells"], report["settings"]
     passed = report["verdict"] == "pass"
@@ -38,13 +28,7 @@ def plot(path: str, report: Dict[str, Any]) -> None:
     _heatmap(fig, fig.add_subplot(grid[0, 1]), cells, s["budget_ms"])
     _stages(fig.add_subplot(grid[1, 0]), best, s["budget_ms"])
     _batches(fig.add_subplot(grid[1, 1]), best)
-    atomic_write(path, lambda fh: fig.savefig(fh, dpi=FIGURE_DPI, format="png"), "figure")
-
-
-def figure_facts(path: str) -> Dict[str, Any]:
-    """What the report says of the figure `plot` writes to `path`."""
-    return {"path": path, "width_px": int(FIGURE_SIZE_IN[0] * FIGURE_DPI),
-            "height_px": int(FIGURE_SIZE_IN[1] * FIGURE_DPI)}
+    save_figure(path, fig)
 
 
 def _focus(cells: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:

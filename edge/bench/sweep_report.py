@@ -23,8 +23,8 @@ from edge.bench import report
 from edge.bench.sweep_options import MAX_DURATION_S
 from edge.errors import EdgeError
 from edge.fields import show
+from edge.infer.latency import STACKED
 
-STACKED = ("frame_age", "preprocess", "infer", "postprocess")  # a frame's end to end, in order
 COLUMNS = ("streams", "batch", "fps_each", "offered_fps", "achieved_fps", "goodput_fps", "mean_batch", "batch_hist",
            "p50_ms", "p90_ms", "p99_ms", "max_ms", "queue_p99_ms", "infer_p99_ms", "miss_pct", "drop_pct",
            "camera_p99_spread_ms", "cpu_pct", "gpu_load_pct", "emc_mhz", "peak_rss_mb", "ram_used_pct",

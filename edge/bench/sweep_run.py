@@ -303,7 +303,8 @@ def run_sweep(cfg: Config, options: SweepOptions, out: Callable[[str], None] = p
 def write_outputs(report: Dict[str, Any], options: SweepOptions) -> None:
     """The JSON report first, then the CSV and the figure: an output that fails (a full disk, /proc/x.png) is named
     in report['output_errors'] (and the JSON written again to say so) without costing the others."""
-    from edge.bench.sweep_figure import figure_facts, plot
+    from edge.bench.report import figure_facts
+    from edge.bench.sweep_figure import plot
 
     if options.plot:
         report["figure"] = figure_facts(options.plot)

@@ -5,13 +5,14 @@ plus running count/sum/max over the whole run. A budget miss is a frame whose ca
 exceeds the budget.
 """
 
-from typing import Dict, Iterable, List
+from typing import Dict, List
 
 import numpy as np
 
 PERCENTILES = (50, 90, 99)
 # Stages in frame order; end_to_end is capture -> result, frame_age is capture -> pipeline start.
 STAGES = ("capture", "frame_age", "preprocess", "infer", "postprocess", "end_to_end")
+STACKED = STAGES[1:5]  # the parts of end_to_end, in order (it is their sum, plus timer gaps)
 
 
 class StageStats:
@@ -43,10 +44,10 @@ class StageStats:
 
 
 class LatencyRecorder:
-    def __init__(self, budget_ms: float, window: int = 4096, stages: Iterable[str] = STAGES):
+    def __init__(self, budget_ms: float, window: int = 4096):
         self.budget_ms = budget_ms
         self.window = window
-        self.stages = {name: StageStats(window) for name in stages}
+        self.stages = {name: StageStats(window) for name in STAGES}
         self.frames = 0
         self.misses = 0
 

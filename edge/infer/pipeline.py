@@ -75,42 +75,29 @@ class Pipeline:
         self.classes = ClassCounts()
 
     def process(self, frame: Frame, record: bool = True) -> Result:
-        """The frame's Result; `record=False` (warm-up) times the frame without recording it."""
-        self.frame_id += 1
-        t0 = time.monotonic()
-        stage_ms = {"capture": frame.capture_ms, "frame_age": (t0 - frame.captured) * 1e3}
-        try:
-            prediction = self.stages.classify(frame.image, stage_ms)
-        except Exception as exc:  # one bad frame must not stop the service
-            return self._result(frame, {}, None, "error", self._failed(exc))
-        self.consecutive_errors = 0
-        stage_ms["end_to_end"] = (time.monotonic() - frame.captured) * 1e3
-        missed = self.recorder.record(stage_ms) if record else False
-        if record:
-            self.classes.add(prediction)
-        return self._result(frame, stage_ms, prediction, "miss" if missed else "ok", None)
+        """One frame's Result; `record=False` (warm-up) times the frame without recording it."""
+        return self.process_batch([frame], [""], 1 if record else 0)[0]
 
     def process_batch(self, frames: Sequence[Frame], cameras: Sequence[str], timed: int) -> List[Result]:
-        """Several cameras' frames (`cameras[i]` names frames[i]'s) as one batch: a Result each, in order, the first
-        `timed` of them recorded. Each frame's frame_age is its wait from capture to the batch's start; its other
-        stages are the batch's. A batch of one is the one-frame path (no batch rows)."""
-        if len(frames) == 1:
-            result = self.process(frames[0], timed > 0)
-            result.camera = cameras[0]
-            return [result]
+        """Frames (`cameras[i]` names frames[i]'s camera) as one batch: a Result each, in order, the first `timed` of
+        them recorded. Each frame's frame_age is its wait from capture to the batch's start; its other stages are the
+        batch's. A batch of one is Stages.classify (no batch rows)."""
         t0 = time.monotonic()
         batch_ms: Dict[str, float] = {}
         try:
-            predictions = self.stages.classify_batch([f.image for f in frames], batch_ms)
-        except Exception as exc:  # one bad batch must not stop the service: each frame counts as failed
+            if len(frames) == 1:
+                predictions = [self.stages.classify(frames[0].image, batch_ms)]
+            else:
+                predictions = self.stages.classify_batch([f.image for f in frames], batch_ms)
+        except Exception as exc:  # one bad frame or batch must not stop the service: each frame counts as failed
             return [self._failed_frame(frame, camera, exc, len(frames)) for frame, camera in zip(frames, cameras)]
         self.consecutive_errors = 0
         end = time.monotonic()
         results = []
         for i, (frame, camera, prediction) in enumerate(zip(frames, cameras, predictions)):
             self.frame_id += 1
-            stage_ms = dict(batch_ms, capture=frame.capture_ms, frame_age=(t0 - frame.captured) * 1e3,
-                            end_to_end=(end - frame.captured) * 1e3)
+            stage_ms = dict(capture=frame.capture_ms, frame_age=(t0 - frame.captured) * 1e3, **batch_ms)
+            stage_ms["end_to_end"] = (end - frame.captured) * 1e3
             missed = self.recorder.record(stage_ms) if i < timed else False
             if i < timed:
                 self.classes.add(prediction)

@@ -68,18 +68,20 @@ class TopK:
         row = np.asarray(logits, np.float32).reshape(-1)
         if row.shape[0] != len(self.labels):
             raise ValueError("model gives {} classes, labels file has {}".format(row.shape[0], len(self.labels)))
-        finite = np.isfinite(row)
-        if not finite.all():
+        # one reduction instead of a mask: a float64 sum of float32 values cannot overflow, so it is finite iff all are
+        if not np.isfinite(row.sum(dtype=np.float64)):
             raise ValueError("non-finite model output ({} of {} values NaN or infinite)".format(
-                int((~finite).sum()), row.shape[0]))
-        top = np.argpartition(-row, self.k - 1)[:self.k]
-        top = top[np.argsort(-row[top])]
+                int((~np.isfinite(row)).sum()), row.shape[0]))
+        negated = -row
+        top = np.argpartition(negated, self.k - 1)[:self.k]
+        top = top[np.argsort(negated[top])]
         if self.probabilities:
             probs = row[top]
         else:
-            shifted = np.exp(row - row.max())
+            shifted = np.exp(row - row[top[0]])  # row[top[0]] is the row's max
             probs = shifted[top] / shifted.sum()
-        return Prediction([int(i) for i in top], [float(p) for p in probs], [self.labels[i] for i in top])
+        indices = top.tolist()
+        return Prediction(indices, probs.tolist(), [self.labels[i] for i in indices])
 
 
 def check_first_output(values: np.ndarray, model_path: str, dtype: Optional[np.dtype] = None) -> None:

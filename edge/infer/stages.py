@@ -108,13 +108,6 @@ def close_stages(preprocessor: Preprocessor, backend: Union[Backend, LoadedBacke
         preprocessor.close()
 
 
-def choose_devices(cfg: Config) -> Tuple[str, str, str]:
-    """(preprocess device, backend kind, reason) for the config's auto/explicit choices."""
-    from edge.infer.select import select_devices  # probes only; imports neither tensorrt nor pycuda at module level
-
-    return select_devices(cfg)
-
-
 class StageParts(NamedTuple):
     """What a stages factory makes: CPU stages hold no CUDA session."""
 
@@ -127,7 +120,9 @@ class StageParts(NamedTuple):
 def create_stages(cfg: Config) -> StageParts:
     """The stages `cfg` chooses, not yet loaded. GPU modules are imported only when chosen; GPU stages get one
     CUDA session, made here and handed to the backend and the GPU preprocessor, which both only borrow it."""
-    pre_device, backend_kind, reason = choose_devices(cfg)
+    from edge.infer.select import select_devices  # probes only; imports neither tensorrt nor pycuda at module level
+
+    pre_device, backend_kind, reason = select_devices(cfg)
     if backend_kind != "tensorrt":
         from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
         from edge.infer.preprocess import cpu_preprocessor

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     import tensorrt as trt
 
 
-
 class TensorSpec(NamedTuple):
     name: str
     is_input: bool
@@ -60,9 +59,8 @@ def io_tensors(engine: "trt.ICudaEngine") -> List[TensorSpec]:
     specs = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
-        dims = engine.get_tensor_shape(name)
         specs.append(TensorSpec(name, engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT,
-                                tuple(int(dims[k]) for k in range(len(dims))), np_dtype(engine.get_tensor_dtype(name))))
+                                shape_of(engine.get_tensor_shape(name)), np_dtype(engine.get_tensor_dtype(name))))
     return specs
 
 

@@ -12,12 +12,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from edge.infer.latency import LatencyRecorder
+from edge.infer.latency import STACKED, LatencyRecorder
 from edge.infer.pipeline import Result, Sink
 from edge.infer.postprocess import ClassCounts
 
 MAX_FRAME_LINES_PER_S = 10  # frame_miss + frame_error lines per second before they are only counted
-CULPRIT_STAGES = ("frame_age", "preprocess", "infer", "postprocess")  # the parts of end_to_end
 P50_REFRESH_FRAMES = 64  # recompute the per-stage p50 used to name a miss's culprit this often
 TOP_CLASSES = 3  # the most frequent top-1 classes a summary and the final report name
 
@@ -75,7 +74,7 @@ class FrameLogSink(Sink):
         recorder = self.recorder
         if recorder.frames - self._p50_at >= P50_REFRESH_FRAMES:
             self._p50 = {name: float(np.percentile(recorder.stages[name].window(), 50))
-                         for name in CULPRIT_STAGES if name in recorder.stages and recorder.stages[name].count}
+                         for name in STACKED if name in recorder.stages and recorder.stages[name].count}
             self._p50_at = recorder.frames
         return self._p50
 
@@ -83,7 +82,7 @@ class FrameLogSink(Sink):
         """(stage, ms over its recent p50, that p50) for the stage that overran most."""
         p50 = self._recent_p50()
         best, best_over = "end_to_end", -float("inf")
-        for name in CULPRIT_STAGES:
+        for name in STACKED:
             if name in stage_ms:
                 over = stage_ms[name] - p50.get(name, 0.0)
                 if over > best_over:

@@ -53,11 +53,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from edge import __version__
 from edge.board import board_model, read_l4t, tensorrt_probe
 from edge.errors import EdgeError, require
+from edge.infer.latency import STAGES as LATENCY_STAGES
 from edge.infer.pipeline import Result
 from edge.service.http import BoundedThreadingMixIn, DeadlineRequestHandler, allowed_hosts
 from edge.service.parts import ServicePart
 
-STAGES = ("capture", "frame_age", "preprocess", "infer", "postprocess")
+STAGES = LATENCY_STAGES[:-1]  # end_to_end has a histogram of its own
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 STATUSES = ("ok", "miss", "error")
 MAX_SCRAPERS = 8  # connections served at once (Prometheus, a probe, a person); more are answered 503

@@ -58,12 +58,14 @@ class CostModel:
         self.batches = 0
         self.samples: Dict[int, Deque[Tuple[int, float]]] = {}
         self.seed = {n: s for n, s in (seed or {}).items() if s > 0}
+        self._priced: Dict[Tuple[int, float], float] = {}  # estimate(n, q) since the last observe
         for n, seconds in self.seed.items():
             self.observe(n, seconds)
 
     def observe(self, n: int, seconds: float) -> None:
         self.batches += 1
         self.samples.setdefault(n, collections.deque()).append((self.batches, seconds))
+        self._priced.clear()
 
     def _quantile(self, n: int, q: float) -> Optional[float]:
         window = self.samples.get(n)
@@ -75,7 +77,13 @@ class CostModel:
         return ordered[max(0, min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1))]
 
     def estimate(self, n: int, q: float = 0.99) -> float:
-        """The q-quantile (default the p99) of recent batches of n."""
+        """The q-quantile (default the p99) of recent batches of n; priced once per observation."""
+        priced = self._priced.get((n, q))
+        if priced is None:
+            priced = self._priced[(n, q)] = self._estimate(n, q)
+        return priced
+
+    def _estimate(self, n: int, q: float) -> float:
         own = self._quantile(n, q)
         if own is not None:
             return own
@@ -192,8 +200,10 @@ class DeadlineBatcher:
         return latest if expected and min(expected) <= latest else None
 
     def finished(self, n: int, service: float, missed: bool) -> None:
-        """A batch of `n` took `service` seconds; `missed`: one of its frames was late."""
+        """A batch of `n` took `service` seconds; `missed`: one of its frames was late. Prices one frame alone now,
+        which every decision asks first, so that the next frame's decision does not sort the window."""
         self.cost.observe(n, service)
+        self.cost.estimate(1, 0.5)
         if missed:
             self.limit, self.clean = max(1, int(math.floor(0.9 * self.limit))), 0
             return

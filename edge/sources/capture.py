@@ -1,5 +1,5 @@
-"""Captures: one source of BGR frames each (synthetic, image folder, video file or OpenCV capture), with the
-frame record and the two ways a source stops giving frames. Cameras and streams build on OpenCVCapture in
+"""Captures: one source of BGR frames each (synthetic, image folder, video file or OpenCV capture), and the end of
+a file source (SourceEnded). Cameras and streams build on OpenCVCapture in
 edge/sources/gstreamer.py; edge/sources/source.py maps a URI to a capture, which a FrameReader (edge/sources/reader.py)
 reads in its own thread for its Camera."""
 
@@ -17,10 +17,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", "
 
 class SourceEnded(Exception):
     """A file or folder without `loop` has no more frames."""
-
-
-class SourceTimeout(Exception):
-    """No new frame within `source.timeout_s`."""
 
 
 class Capture:

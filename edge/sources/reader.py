@@ -1,7 +1,7 @@
 """The frame reader (Frigate's CameraCapture): one Capture read in its own thread, every good frame published
 straight into its camera's slot in the batcher (`publish`: edge/sources/cameras.py), where the newest frame wins.
 It reads, publishes and reports faults, nothing else: when a live capture fails (a read raises, the stream is lost,
-`max_broken` broken images in a row, an open fails) the reader stops and says so in its view; whether and when a
+MAX_BROKEN broken images in a row, an open fails) the reader stops and says so in its view; whether and when a
 new reader opens the capture again is edge/sources/watch.py's policy, carried out by the watcher. A file or
 folder ends the reader at its end, and its error is the run's. Counters go to the camera's SourceStats, which
 outlive every reader.
@@ -19,6 +19,7 @@ from edge.sources.capture import Capture, broken_image
 from edge.sources.watch import ReaderView, SourceStats
 
 Staging = Callable[[int, int], Sequence[np.ndarray]]
+MAX_BROKEN = 5  # broken images in a row that fault a live capture
 
 
 class FrameReader:
@@ -28,12 +29,10 @@ class FrameReader:
 
     def __init__(self, capture: Capture, *, stats: SourceStats, lock: Any, publish: Callable[[Frame], None],
                  on_event: Callable[[str, Dict[str, Any]], None], changed: Callable[[], None] = lambda: None,
-                 live: Optional[bool] = None, max_broken: int = 5, staging: Optional[Staging] = None,
-                 busy: Callable[[], Iterable[Frame]] = tuple):
+                 staging: Optional[Staging] = None, busy: Callable[[], Iterable[Frame]] = tuple):
         self.capture, self.stats, self.publish, self.on_event = capture, stats, publish, on_event
         self.changed = changed  # told when the reader stops (a fault, the end, an error) and at its first frame
-        self.live = bool(capture.live) if live is None else live
-        self.max_broken, self.staging, self.busy = max_broken, staging, busy
+        self.live, self.staging, self.busy = bool(capture.live), staging, busy
         self.lock = lock  # guards `stats`, which the camera's other readers, its watcher and the frame loop share
         self.failed_at: Optional[float] = None  # stopped on a fault then (live sources)
         self.ended = False  # a file or folder came to its end
@@ -109,7 +108,7 @@ class FrameReader:
                 broken_streak += 1
                 with self.lock:
                     self.stats.broken += 1
-                if self.live and broken_streak >= self.max_broken:
+                if self.live and broken_streak >= MAX_BROKEN:
                     return self._fault("broken", "{} broken images in a row".format(broken_streak))
                 continue
             broken_streak = 0

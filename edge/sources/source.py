@@ -37,7 +37,6 @@ from edge.sources.capture import (
     ImageFolderCapture,
     OpenCVCapture,
     SourceEnded,
-    SourceTimeout,
     SyntheticCapture,
 )
 from edge.sources.gstreamer import camera_capture
@@ -45,7 +44,7 @@ from edge.sources.reader import FrameReader, Staging
 from edge.sources.watch import GIVE_UP, REOPEN, Backoff, SourceStats, Watch
 from edge.uri import SourceURI, parse_source
 
-__all__ = ["IMAGE_EXTENSIONS", "Camera", "Capture", "Frame", "SourceEnded", "SourceTimeout", "SyntheticCapture",
+__all__ = ["IMAGE_EXTENSIONS", "Camera", "Capture", "Frame", "SourceEnded", "SyntheticCapture",
            "open_capture"]
 
 
