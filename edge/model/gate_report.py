@@ -1,8 +1,9 @@
 """What an engineer reads beside the gate's JSON report, and what the next build is judged on.
 
-- `<artifact>.gate.md`: the verdict, the claims, failures, the per-class table (worst first), collapsed classes and
-  the flipped images with their file names and logit margins. Every file name and label is data: escaped so that
-  it stays text in one table cell (no HTML, no markup, no line break comes from a file).
+- `<artifact>.gate.md`: the verdict, the claims, failures, the tables per kind of image and per class (worst
+  first), collapsed classes and the flipped images with their file names and logit margins. Every file name and
+  label is data: escaped so that it stays text in one table cell (no HTML, no markup, no line break comes from a
+  file).
 - `export_flips`: the flipped images of a report, copied from its regression set (checked against the set hash the
   report records) into a new regression set whole or not at all: labelled images keep their class folder, as the
   gate read it (`<class index or label>/<file>`), so the next build is judged on them (`edge gate export-flips`).
@@ -74,6 +75,21 @@ def _classes(r: Dict[str, Any]) -> List[str]:
     return out
 
 
+def _strata(r: Dict[str, Any]) -> List[str]:
+    rows = r.get("strata") or []
+    if not rows:
+        return []
+
+    def shown(row: Dict[str, Any], key: str) -> Any:
+        return "{:.1f} %".format(100.0 * row[key]) if key in row else None
+
+    return ["## By kind of image ({}; drop interval at {})".format(r.get("strata_note"), percent(
+        r.get("strata_confidence") or 0.975)), ""] + _table(
+        ["kind", "images", "labelled", "changed top-1", "FP32 top-1", "candidate top-1", "drop (pp)", "interval (pp)"],
+        [[row["stratum"], row["images"], row["labelled"], row["changed_top1"], shown(row, "reference_top1"),
+          shown(row, "candidate_top1"), row.get("top1_drop_pp"), row.get("top1_drop_interval_pp")] for row in rows])
+
+
 def _flips(r: Dict[str, Any]) -> List[str]:
     flips = r.get("flips") or []
     not_listed = r.get("flips_not_listed") or 0
@@ -101,7 +117,7 @@ def markdown(r: Dict[str, Any]) -> str:
     lines += _items("Claims", r.get("claims") or [])
     lines += _items("Failures", r.get("failures") or [])
     lines += _items("Inconclusive", r.get("inconclusive") or [])
-    return "\n".join(lines + _classes(r) + _flips(r))
+    return "\n".join(lines + _strata(r) + _classes(r) + _flips(r))
 
 
 def write_summary(path: str, report: Dict[str, Any]) -> None:
