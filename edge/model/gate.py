@@ -81,8 +81,9 @@ class GateResult:
             _shown(r["agreement"]))
         text += "".join("; " + claim for claim in r["claims"])  # an inconclusive claim says "cannot tell"
         if r.get("calibration_overlap_dropped"):
-            text += "; {} regression images also in the calibration set were left out".format(
-                r["calibration_overlap_dropped"])
+            text += "; {} regression images also in the calibration set were left out{}".format(
+                r["calibration_overlap_dropped"], " ({} of them near-duplicates)".format(
+                    r["calibration_near_duplicates"]) if r.get("calibration_near_duplicates") else "")
         return text
 
 

@@ -177,12 +177,12 @@ def step_engine(plan: BuildPlan, state: BuildState, log: Log) -> None:
 def judge(plan: BuildPlan, state: BuildState, runner: Callable[[str], Any], look: int) -> GateResult:
     """FP32 ONNX Runtime vs the candidate (run by `runner`) on the regression set less the calibration images, at
     look `look`'s confidence (edge.model.gate_looks)."""
-    regression, overlap = without_calibration(plan.regression, state.calibration)
+    regression, overlap, near = without_calibration(plan.regression, state.calibration)
     with onnx_runner(plan.source) as reference, runner(state.candidate) as infer:
         result = evaluate(reference, infer, regression, plan.cfg.preprocess, plan.cfg.build.gate, plan.labels,
                           confidence=look_confidence(look), source_info=plan.source_info,
                           candidate_name=plan.cfg.build.precision.upper())
-    result.report.update(look=look, calibration_overlap_dropped=overlap)
+    result.report.update(look=look, calibration_overlap_dropped=overlap, calibration_near_duplicates=near)
     return result
 
 
@@ -265,7 +265,8 @@ def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
     gate = {k: result.report.get(k) for k in ("passed", "verdict", "claims", "agreement", "mean_cosine", "p5_cosine",
                                               "min_cosine", "samples", "labelled", "top1_drop_pp",
                                               "top1_drop_interval_pp", "regression_sha256", "reference_top1",
-                                              "candidate_top1", "confidence", "calibration_overlap_dropped")}
+                                              "candidate_top1", "confidence", "calibration_overlap_dropped",
+                                              "calibration_near_duplicates")}
     gate.update({"enforced": plan.gate_enforced, "report": os.path.basename(plan.report_path),
                  "accepted_inconclusive": plan.accept_inconclusive and result.report["verdict"] == "inconclusive",
                  "looks": len(result.report.get("looks", [])),
