@@ -327,6 +327,28 @@ def test_a_model_without_model_info_is_gated_and_untrained_must_be_declared(digi
     assert manifest["build"]["command"].endswith("--untrained")
 
 
+def test_the_first_build_of_a_model_without_a_figure_records_fp32s_top1(digits, tmp_path, capsys):
+    """A user's model info without expected_top1: the first gated build records FP32's measured top-1 with the set's
+    sha256 and size, and the next build holds the reference to it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    stem = os.path.splitext(digits.onnx)[0]
+    for suffix in (".onnx", ".labels.txt", ".json"):
+        shutil.copyfile(stem + suffix, str(mine / ("digits" + suffix)))
+    assert "expected_top1" not in read_model_info(str(mine / "digits.onnx"))
+    config = digits_build_config(tmp_path, digits, model=str(mine / "digits.onnx"))
+    assert cli("build", "--config", config, "--no-progress") == 0
+    report = json.load(open(str(tmp_path / "engines" / "digits.int8.gate.json"), encoding="utf-8"))
+    info = read_model_info(str(mine / "digits.onnx"))
+    assert info["expected_top1"] == report["reference_top1"] and info["expected_top1_images"] == 297
+    assert info["expected_top1_set"] == load_calibration_set(digits.regression).sha256
+    assert "recorded in {}: later builds are held to it".format(mine / "digits.json") in capsys.readouterr().out
+    assert cli("build", "--config", config, "--no-progress") == 0
+    report = json.load(open(str(tmp_path / "engines" / "digits.int8.gate.json"), encoding="utf-8"))
+    assert report["reference_floor"] == info["expected_top1"]  # held to it, not to 5x chance
+    assert "recorded in" not in capsys.readouterr().out
+
+
 def test_rollback_restores_the_previous_build(built, digits, tmp_path):
     config, engines = built
     mine = str(tmp_path / "engines")

@@ -49,7 +49,7 @@ from edge.store.artifact import (
     withdraw,
     writing,
 )
-from edge.store.model_info import UNTRAINED_WARNING
+from edge.store.model_info import UNTRAINED_WARNING, record_measured_top1
 
 EXIT_INTERRUPTED = 130
 
@@ -243,12 +243,32 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
                 100.0 * result.report["confidence"], MAX_LOOKS))
     state.gate = result
     if plan.gate_enforced:
+        _record_reference(plan, result.report, log)
         enforce(result, plan.report_path, plan.accept_inconclusive)
         if result.report["verdict"] == "inconclusive":
             log("gate: INCONCLUSIVE, installed because --accept-inconclusive was given: {}".format(
                 "; ".join(result.report["inconclusive"])))
     elif result.report["verdict"] != "pass":
         log("gate: not enforced - {} ({})".format(UNTRAINED_WARNING, plan.source_info.get("weights", "unknown")))
+
+
+def _record_reference(plan: BuildPlan, r: Dict[str, Any], log: Log) -> None:
+    """A model whose model info records no expected top-1: FP32's, measured here and judged sound, recorded for the
+    later builds (edge.store.model_info.record_measured_top1)."""
+    if "expected_top1" in plan.source_info or not r.get("reference_top1") or any(r.get(k) for k in (
+            "reference_failure", "labels_failure", "swapped_folders", "reference_near_uniform")):
+        return
+    figure = "FP32 top-1 {:.1f} % on {} labelled images".format(100.0 * r["reference_top1"], r["labelled"])
+    try:
+        path = record_measured_top1(plan.source, r["reference_top1"], set_sha256=r["regression_sha256"],
+                                    images=r["labelled"])
+    except (OSError, EdgeError) as exc:
+        path, why = None, " (not recorded: {})".format(getattr(exc, "strerror", None) or exc)
+    else:
+        why = ""
+    log("gate: {} recorded in {}: later builds are held to it".format(figure, path) if path else
+        "gate: {}{}; hold later builds to it with: edge model add {} --expected-top1 {:.4f}".format(
+            figure, why, plan.source, r["reference_top1"]))
 
 
 def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
