@@ -79,7 +79,7 @@ class GateResult:
         text = "mean cosine {} (p5 {}), {} of {} confident images flipped, agreement {}".format(
             _shown(r["mean_cosine"]), _shown(r["p5_cosine"]), r["confident_flips"], r["confident_images"],
             _shown(r["agreement"]))
-        text += "".join("; " + claim for claim in r["claims"])  # an inconclusive claim says "cannot tell"
+        text += "".join("; " + claim for claim in r["claims"] + r.get("warnings", []))  # inconclusive: "cannot tell"
         if r.get("calibration_overlap_dropped"):
             text += "; {} regression images also in the calibration set were left out{}".format(
                 r["calibration_overlap_dropped"], " ({} of them near-duplicates)".format(

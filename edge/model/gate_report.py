@@ -117,6 +117,14 @@ def markdown(r: Dict[str, Any]) -> str:
     lines += _items("Claims", r.get("claims") or [])
     lines += _items("Failures", r.get("failures") or [])
     lines += _items("Inconclusive", r.get("inconclusive") or [])
+    lines += _items("Warnings", r.get("warnings") or [])
+    cover = r.get("calibration_coverage") or {}
+    if cover:
+        lines += ["Calibration coverage: colour distance B, G, R {} grey levels between the calibration and the "
+                  "regression set (warned above {}); mean levels {} and {}.".format(
+                      *(text(v) for v in (cover.get("distance_levels"), cover.get("warn_levels"),
+                                          (cover.get("mean_levels") or {}).get("calibration"),
+                                          (cover.get("mean_levels") or {}).get("regression")))), ""]
     return "\n".join(lines + _strata(r) + _classes(r) + _flips(r))
 
 

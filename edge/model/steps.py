@@ -37,6 +37,7 @@ from edge.model.gate_looks import next_look, record_look
 from edge.model.gate_report import summary_path, write_summary
 from edge.model.gate_stats import MAX_LOOKS, look_confidence
 from edge.model.plan import BuildPlan, Log, fused_runner, onnx_runner
+from edge.model.set_coverage import coverage
 from edge.model.set_overlap import without_calibration
 from edge.store.artifact import (
     install,
@@ -182,7 +183,9 @@ def judge(plan: BuildPlan, state: BuildState, runner: Callable[[str], Any], look
         result = evaluate(reference, infer, regression, plan.cfg.preprocess, plan.cfg.build.gate, plan.labels,
                           confidence=look_confidence(look), source_info=plan.source_info,
                           candidate_name=plan.cfg.build.precision.upper())
-    result.report.update(look=look, calibration_overlap_dropped=overlap, calibration_near_duplicates=near)
+    cover = coverage(state.calibration, regression)
+    result.report.update(look=look, calibration_overlap_dropped=overlap, calibration_near_duplicates=near,
+                         calibration_coverage=cover, warnings=[cover["warning"]] if "warning" in cover else [])
     return result
 
 
