@@ -33,8 +33,8 @@ from edge.model.calibration import CalibrationSet, warn_if_few
 from edge.model.fallback import expected_cost, search
 from edge.model.fidelity import Fidelity, split
 from edge.model.gate import GateResult, enforce, evaluate, kernel_distance, write_report
-from edge.model.gate_looks import next_look, record_look
-from edge.model.gate_report import summary_path, write_summary
+from edge.model.gate_looks import history_entry, history_path, next_look, record_history, record_look
+from edge.model.gate_report import HISTORY_SHOWN, summary_path, write_summary
 from edge.model.gate_stats import MAX_LOOKS, look_confidence
 from edge.model.plan import BuildPlan, Log, fused_runner, onnx_runner
 from edge.model.set_coverage import coverage
@@ -228,6 +228,9 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
             "verdict": result.report["verdict"], "claims": result.report["claims"],
             "accept_inconclusive": plan.accept_inconclusive}
     result.report["looks"] = record_look(plan.looks_path, look) if plan.looks_path else [look]
+    if plan.looks_path:  # a gated model's builds, one history per source
+        result.report["history"] = record_history(history_path(plan.cfg.build.engines_dir, sha256_file(plan.source)),
+                                                  history_entry(result.report, look["candidate"]))[-HISTORY_SHOWN:]
     extra = {k: v for k, v in (state.info.get("quantize") or {}).items() if k.startswith("float_layers")}
     if not plan.fmt.engine:
         with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
