@@ -445,7 +445,7 @@ def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version=
 
 
 @pytest.mark.parametrize("version, network_flags, precision_flags", [
-    ("8.5.2", 1, ["FP16", "INT8"]), ("10.3.0", 0, ["FP16", "INT8"]), ("11.4.1", 0, [])])
+    ("8.5.2", 1, ["FP16", "INT8"]), ("10.3.0", 0, ["FP16", "INT8", "OBEY_PRECISION_CONSTRAINTS"]), ("11.4.1", 0, [])])
 def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_path, version,
                                               network_flags, precision_flags):
     trt, sessions = fake_trt(version)
@@ -461,6 +461,26 @@ def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_
     assert all(s.released for s in sessions) and "int8-explicit-qdq" in lines[-1]
     _engine(digits, tmp_path, digits_qdq, version=version)  # the next build starts from the saved timing cache
     assert trt.calls[-1][3] == b"+"
+
+
+@pytest.mark.parametrize("version", ["8.5.2", "10.3.0"])
+def test_layers_outside_qdq_are_pinned_to_fp32_on_tensorrt_10(fake_trt, digits, digits_qdq, tmp_path, version):
+    """The Q/DQ graph's FP32 semantics, what the CPU gate judged: on TensorRT 10 every float layer that is neither a
+    Q/DQ layer nor fed by a DequantizeLinear runs FP32 under OBEY_PRECISION_CONSTRAINTS, not FP16 under the FP16
+    flag; the INT8 layers (fed by DequantizeLinear) are left to the Q/DQ fusion."""
+    trt, _ = fake_trt(version)
+    info, _ = _engine(digits, tmp_path, digits_qdq, version=version)
+    layers = trt.built_network.layers
+    dequantized = {t.name for layer in layers if layer.type == "DEQUANTIZE"
+                   for t in map(layer.get_output, range(layer.num_outputs))}
+    outside = [layer for layer in layers if layer.type == "OTHER" and not any(
+        layer.get_input(j).name in dequantized for j in range(layer.num_inputs))]
+    pinned = [layer for layer in layers if layer.precision == "float32"]
+    if version.startswith("8."):
+        assert pinned == [] and info["fp32_pinned_layers"] == 0
+        return
+    assert pinned == outside and len(pinned) == info["fp32_pinned_layers"] > 0
+    assert any(layer.type == "OTHER" and layer.precision is None for layer in layers)  # the INT8 convs
 
 
 def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cache(fake_trt, digits,

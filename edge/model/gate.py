@@ -1,5 +1,5 @@
-"""Accuracy regression gate: a candidate (INT8 Q/DQ as TensorRT computes it, or a TensorRT engine) against the FP32
-reference on the held-out regression set, with a verdict that states what it proves.
+"""Accuracy regression gate: a candidate (INT8 Q/DQ in the Q/DQ graph's FP32 semantics, or a TensorRT engine)
+against the FP32 reference on the held-out regression set, with a verdict that states what it proves.
 
 Both models see the same tensors, made by the runtime's CpuPreprocessor. Per image: the top-1 of each, the cosine of
 the two logit vectors, FP32's softmax confidence and, for labelled images (`regression/<label>/img.png`), whether
