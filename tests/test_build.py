@@ -284,7 +284,8 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_acce
     assert gate["verdict"] == "inconclusive" and gate["accepted_inconclusive"] is True and gate["looks"] == 2
     assert gate["confidence"] == pytest.approx(0.9924, abs=1e-4)  # the second look is judged wider
     ledger = os.path.join(str(tmp_path), "gate-looks")  # outside the engines folder: a deleted report resets nothing
-    assert len(os.listdir(ledger)) == 1 and "look 2 of this model at this regression set" in capsys.readouterr().out
+    assert sorted(name.split(".", 1)[1] for name in os.listdir(ledger)) == ["history.jsonl", "json"]  # one set's looks
+    assert "look 2 of this model at this regression set" in capsys.readouterr().out
 
 
 def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_path):

@@ -86,7 +86,7 @@ def _strata(r: Dict[str, Any]) -> List[str]:
     def shown(row: Dict[str, Any], key: str) -> Any:
         return "{:.1f} %".format(100.0 * row[key]) if key in row else None
 
-    return ["## By kind of image ({}; drop interval at {})".format(r.get("strata_note"), percent(
+    return ["## By kind of image ({}; drop interval at {})".format(text(r.get("strata_note")), percent(
         r.get("strata_confidence") or 0.975)), ""] + _table(
         ["kind", "images", "labelled", "changed top-1", "FP32 top-1", "candidate top-1", "drop (pp)", "interval (pp)"],
         [[row["stratum"], row["images"], row["labelled"], row["changed_top1"], shown(row, "reference_top1"),
