@@ -139,6 +139,11 @@ def main():
                       "{}); worst class {}".format(r["reference_right"], r["labelled"], r["reference_top1_interval"],
                                                    r["reference_floor"], [c["class"] for c in r["collapsed_classes"]],
                                                    r["min_spread_ratio"], r["worst_class"]), flush=True)
+                print("  by kind of image: " + "; ".join(
+                    "{stratum}: {labelled} labelled, FP32 {reference_top1:.3f} INT8 {candidate_top1:.3f}, "
+                    "b {right_to_wrong} c {wrong_to_right}, drop {top1_drop_pp:+.2f} pp "
+                    "({top1_drop_interval_pp})".format(**s)
+                    for s in r.get("strata", []) if s["labelled"]), flush=True)
                 print("  " + "; ".join(result.report["failures"] + result.report["inconclusive"] or
                                        result.report["claims"]), flush=True)
 

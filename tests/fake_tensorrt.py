@@ -51,13 +51,25 @@ def fake_tensorrt(version: str = "10.3.0", input_dtype: Any = np.float32, crop: 
     return trt
 
 
+def _layer(node: Any) -> Any:
+    """A network layer as the parser makes it of an ONNX node (QuantizeLinear outputs INT8)."""
+    kind = {"QuantizeLinear": "QUANTIZE", "DequantizeLinear": "DEQUANTIZE"}.get(node.op_type, "OTHER")
+    inputs = [types.SimpleNamespace(name=name) for name in node.input if name]
+    outputs = [types.SimpleNamespace(name=name, dtype="int8" if kind == "QUANTIZE" else "float32")
+               for name in node.output]
+    return types.SimpleNamespace(name=node.name, type=kind, num_inputs=len(inputs), get_input=inputs.__getitem__,
+                                 num_outputs=len(outputs), get_output=outputs.__getitem__, precision=None)
+
+
 def _add_builder(trt: types.ModuleType, major: int) -> None:
     trt.calls = []
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(EXPLICIT_BATCH=0)
-    trt.LayerType = types.SimpleNamespace(QUANTIZE="QUANTIZE", OTHER="OTHER")
+    trt.LayerType = types.SimpleNamespace(QUANTIZE="QUANTIZE", DEQUANTIZE="DEQUANTIZE", OTHER="OTHER")
+    trt.float32, trt.int8 = "float32", "int8"
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
     trt.Dims = tuple  # behaves like a tuple in TensorRT too
-    trt.BuilderFlag = types.SimpleNamespace(**({} if major >= 11 else {"INT8": "INT8", "FP16": "FP16"}))
+    trt.BuilderFlag = types.SimpleNamespace(**({} if major >= 11 else {
+        "INT8": "INT8", "FP16": "FP16", "OBEY_PRECISION_CONSTRAINTS": "OBEY_PRECISION_CONSTRAINTS"}))
 
     class IInt8EntropyCalibrator2:
         def __init__(self) -> None:
@@ -76,7 +88,7 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
     class Network:
         def __init__(self, flags: int) -> None:
             self.flags = flags
-            self.layers: List[str] = []
+            self.layers: List[Any] = []  # a layer per ONNX node: type, inputs and outputs, precision when pinned
             self.inputs: List[Any] = []
             trt.calls.append(("create_network", flags))
 
@@ -88,7 +100,7 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
             return len(self.layers)
 
         def get_layer(self, i: int) -> Any:
-            return types.SimpleNamespace(type=self.layers[i])
+            return self.layers[i]
 
     class OnnxParser:
         def __init__(self, network: Network, logger: Logger) -> None:
@@ -103,7 +115,7 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
             except Exception:
                 self.errors.append(Error("Failed to parse ONNX model from file\nsecond line", "(none)"))
                 return False
-            self.network.layers = ["QUANTIZE" if n.op_type == "QuantizeLinear" else "OTHER" for n in model.graph.node]
+            self.network.layers = [_layer(n) for n in model.graph.node]
             self.network.inputs = [types.SimpleNamespace(name=i.name, shape=tuple(
                 d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim))
                 for i in model.graph.input]
@@ -180,6 +192,7 @@ def _add_builder(trt: types.ModuleType, major: int) -> None:
                         batches += 1
                     calibrator.write_calibration_cache(b"TRT-100300-EntropyCalibration2\ninput: 3c010a14\n")
             trt.calls.append(("build", sorted(config.flags), dict(config.pools), config.timing.data, batches))
+            trt.built_network = network
             return b"ENGINE " + " ".join(sorted(config.flags)).encode()
 
     if major < 11:

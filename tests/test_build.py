@@ -284,7 +284,8 @@ def test_twenty_labelled_images_are_inconclusive_and_install_nothing_unless_acce
     assert gate["verdict"] == "inconclusive" and gate["accepted_inconclusive"] is True and gate["looks"] == 2
     assert gate["confidence"] == pytest.approx(0.9924, abs=1e-4)  # the second look is judged wider
     ledger = os.path.join(str(tmp_path), "gate-looks")  # outside the engines folder: a deleted report resets nothing
-    assert len(os.listdir(ledger)) == 1 and "look 2 of this model at this regression set" in capsys.readouterr().out
+    assert sorted(name.split(".", 1)[1] for name in os.listdir(ledger)) == ["history.jsonl", "json"]  # one set's looks
+    assert "look 2 of this model at this regression set" in capsys.readouterr().out
 
 
 def test_rebuild_takes_accept_inconclusive_to_the_plan(tiny_classifiers, tmp_path):
@@ -325,6 +326,33 @@ def test_a_model_without_model_info_is_gated_and_untrained_must_be_declared(digi
     manifest = read_model_info(artifact)
     assert manifest["trained"] is False and manifest["gate"]["enforced"] is False
     assert manifest["build"]["command"].endswith("--untrained")
+
+
+def test_the_first_build_of_a_model_without_a_figure_records_fp32s_top1(digits, tmp_path, capsys):
+    """A user's model info without expected_top1: the first gated build records FP32's measured top-1 with the set's
+    sha256 and size, and the next build holds the reference to it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    stem = os.path.splitext(digits.onnx)[0]
+    for suffix in (".onnx", ".labels.txt"):
+        shutil.copyfile(stem + suffix, str(mine / ("digits" + suffix)))
+    info = read_model_info(digits.onnx)  # as exported: another test's build of it may have recorded its figure
+    (mine / "digits.json").write_text(json.dumps({k: v for k, v in info.items() if not k.startswith("expected_top1")}),
+                                      encoding="utf-8")
+    config = digits_build_config(tmp_path, digits, model=str(mine / "digits.onnx"))
+    assert cli("build", "--config", config, "--no-progress") == 0
+    report = json.load(open(str(tmp_path / "engines" / "digits.int8.gate.json"), encoding="utf-8"))
+    info = read_model_info(str(mine / "digits.onnx"))
+    assert info["expected_top1"] == report["reference_top1"] and info["expected_top1_images"] == 297
+    assert info["expected_top1_set"] == load_calibration_set(digits.regression).sha256
+    assert "recorded in {}: later builds are held to it".format(mine / "digits.json") in capsys.readouterr().out
+    assert cli("build", "--config", config, "--no-progress") == 0
+    report = json.load(open(str(tmp_path / "engines" / "digits.int8.gate.json"), encoding="utf-8"))
+    assert report["reference_floor"] == info["expected_top1"]  # held to it, not to 5x chance
+    assert "recorded in" not in capsys.readouterr().out
+    assert [h["look"] for h in report["history"]] == [1, 2]  # the source's history across builds, in gate.md
+    assert "## This source model's last 2 builds" in open(str(tmp_path / "engines" / "digits.int8.gate.md"),
+                                                             encoding="utf-8").read()
 
 
 def test_rollback_restores_the_previous_build(built, digits, tmp_path):
@@ -418,7 +446,7 @@ def _engine(digits, tmp_path, onnx_path, precision="int8", images=None, version=
 
 
 @pytest.mark.parametrize("version, network_flags, precision_flags", [
-    ("8.5.2", 1, ["FP16", "INT8"]), ("10.3.0", 0, ["FP16", "INT8"]), ("11.4.1", 0, [])])
+    ("8.5.2", 1, ["FP16", "INT8"]), ("10.3.0", 0, ["FP16", "INT8", "OBEY_PRECISION_CONSTRAINTS"]), ("11.4.1", 0, [])])
 def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_path, version,
                                               network_flags, precision_flags):
     trt, sessions = fake_trt(version)
@@ -434,6 +462,26 @@ def test_engine_from_qdq_per_tensorrt_version(fake_trt, digits, digits_qdq, tmp_
     assert all(s.released for s in sessions) and "int8-explicit-qdq" in lines[-1]
     _engine(digits, tmp_path, digits_qdq, version=version)  # the next build starts from the saved timing cache
     assert trt.calls[-1][3] == b"+"
+
+
+@pytest.mark.parametrize("version", ["8.5.2", "10.3.0"])
+def test_layers_outside_qdq_are_pinned_to_fp32_on_tensorrt_10(fake_trt, digits, digits_qdq, tmp_path, version):
+    """The Q/DQ graph's FP32 semantics, what the CPU gate judged: on TensorRT 10 every float layer that is neither a
+    Q/DQ layer nor fed by a DequantizeLinear runs FP32 under OBEY_PRECISION_CONSTRAINTS, not FP16 under the FP16
+    flag; the INT8 layers (fed by DequantizeLinear) are left to the Q/DQ fusion."""
+    trt, _ = fake_trt(version)
+    info, _ = _engine(digits, tmp_path, digits_qdq, version=version)
+    layers = trt.built_network.layers
+    dequantized = {t.name for layer in layers if layer.type == "DEQUANTIZE"
+                   for t in map(layer.get_output, range(layer.num_outputs))}
+    outside = [layer for layer in layers if layer.type == "OTHER" and not any(
+        layer.get_input(j).name in dequantized for j in range(layer.num_inputs))]
+    pinned = [layer for layer in layers if layer.precision == "float32"]
+    if version.startswith("8."):
+        assert pinned == [] and info["fp32_pinned_layers"] == 0
+        return
+    assert pinned == outside and len(pinned) == info["fp32_pinned_layers"] > 0
+    assert any(layer.type == "OTHER" and layer.precision is None for layer in layers)  # the INT8 convs
 
 
 def test_implicit_calibration_feeds_the_runtime_preprocessing_and_reuses_its_cache(fake_trt, digits,

@@ -169,3 +169,20 @@ def test_a_recorded_expected_top1_must_be_a_fraction(tmp_path, value):
         read_model_info(model)
     path.write_text(json.dumps({"trained": True, "expected_top1": 0.96}), encoding="utf-8")
     assert read_model_info(model)["expected_top1"] == 0.96
+
+
+def test_the_first_build_records_fp32s_measured_top1_once(tmp_path):
+    """A user's model info with no expected_top1 gets FP32's measured figure with the set it was measured on; one
+    that records a figure, or no model info at all, is left as it is."""
+    from edge.store.model_info import record_measured_top1
+
+    model = colour_model(tmp_path / "m.onnx")
+    assert record_measured_top1(model, 0.8, set_sha256="a" * 64, images=50) is None  # no model info: nothing made
+    assert not (tmp_path / "m.json").exists()
+    (tmp_path / "m.json").write_text(json.dumps({"trained": True, "weights": "mine"}), encoding="utf-8")
+    assert record_measured_top1(model, 0.8, set_sha256="a" * 64, images=50) == str(tmp_path / "m.json")
+    info = read_model_info(model)
+    assert (info["expected_top1"], info["expected_top1_set"], info["expected_top1_images"]) == (0.8, "a" * 64, 50)
+    assert info["weights"] == "mine"
+    assert record_measured_top1(model, 0.5, set_sha256="b" * 64, images=9) is None  # held to the first figure
+    assert read_model_info(model)["expected_top1"] == 0.8

@@ -144,10 +144,17 @@ def warn_if_few(count: int, log: Callable[..., None]) -> None:
             count, TRT_RECOMMENDED_IMAGES))
 
 
-def _thumbnail(image: np.ndarray) -> np.ndarray:
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """The near-duplicate test's 16x16 grey thumbnail of a BGR image (capture's, and the gate's set overlap)."""
     cv2 = require("cv2")
     grey = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
     return cv2.resize(grey, (THUMB, THUMB), interpolation=cv2.INTER_AREA).astype(np.float32).ravel()
+
+
+def nearest_difference(thumbs: np.ndarray, thumb: np.ndarray) -> float:
+    """The mean grey-level difference of `thumb` to the closest of `thumbs` (N x THUMB^2; inf when N is 0): below
+    the capture's min_diff, a near-duplicate."""
+    return float(np.abs(thumbs - thumb).mean(axis=1).min()) if len(thumbs) else float("inf")
 
 
 def frames_of(capture: Any, limit: int) -> Iterator[Any]:
@@ -191,8 +198,8 @@ def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 
             if min(image.shape[:2]) < MIN_SIDE:
                 small += 1
                 continue
-            thumb = _thumbnail(image)
-            if thumbs and float(np.abs(np.stack(thumbs) - thumb).mean(axis=1).min()) < min_diff:
+            thumb = thumbnail(image)
+            if thumbs and nearest_difference(np.stack(thumbs), thumb) < min_diff:
                 duplicates += 1
                 continue
             ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])

@@ -1,5 +1,5 @@
-"""Accuracy regression gate: a candidate (INT8 Q/DQ as TensorRT computes it, or a TensorRT engine) against the FP32
-reference on the held-out regression set, with a verdict that states what it proves.
+"""Accuracy regression gate: a candidate (INT8 Q/DQ in the Q/DQ graph's FP32 semantics, or a TensorRT engine)
+against the FP32 reference on the held-out regression set, with a verdict that states what it proves.
 
 Both models see the same tensors, made by the runtime's CpuPreprocessor. Per image: the top-1 of each, the cosine of
 the two logit vectors, FP32's softmax confidence and, for labelled images (`regression/<label>/img.png`), whether
@@ -16,6 +16,8 @@ each is right. Claims (edge.model.gate_stats):
 - FP32 outputs near the uniform distribution (untrained weights) cannot be judged: a failure when enforced.
 - the FP32 reference, the labels and every class (edge.model.gate_checks): FP32 below its recorded top-1 or k x
   chance, a permuted labels file, a collapsed class: failures; per-class recall, the worst class in the claim.
+- by kind of image (edge.model.gate_strata): the claim names the images it rests on; a stratum alone beyond the
+  limit fails.
 - every interval at `confidence`: a build's look k at one set is judged at gate_stats.look_confidence(k)
   (edge.model.gate_looks counts the looks); the claim is stated against FP32 ("INT8 keeps X of FP32's Y % top-1").
 
@@ -45,6 +47,7 @@ from edge.model.gate_checks import (
     reference_check,
 )
 from edge.model.gate_stats import clopper_pearson, percent, top1_claim
+from edge.model.gate_strata import by_stratum, stratum_names
 from edge.store.fileio import write_json_atomic
 
 Infer = Callable[[np.ndarray], np.ndarray]
@@ -76,10 +79,11 @@ class GateResult:
         text = "mean cosine {} (p5 {}), {} of {} confident images flipped, agreement {}".format(
             _shown(r["mean_cosine"]), _shown(r["p5_cosine"]), r["confident_flips"], r["confident_images"],
             _shown(r["agreement"]))
-        text += "".join("; " + claim for claim in r["claims"])  # an inconclusive claim says "cannot tell"
+        text += "".join("; " + claim for claim in r["claims"] + r.get("warnings", []))  # inconclusive: "cannot tell"
         if r.get("calibration_overlap_dropped"):
-            text += "; {} regression images also in the calibration set were left out".format(
-                r["calibration_overlap_dropped"])
+            text += "; {} regression images also in the calibration set were left out{}".format(
+                r["calibration_overlap_dropped"], " ({} of them near-duplicates)".format(
+                    r["calibration_near_duplicates"]) if r.get("calibration_near_duplicates") else "")
         return text
 
 
@@ -205,7 +209,7 @@ def _judge(report: Dict[str, Any], t: GateConfig) -> None:
     if report["samples"] == 0:
         failures.append("regression set is empty")
     failures += [f for f in (report.get("reference_failure"), report.get("labels_failure"),
-                             collapse_failure(report)) if f]
+                             collapse_failure(report), report.get("strata_failure")) if f]
     failures += ["labels look swapped: " + s for s in report.get("swapped_folders", [])[:3]]
     if report["reference_near_uniform"]:
         failures.append("the FP32 model's outputs are near-uniform (top-1 probability below {:.4f} on 95 % of images):"
@@ -315,6 +319,10 @@ def evaluate(reference: Infer, candidate: Infer, images: CalibrationSet, preproc
     report.update(_accuracy(ref_top5, cand_top5, truth, thresholds.max_top1_drop_pp, confidence, name_of,
                             candidate_name))
     report.update(_checks(report, out, labels, source_info or {}, confidence, name_of))
+    report.update(by_stratum(stratum_names(images, preprocess.resize), ref_top5[:, 0], cand_top5[:, 0], truth,
+                             limit=thresholds.max_top1_drop_pp, confidence=confidence, resize=preprocess.resize))
+    if report.get("strata_claim") and "top1_claim" in report:  # the claim names the images it rests on
+        report["top1_claim"] += "; " + report["strata_claim"]
     _judge(report, thresholds)
     report["seconds"] = round(time.monotonic() - started, 2)
     return GateResult(report)

@@ -1,8 +1,9 @@
 """What an engineer reads beside the gate's JSON report, and what the next build is judged on.
 
-- `<artifact>.gate.md`: the verdict, the claims, failures, the per-class table (worst first), collapsed classes and
-  the flipped images with their file names and logit margins. Every file name and label is data: escaped so that
-  it stays text in one table cell (no HTML, no markup, no line break comes from a file).
+- `<artifact>.gate.md`: the verdict, the claims, failures, the tables per kind of image and per class (worst
+  first), collapsed classes and the flipped images with their file names and logit margins. Every file name and
+  label is data: escaped so that it stays text in one table cell (no HTML, no markup, no line break comes from a
+  file).
 - `export_flips`: the flipped images of a report, copied from its regression set (checked against the set hash the
   report records) into a new regression set whole or not at all: labelled images keep their class folder, as the
   gate read it (`<class index or label>/<file>`), so the next build is judged on them (`edge gate export-flips`).
@@ -19,6 +20,9 @@ from edge.model.gate_stats import percent
 from edge.store.fileio import atomic_dir, atomic_write
 
 CLASSES_SHOWN = 20  # per-class rows in the Markdown, worst first
+HISTORY_SHOWN = 5  # the source model's last builds in the Markdown
+HISTORY_HEAD = ["at", "candidate", "verdict", "labelled", "b", "c", "drop (pp)", "interval (pp)", "mean cosine",
+                "p5 cosine", "classes changed", "collapsed"]
 # Markdown markup that a backslash makes literal; <, > and & become entities so no HTML can start
 _MARKUP = {c: "\\" + c for c in "\\`*_[]|~"}
 _MARKUP.update({"<": "&lt;", ">": "&gt;", "&": "&amp;"})
@@ -74,6 +78,47 @@ def _classes(r: Dict[str, Any]) -> List[str]:
     return out
 
 
+def _strata(r: Dict[str, Any]) -> List[str]:
+    rows = r.get("strata") or []
+    if not rows:
+        return []
+
+    def shown(row: Dict[str, Any], key: str) -> Any:
+        return "{:.1f} %".format(100.0 * row[key]) if key in row else None
+
+    return ["## By kind of image ({}; drop interval at {})".format(text(r.get("strata_note")), percent(
+        r.get("strata_confidence") or 0.975)), ""] + _table(
+        ["kind", "images", "labelled", "changed top-1", "FP32 top-1", "candidate top-1", "drop (pp)", "interval (pp)"],
+        [[row["stratum"], row["images"], row["labelled"], row["changed_top1"], shown(row, "reference_top1"),
+          shown(row, "candidate_top1"), row.get("top1_drop_pp"), row.get("top1_drop_interval_pp")] for row in rows])
+
+
+def _changed(classes: Any) -> str:
+    """The first three classes of a history entry's `classes_changed`: 'name -2'."""
+    out = []
+    for c in (classes if isinstance(classes, list) else [])[:3]:
+        if isinstance(c, dict) and isinstance(c.get("candidate_right"), int) and isinstance(c.get("reference_right"),
+                                                                                         int):
+            out.append("{} {:+d}".format(c.get("class"), c["candidate_right"] - c["reference_right"]))
+    return ", ".join(out)
+
+
+def history_table(history: List[Dict[str, Any]]) -> List[str]:
+    """A source model's builds (edge.model.gate_looks' history) as a Markdown table, oldest first."""
+    keys = ("at", "candidate", "verdict", "labelled", "right_to_wrong", "wrong_to_right", "top1_drop_pp",
+            "top1_drop_interval_pp", "mean_cosine", "p5_cosine")
+    return _table(HISTORY_HEAD, [[h.get(k) for k in keys] + [_changed(h.get("classes_changed")), h.get("collapsed")]
+                                 for h in history])
+
+
+def _history(r: Dict[str, Any]) -> List[str]:
+    history = r.get("history") or []
+    if len(history) < 2:
+        return []
+    return ["## This source model's last {} builds (b: right to wrong, c: wrong to right; `edge gate history`)"
+            .format(len(history)), ""] + history_table(history)
+
+
 def _flips(r: Dict[str, Any]) -> List[str]:
     flips = r.get("flips") or []
     not_listed = r.get("flips_not_listed") or 0
@@ -101,7 +146,15 @@ def markdown(r: Dict[str, Any]) -> str:
     lines += _items("Claims", r.get("claims") or [])
     lines += _items("Failures", r.get("failures") or [])
     lines += _items("Inconclusive", r.get("inconclusive") or [])
-    return "\n".join(lines + _classes(r) + _flips(r))
+    lines += _items("Warnings", r.get("warnings") or [])
+    cover = r.get("calibration_coverage") or {}
+    if cover:
+        lines += ["Calibration coverage: colour distance B, G, R {} grey levels between the calibration and the "
+                  "regression set (warned above {}); mean levels {} and {}.".format(
+                      *(text(v) for v in (cover.get("distance_levels"), cover.get("warn_levels"),
+                                          (cover.get("mean_levels") or {}).get("calibration"),
+                                          (cover.get("mean_levels") or {}).get("regression")))), ""]
+    return "\n".join(lines + _strata(r) + _classes(r) + _history(r) + _flips(r))
 
 
 def write_summary(path: str, report: Dict[str, Any]) -> None:

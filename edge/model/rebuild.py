@@ -210,8 +210,8 @@ def describe(job: RebuildJob, plan: BuildPlan, reload: str) -> List[Tuple[str, s
             else b.method,
             plan.source, plan.artifact,
             "" if plan.quantizes else " (skipped: --calibrator calibrates inside TensorRT in step 3)")),
-        ("fallback", "the Q/DQ model judged as TensorRT computes it on held-out captured images; if it misses the "
-         "gate's cosine thresholds there, up to {} of the layers INT8 hurts most stay in float".format(
+        ("fallback", "the Q/DQ model judged in the Q/DQ graph's FP32 semantics on held-out captured images; if it "
+         "misses the gate's cosine thresholds there, up to {} of the layers INT8 hurts most stay in float".format(
              b.max_float_layers)
          if plan.quantizes else "skipped: no Q/DQ model on this path"),
         ("build", "TensorRT {} engine -> staged beside {}".format(b.precision, plan.artifact) if plan.fmt.engine

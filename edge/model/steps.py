@@ -33,10 +33,11 @@ from edge.model.calibration import CalibrationSet, warn_if_few
 from edge.model.fallback import expected_cost, search
 from edge.model.fidelity import Fidelity, split
 from edge.model.gate import GateResult, enforce, evaluate, kernel_distance, write_report
-from edge.model.gate_looks import next_look, record_look
-from edge.model.gate_report import summary_path, write_summary
+from edge.model.gate_looks import history_entry, history_path, next_look, record_history, record_look
+from edge.model.gate_report import HISTORY_SHOWN, summary_path, write_summary
 from edge.model.gate_stats import MAX_LOOKS, look_confidence
 from edge.model.plan import BuildPlan, Log, fused_runner, onnx_runner
+from edge.model.set_coverage import coverage
 from edge.model.set_overlap import without_calibration
 from edge.store.artifact import (
     install,
@@ -49,7 +50,7 @@ from edge.store.artifact import (
     withdraw,
     writing,
 )
-from edge.store.model_info import UNTRAINED_WARNING
+from edge.store.model_info import UNTRAINED_WARNING, record_measured_top1
 
 EXIT_INTERRUPTED = 130
 
@@ -177,12 +178,14 @@ def step_engine(plan: BuildPlan, state: BuildState, log: Log) -> None:
 def judge(plan: BuildPlan, state: BuildState, runner: Callable[[str], Any], look: int) -> GateResult:
     """FP32 ONNX Runtime vs the candidate (run by `runner`) on the regression set less the calibration images, at
     look `look`'s confidence (edge.model.gate_looks)."""
-    regression, overlap = without_calibration(plan.regression, state.calibration)
+    regression, overlap, near = without_calibration(plan.regression, state.calibration)
     with onnx_runner(plan.source) as reference, runner(state.candidate) as infer:
         result = evaluate(reference, infer, regression, plan.cfg.preprocess, plan.cfg.build.gate, plan.labels,
                           confidence=look_confidence(look), source_info=plan.source_info,
                           candidate_name=plan.cfg.build.precision.upper())
-    result.report.update(look=look, calibration_overlap_dropped=overlap)
+    cover = coverage(state.calibration, regression)
+    result.report.update(look=look, calibration_overlap_dropped=overlap, calibration_near_duplicates=near,
+                         calibration_coverage=cover, warnings=[cover["warning"]] if "warning" in cover else [])
     return result
 
 
@@ -225,6 +228,9 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
             "verdict": result.report["verdict"], "claims": result.report["claims"],
             "accept_inconclusive": plan.accept_inconclusive}
     result.report["looks"] = record_look(plan.looks_path, look) if plan.looks_path else [look]
+    if plan.looks_path:  # a gated model's builds, one history per source
+        result.report["history"] = record_history(history_path(plan.cfg.build.engines_dir, sha256_file(plan.source)),
+                                                  history_entry(result.report, look["candidate"]))[-HISTORY_SHOWN:]
     extra = {k: v for k, v in (state.info.get("quantize") or {}).items() if k.startswith("float_layers")}
     if not plan.fmt.engine:
         with onnx_runner(state.candidate) as judged, fused_runner(state.candidate) as fused:
@@ -243,12 +249,32 @@ def step_gate(plan: BuildPlan, state: BuildState, log: Log) -> None:
                 100.0 * result.report["confidence"], MAX_LOOKS))
     state.gate = result
     if plan.gate_enforced:
+        _record_reference(plan, result.report, log)
         enforce(result, plan.report_path, plan.accept_inconclusive)
         if result.report["verdict"] == "inconclusive":
             log("gate: INCONCLUSIVE, installed because --accept-inconclusive was given: {}".format(
                 "; ".join(result.report["inconclusive"])))
     elif result.report["verdict"] != "pass":
         log("gate: not enforced - {} ({})".format(UNTRAINED_WARNING, plan.source_info.get("weights", "unknown")))
+
+
+def _record_reference(plan: BuildPlan, r: Dict[str, Any], log: Log) -> None:
+    """A model whose model info records no expected top-1: FP32's, measured here and judged sound, recorded for the
+    later builds (edge.store.model_info.record_measured_top1)."""
+    if "expected_top1" in plan.source_info or not r.get("reference_top1") or any(r.get(k) for k in (
+            "reference_failure", "labels_failure", "swapped_folders", "reference_near_uniform")):
+        return
+    figure = "FP32 top-1 {:.1f} % on {} labelled images".format(100.0 * r["reference_top1"], r["labelled"])
+    try:
+        path = record_measured_top1(plan.source, r["reference_top1"], set_sha256=r["regression_sha256"],
+                                    images=r["labelled"])
+    except (OSError, EdgeError) as exc:
+        path, why = None, " (not recorded: {})".format(getattr(exc, "strerror", None) or exc)
+    else:
+        why = ""
+    log("gate: {} recorded in {}: later builds are held to it".format(figure, path) if path else
+        "gate: {}{}; hold later builds to it with: edge model add {} --expected-top1 {:.4f}".format(
+            figure, why, plan.source, r["reference_top1"]))
 
 
 def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
@@ -265,7 +291,8 @@ def assemble_model_info(plan: BuildPlan, state: BuildState) -> Dict[str, Any]:
     gate = {k: result.report.get(k) for k in ("passed", "verdict", "claims", "agreement", "mean_cosine", "p5_cosine",
                                               "min_cosine", "samples", "labelled", "top1_drop_pp",
                                               "top1_drop_interval_pp", "regression_sha256", "reference_top1",
-                                              "candidate_top1", "confidence", "calibration_overlap_dropped")}
+                                              "candidate_top1", "confidence", "calibration_overlap_dropped",
+                                              "calibration_near_duplicates")}
     gate.update({"enforced": plan.gate_enforced, "report": os.path.basename(plan.report_path),
                  "accepted_inconclusive": plan.accept_inconclusive and result.report["verdict"] == "inconclusive",
                  "looks": len(result.report.get("looks", [])),

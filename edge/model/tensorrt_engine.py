@@ -2,7 +2,9 @@
 
 Two INT8 routes:
   explicit  the Q/DQ ONNX from edge.model.quantize: INT8 (+FP16 for the layers left in float) on TensorRT
-            8.5-10.x; TensorRT 11 has no precision flags and reads the precision from the Q/DQ graph.
+            8.5; on 10.x the float layers outside Q/DQ are pinned to FP32 (`pin_float_layers`: the Q/DQ graph's
+            FP32 semantics, what the gate judged); TensorRT 11 has no precision flags and reads the precision from
+            the Q/DQ graph.
   implicit  the FP32 ONNX with an IInt8EntropyCalibrator2 fed by the calibration set through the runtime's
             CpuPreprocessor (TensorRT 8.5/10.x only: 11 removed calibrators). Its cache,
             calibration/cache/<model-sha12>-trt<version>-<gpu-slug>.cache (plus a .json naming the set and
@@ -176,6 +178,31 @@ def _set_precision(config: "trt.IBuilderConfig", precision: str, explicit: bool,
     return precision
 
 
+def pin_float_layers(trt: Any, network: Any, config: Any) -> int:
+    """A Q/DQ network on TensorRT 10: every float layer outside Q/DQ (not a Q/DQ layer, no input from a
+    DequantizeLayer: the float layers the fallback and exclude_sensitive chose, GAP, SE blocks, HardSigmoid) pinned to
+    FP32 with OBEY_PRECISION_CONSTRAINTS, so the builder's FP16 flag does not put them in FP16: the engine keeps the
+    Q/DQ graph's FP32 semantics, which the CPU gate judged. Returns how many were pinned."""
+    flag = getattr(trt.BuilderFlag, "OBEY_PRECISION_CONSTRAINTS", None)
+    if flag is None:  # TensorRT 11: strongly typed, the graph's own types
+        return 0
+    qdq = (trt.LayerType.QUANTIZE, trt.LayerType.DEQUANTIZE)
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    dequantized = {layer.get_output(j).name for layer in layers if layer.type == trt.LayerType.DEQUANTIZE
+                   for j in range(layer.num_outputs)}
+    pinned = 0
+    for layer in layers:
+        inputs = [layer.get_input(j) for j in range(layer.num_inputs)]
+        if layer.type in qdq or any(t is not None and t.name in dequantized for t in inputs):
+            continue
+        if all(layer.get_output(j).dtype == trt.float32 for j in range(layer.num_outputs)):
+            layer.precision = trt.float32
+            pinned += 1
+    if pinned:
+        config.set_flag(flag)
+    return pinned
+
+
 def limit_tactic_sources(trt: Any, config: Any, major: int) -> List[str]:
     """The tactic sources an engine may use, by name (recorded in its model info). TensorRT 8.x turns on cuBLAS,
     cuBLASLt and cuDNN by default (10.x turned them off): an engine using cuBLAS or cuDNN loads those libraries
@@ -227,6 +254,7 @@ def _build(session: CudaSession, onnx_path: str, *, precision: str, workspace_mb
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     tactics = limit_tactic_sources(trt, config, major)
     mode = _set_precision(config, precision, explicit, version, onnx_path, images is not None)
+    pinned = pin_float_layers(trt, network, config) if mode == "int8-explicit-qdq" and major >= 10 else 0
     served = _add_profiles(builder, network, config, sizes)
     if mode == "int8-implicit-entropy2" and images is not None:
         config.int8_calibrator = _calibrator(session, images, preprocess, calibration_cache, log)
@@ -241,7 +269,7 @@ def _build(session: CudaSession, onnx_path: str, *, precision: str, workspace_mb
     if serialized is None:
         raise EdgeError("{}: TensorRT {} could not build an engine ({}; see its log above)".format(
             onnx_path, version, mode), exit_code=EXIT_FAIL)
-    chosen = {"mode": mode, "batch_sizes": served, "tactic_sources": tactics}
+    chosen = {"mode": mode, "batch_sizes": served, "tactic_sources": tactics, "fp32_pinned_layers": pinned}
     return bytes(memoryview(serialized)), bytes(memoryview(config.get_timing_cache().serialize())), chosen
 
 

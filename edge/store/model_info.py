@@ -5,18 +5,21 @@ A model without one is a user's own model: its provenance is stated neutrally ("
 treated as trained, as the build gates it. `expected_top1` (a fraction) is the source's known FP32 top-1, measured
 on the labelled set whose sha256 is `expected_top1_set` (none: the user's own validation set): the gate refuses an
 FP32 reference below it (edge.model.gate_checks). Export records it for bundled weights, `edge model add
---expected-top1` for a user's model. Only a model info that says `trained: false` (edge's own seeded-random
-export, or a build declared --untrained) makes every line carry UNTRAINED_WARNING. `edge model add` records a
-user's model info (labels, preprocessing, provenance: edge/cli/model.py).
+--expected-top1` for a user's model, or else its first gated build records FP32's measured figure
+(`record_measured_top1`, with the set's sha256 and `expected_top1_images`), so later builds are held to it.
+Only a model info that says `trained: false` (edge's own seeded-random export, or a build declared --untrained)
+makes every line carry UNTRAINED_WARNING. `edge model add` records a user's model info (labels, preprocessing,
+provenance: edge/cli/model.py).
 """
 
 import os
 import re
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from edge.errors import EdgeError
 from edge.inputs import load_json
-from edge.store import layout
+from edge.store import layout, versions
+from edge.store.fileio import write_json_atomic
 
 UNTRAINED_WARNING = "UNTRAINED WEIGHTS: latency is real, labels are meaningless"
 NO_INFO_WEIGHTS = "yours (no model info)"
@@ -63,6 +66,24 @@ def model_info_at(found: str, model_path: str, required: bool) -> Dict[str, Any]
         raise EdgeError("{}: model info describes {!r}, not {} (renamed by hand? rebuild or rename it back)".format(
             path, str(named)[:80], os.path.basename(model_path)))
     return info
+
+
+def record_measured_top1(model_path: str, top1: float, *, set_sha256: str, images: int) -> Optional[str]:
+    """A user's model whose model info records no `expected_top1`: FP32's `top1` measured on `images` labelled images
+    of the set `set_sha256` recorded as it, so that later builds are held to it; returns the model info's path, or
+    None when there is no model info file or it records a figure already (or `top1` is 0)."""
+    found = in_set(model_path)
+    path = info_path(found)
+    with versions.lock(os.path.dirname(os.path.abspath(path)), "recording the FP32 top-1"):
+        if not os.path.lexists(path) or not 0 < top1 <= 1:
+            return None
+        info = model_info_at(found, model_path, True)
+        if info.get("expected_top1") is not None:
+            return None
+        info.update(expected_top1=round(top1, 6), expected_top1_set=set_sha256, expected_top1_images=images,
+                    expected_top1_from="FP32 measured by the first build")
+        write_json_atomic(path, info, "model info")
+    return path
 
 
 def provenance(info: Dict[str, Any]) -> str:
