@@ -29,14 +29,16 @@ def venv_tool(name, package):
 
 # -- Ansible ------------------------------------------------------------------------------------------------
 
-def ansible(tmp_path, *args):
+def site(tmp_path, *args, user="alice"):
+    """The real site.yml with no device in `jetsons`: the controller play and what follows it."""
     playbook = venv_tool("ansible-playbook", "ansible-core")
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"jetsons": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}), encoding="utf-8")
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+        "children": {"jetsons": {"hosts": {}}}}}), encoding="utf-8")
     return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml")] + list(args),
                           capture_output=True, encoding="utf-8", errors="replace", cwd=str(tmp_path), timeout=300,
-                          stdin=subprocess.DEVNULL, env=ansible_env(tmp_path / "tmp"))
+                          stdin=subprocess.DEVNULL, env=dict(ansible_env(tmp_path / "tmp"), USER=user))
 
 
 def test_playbook_syntax_and_ansible_lint(tmp_path):
@@ -120,20 +122,11 @@ def test_the_rollout_lease_is_taken_before_any_device_renewed_per_batch_and_free
 def test_a_second_operators_run_is_refused_before_any_device_naming_the_holder(tmp_path):
     """The controller play against a folder store: Bob's unexpired lease stops Alice's run in one line naming him;
     jetson_edge_lease_steal takes it over, and the run's last play frees it."""
-    playbook = venv_tool("ansible-playbook", "ansible-core")
     store = tmp_path / "store"
     store.mkdir()
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
-        "children": {"jetsons": {"hosts": {}}}}}), encoding="utf-8")
 
     def run(*args):
-        return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml"), "-e",
-                               "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store)] + list(args),
-                              capture_output=True, encoding="utf-8", errors="replace", cwd=str(tmp_path),
-                              timeout=300, stdin=subprocess.DEVNULL, env=dict(ansible_env(tmp_path / "tmp"),
-                                                                              USER="alice"))
+        return site(tmp_path, "-e", "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store), *args)
 
     bob = subprocess.run([sys.executable, "-m", "edge", "release", "lease", "r3", "--store", str(store), "--run",
                           "bob@ctl2", "--by", "bob@ctl2"], capture_output=True, encoding="utf-8", timeout=120)
@@ -144,6 +137,24 @@ def test_a_second_operators_run_is_refused_before_any_device_naming_the_holder(t
     stolen = run("-e", "jetson_edge_lease_steal=true")
     assert stolen.returncode == 0, stolen.stdout + stolen.stderr
     assert not (store / "rollout" / "_lease.json").exists()  # freed by the last play
+
+
+@pytest.mark.parametrize("action", ["deploy", "rollback"])
+@pytest.mark.parametrize("cache", ["https://cache.example/edge", ""])
+def test_a_rollout_or_kill_switch_without_a_store_the_controller_writes_is_refused_before_anything(tmp_path, action,
+                                                                                                   cache):
+    """Issue 43 MEDIUM 5: with an https:// engine cache the kill switch and failures were recorded nowhere shared
+    (a device offline during the kill switch kept the withdrawn release for good). Refused in one line, before any
+    device play, and nothing is written: no pause file, no record."""
+    pause = tmp_path / "ROLLOUT_PAUSED"
+    run = site(tmp_path, "-e", "jetson_edge_release=r2", "-e", "jetson_edge_action=" + action, "-e",
+               "jetson_edge_engine_cache=" + cache, "-e", "jetson_edge_pause_file=" + str(pause))
+    said = [line for line in run.stdout.splitlines() if line.startswith("[ERROR]")]
+    assert run.returncode != 0 and len(said) == 1, run.stdout[-3000:]
+    assert "not a folder this controller can write; a {} records failed and withdrawn releases there".format(
+        action) in said[0] and said[0].endswith("refused, nothing changed")
+    assert "Find the reachable devices" not in run.stdout and "Withdraw the release" not in run.stdout
+    assert not pause.exists()
 
 
 def role_tasks(name):
