@@ -196,6 +196,26 @@ def test_promtool_unit_tests_cover_every_alert_firing_and_not_firing():
     assert "SUCCESS" in proc.stdout
 
 
+def test_every_alerts_time_to_fire_is_documented_and_pinned_a_minute_either_side():
+    """Issue 43 item 8: docs/fleet.md gives each alert's time to fire; rules_test.yml holds every alert quiet one
+    minute before its first firing evaluation (so each figure is exact to the minute, not a bound)."""
+    with open(os.path.join(REPO, "docs", "fleet.md"), encoding="utf-8") as fh:
+        rows = re.findall(r"^\| (Edge\w+) \|[^|\n]+\|[^|\n]+\| ([^|\n]+) \|$", fh.read(), re.M)
+    alerts = [r["alert"] for r in rules() if "alert" in r]
+    assert sorted(name for name, _ in rows) == sorted(alerts)  # one row each
+    with open(os.path.join(PROM_DIR, "rules_test.yml"), encoding="utf-8") as fh:
+        groups = [t.get("alert_rule_test", []) for t in yaml.safe_load(fh)["tests"]]
+
+    def minutes(at):
+        return int(at[:-1]) * {"m": 1, "h": 60}[at[-1]]
+
+    for alert in alerts:
+        fired = [(minutes(c["eval_time"]), g) for g in groups for c in g if c["alertname"] == alert and c["exp_alerts"]]
+        first, group = min(fired, key=lambda f: f[0])
+        assert any(c["alertname"] == alert and not c["exp_alerts"] and minutes(c["eval_time"]) == first - 1
+                   for c in group), "{}: not held quiet at {} min, a minute before it fires".format(alert, first - 1)
+
+
 def test_the_agent_example_is_a_valid_agent_config():
     proc = subprocess.run([tool("promtool"), "check", "config", "--agent", "agent.yml"], cwd=PROM_DIR,
                           capture_output=True,
