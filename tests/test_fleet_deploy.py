@@ -127,7 +127,8 @@ def test_a_second_operators_run_is_refused_before_any_device_naming_the_holder(t
     store.mkdir()
 
     def run(*args):
-        return site(tmp_path, "-e", "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store), *args)
+        return site(tmp_path, "-e", "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store),
+                    *(controller_files(tmp_path) + list(args)))
 
     bob = subprocess.run([sys.executable, "-m", "edge", "release", "lease", "r3", "--store", str(store), "--run",
                           "bob@ctl2", "--by", "bob@ctl2"], capture_output=True, encoding="utf-8", timeout=120)
@@ -162,7 +163,7 @@ def controller_files(tmp_path):
     """The controller-side inputs of a release (stand-ins: packing reads bytes, not models)."""
     files = tmp_path / "controller"
     for sub in ("cal", "reg"):
-        (files / sub).mkdir(parents=True)
+        (files / sub).mkdir(parents=True, exist_ok=True)
         (files / sub / "x.jpg").write_bytes(sub.encode() * 50)
     for ext in (".onnx", ".labels.txt", ".json"):
         (files / ("m" + ext)).write_bytes(ext.encode())
@@ -206,6 +207,9 @@ def test_followers_fetch_the_release_bundle_from_the_store_not_through_the_contr
     again = site(tmp_path, *args)
     assert again.returncode == 0 and re.search(r"^localhost\s+: ok=\d+\s+changed=0 ", again.stdout, re.M), \
         again.stdout[-2000:]
+    missing = site(tmp_path, *(args + ["-e", "jetson_edge_model=" + str(tmp_path / "gone.onnx")]))
+    assert missing.returncode != 0 and "gone.onnx: cannot read it for the release bundle: No such file" in \
+        missing.stdout and "Find the reachable devices" not in missing.stdout, missing.stdout[-3000:]
     run, release = device_bundle_play(tmp_path, store, sha)
     assert run.returncode == 0, run.stdout[-3000:]
     assert (release / "models" / "m.labels.txt").read_bytes() == b".labels.txt"
