@@ -374,3 +374,13 @@ def test_memory_requested_as_limited_and_a_priority_class(helm):
     assert kept["containers"][0]["resources"]["limits"] == {"cpu": "4", "memory": "2Gi"}  # {} merges, keeps them
     none = render(helm, dict(BASE, priorityClass={"create": False, "name": "", "value": 0}))
     assert "priorityClassName" not in pod(none) and not docs(none, "PriorityClass")
+
+
+def test_no_pod_disruption_budget_and_the_docs_say_why(helm):
+    """Issue 43 item 9: a DaemonSet's rolling update and `kubectl drain --ignore-daemonsets` never consult a
+    PodDisruptionBudget, so the chart ships none (maxUnavailable, at most 50 %, is the budget) and says why."""
+    for values in VALUE_SETS.values():
+        assert not docs(render(helm, values), "PodDisruptionBudget")
+    with open(os.path.join(REPO, "docs", "fleet.md"), encoding="utf-8") as fh:
+        text = " ".join(fh.read().split())
+    assert "**No PodDisruptionBudget**, on purpose: a DaemonSet's rolling update does not consult one" in text

@@ -2,6 +2,7 @@
 lint and render, kubernetes-validate against 1.33, promtool on the rendered agent config, edge's own config loader
 on the rendered daemon config, ansible-playbook and ansible-lint, bash -n and shellcheck."""
 
+import json
 import os
 import re
 import shutil
@@ -29,14 +30,16 @@ def venv_tool(name, package):
 
 # -- Ansible ------------------------------------------------------------------------------------------------
 
-def ansible(tmp_path, *args):
+def site(tmp_path, *args, user="alice"):
+    """The real site.yml with no device in `jetsons`: the controller play and what follows it."""
     playbook = venv_tool("ansible-playbook", "ansible-core")
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"jetsons": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}), encoding="utf-8")
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+        "children": {"jetsons": {"hosts": {}}}}}), encoding="utf-8")
     return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml")] + list(args),
                           capture_output=True, encoding="utf-8", errors="replace", cwd=str(tmp_path), timeout=300,
-                          stdin=subprocess.DEVNULL, env=ansible_env(tmp_path / "tmp"))
+                          stdin=subprocess.DEVNULL, env=dict(ansible_env(tmp_path / "tmp"), USER=user))
 
 
 def test_playbook_syntax_and_ansible_lint(tmp_path):
@@ -103,7 +106,7 @@ def test_the_rollout_lease_is_taken_before_any_device_renewed_per_batch_and_free
     before any device play, each batch of the canary and follower plays renews it, the last play frees it."""
     with open(os.path.join(ANSIBLE, "site.yml"), encoding="utf-8") as fh:
         plays = yaml.safe_load(fh)
-    take = role_tasks("controller.yml")[-1]
+    take = [t for t in role_tasks("controller.yml") if t["name"].startswith("Take the rollout lease")][0]
     assert take["ansible.builtin.include_tasks"] == "lease.yml" and take["vars"] == {"jetson_edge_lease": "take"}
     assert plays[0]["hosts"] == "localhost" and plays[0]["any_errors_fatal"] is True  # a refusal stops the run
     for play in plays[5], plays[7]:  # the canaries, the rest: once a batch, before the role touches a device
@@ -120,20 +123,12 @@ def test_the_rollout_lease_is_taken_before_any_device_renewed_per_batch_and_free
 def test_a_second_operators_run_is_refused_before_any_device_naming_the_holder(tmp_path):
     """The controller play against a folder store: Bob's unexpired lease stops Alice's run in one line naming him;
     jetson_edge_lease_steal takes it over, and the run's last play frees it."""
-    playbook = venv_tool("ansible-playbook", "ansible-core")
     store = tmp_path / "store"
     store.mkdir()
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
-        "children": {"jetsons": {"hosts": {}}}}}), encoding="utf-8")
 
     def run(*args):
-        return subprocess.run([playbook, "-i", str(inventory), os.path.join(ANSIBLE, "site.yml"), "-e",
-                               "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store)] + list(args),
-                              capture_output=True, encoding="utf-8", errors="replace", cwd=str(tmp_path),
-                              timeout=300, stdin=subprocess.DEVNULL, env=dict(ansible_env(tmp_path / "tmp"),
-                                                                              USER="alice"))
+        return site(tmp_path, "-e", "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store),
+                    *(controller_files(tmp_path) + list(args)))
 
     bob = subprocess.run([sys.executable, "-m", "edge", "release", "lease", "r3", "--store", str(store), "--run",
                           "bob@ctl2", "--by", "bob@ctl2"], capture_output=True, encoding="utf-8", timeout=120)
@@ -144,6 +139,102 @@ def test_a_second_operators_run_is_refused_before_any_device_naming_the_holder(t
     stolen = run("-e", "jetson_edge_lease_steal=true")
     assert stolen.returncode == 0, stolen.stdout + stolen.stderr
     assert not (store / "rollout" / "_lease.json").exists()  # freed by the last play
+
+
+@pytest.mark.parametrize("action", ["deploy", "rollback"])
+@pytest.mark.parametrize("cache", ["https://cache.example/edge", ""])
+def test_a_rollout_or_kill_switch_without_a_store_the_controller_writes_is_refused_before_anything(tmp_path, action,
+                                                                                                   cache):
+    """Issue 43 MEDIUM 5: with an https:// engine cache the kill switch and failures were recorded nowhere shared
+    (a device offline during the kill switch kept the withdrawn release for good). Refused in one line, before any
+    device play, and nothing is written: no pause file, no record."""
+    pause = tmp_path / "ROLLOUT_PAUSED"
+    run = site(tmp_path, "-e", "jetson_edge_release=r2", "-e", "jetson_edge_action=" + action, "-e",
+               "jetson_edge_engine_cache=" + cache, "-e", "jetson_edge_pause_file=" + str(pause))
+    said = [line for line in run.stdout.splitlines() if line.startswith("[ERROR]")]
+    assert run.returncode != 0 and len(said) == 1, run.stdout[-3000:]
+    assert "not a folder this controller can write; a {} records failed and withdrawn releases there".format(
+        action) in said[0] and said[0].endswith("refused, nothing changed")
+    assert "Find the reachable devices" not in run.stdout and "Withdraw the release" not in run.stdout
+    assert not pause.exists()
+
+
+def controller_files(tmp_path):
+    """The controller-side inputs of a release (stand-ins: packing reads bytes, not models)."""
+    files = tmp_path / "controller"
+    for sub in ("cal", "reg"):
+        (files / sub).mkdir(parents=True, exist_ok=True)
+        (files / sub / "x.jpg").write_bytes(sub.encode() * 50)
+    for ext in (".onnx", ".labels.txt", ".json"):
+        (files / ("m" + ext)).write_bytes(ext.encode())
+    return ["-e", "jetson_edge_model=" + str(files / "m.onnx"), "-e", "jetson_edge_calibration_dir=" +
+            str(files / "cal"), "-e", "jetson_edge_regression_dir=" + str(files / "reg")]
+
+
+def device_bundle_play(tmp_path, store, sha, release="r2"):
+    """The role's bundle.yml for a device after its canary (a folder root, the store as its cache); no controller
+    path is given, so nothing can come from the controller."""
+    playbook = venv_tool("ansible-playbook", "ansible-core")
+    root = tmp_path / "device"
+    for rel in ("opt/jetson-edge/dist", "var/lib/jetson-edge-release/releases/" + release):
+        (root / rel).mkdir(parents=True, exist_ok=True)
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": {
+        "name": os.path.join(ANSIBLE, "roles", "jetson_edge"), "tasks_from": "bundle.yml"}}]}]
+    (tmp_path / "bundle-play.yml").write_text(yaml.safe_dump(play), encoding="utf-8")
+    extra = {"jetson_edge_root": str(root), "jetson_edge_release": release, "jetson_edge_engine_cache": str(store),
+             "jetson_edge_bundle": sha, "jetson_edge_model": "/nonexistent/m.onnx",
+             "ansible_python_interpreter": sys.executable}
+    run = subprocess.run([playbook, "-c", "local", "-i", "localhost,", str(tmp_path / "bundle-play.yml"), "-e",
+                          json.dumps(extra)], capture_output=True, encoding="utf-8", errors="replace", timeout=300,
+                         cwd=str(tmp_path), env=ansible_env(tmp_path / "tmp"))
+    return run, root / "var/lib/jetson-edge-release/releases" / release
+
+
+def test_followers_fetch_the_release_bundle_from_the_store_not_through_the_controller(tmp_path):
+    """Issue 43 (scale): every device got the release's files (wheel, model, sets) copied through the controller.
+    The controller play packs them once into the store (named by their sha256; a re-run writes nothing); a device
+    after its canary fetches that bundle from the cache it reads, verified, and unpacks it into the release folder;
+    a bundle whose bytes do not match its name installs nothing."""
+    store = tmp_path / "store"
+    store.mkdir()
+    args = ["-e", "jetson_edge_release=r2", "-e", "jetson_edge_engine_cache=" + str(store), "-e",
+            "jetson_edge_pause_file=" + str(tmp_path / "ROLLOUT_PAUSED")] + controller_files(tmp_path)
+    first = site(tmp_path, *args)
+    assert first.returncode == 0, first.stdout[-3000:]
+    tars = os.listdir(str(store / "bundle"))
+    assert len(tars) == 1 and re.fullmatch(r"[0-9a-f]{64}\.tar", tars[0])
+    sha = tars[0][:64]
+    again = site(tmp_path, *args)
+    assert again.returncode == 0 and re.search(r"^localhost\s+: ok=\d+\s+changed=0 ", again.stdout, re.M), \
+        again.stdout[-2000:]
+    missing = site(tmp_path, *(args + ["-e", "jetson_edge_model=" + str(tmp_path / "gone.onnx")]))
+    assert missing.returncode != 0 and "gone.onnx: cannot read it for the release bundle: No such file" in \
+        missing.stdout and "Find the reachable devices" not in missing.stdout, missing.stdout[-3000:]
+    run, release = device_bundle_play(tmp_path, store, sha)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert (release / "models" / "m.labels.txt").read_bytes() == b".labels.txt"
+    assert (release / "calibration" / "regression" / "x.jpg").read_bytes() == b"reg" * 50
+    assert (release / (".bundle-" + sha)).exists() and os.listdir(str(tmp_path / "device/opt/jetson-edge/dist")) == []
+    (store / "bundle" / tars[0]).write_bytes(b"not the bundle")  # what a user who can write the store could do
+    run, release = device_bundle_play(tmp_path, store, sha, release="r3")
+    assert run.returncode != 0 and "did not match " + sha in run.stdout
+    assert os.listdir(str(release)) == []
+
+
+def test_a_device_after_its_canary_takes_the_wheel_model_and_sets_from_the_bundle_only():
+    """release.yml: with the bundle the controller's copies of the package, model and sets are skipped and pip
+    installs the wheel the bundle unpacked; a canary keeps the controller's copies."""
+    tasks = {t["name"].split(" (")[0]: t for t in role_tasks("release.yml")}
+    assert tasks["Fetch and unpack the bundle"]["ansible.builtin.include_tasks"] == "bundle.yml"
+    assert "not jetson_edge_gated.stat.exists" in tasks["Take the release's files from the bundle"][
+        "ansible.builtin.set_fact"]["jetson_edge_bundled"]  # a sealed release without its mark: compared as before
+    assert "not jetson_edge_bundled" in tasks["Copy the package and the constraints of the device's JetPack"]["when"]
+    files = {t["name"].split(" (")[0]: t for t in tasks["Release files"]["block"]}
+    for name in ("Copy the FP32 model, its labels and info", "Copy the calibration and regression sets"):
+        assert files[name]["when"] == "not jetson_edge_bundled"
+    pip = tasks["Install the package into its venv"]["block"][0]["ansible.builtin.pip"]
+    assert pip["name"].startswith("{{ jetson_edge_dist }}/") and pip["extra_args"] == \
+        "-c {{ jetson_edge_dist }}/constraints.txt"
 
 
 def role_tasks(name):

@@ -1,8 +1,10 @@
-"""`edge cache fetch|publish`: one build per engine identity (edge/model/engine_cache.py).
+"""`edge cache fetch|publish`: one build per engine identity (edge/model/engine_cache.py); `edge cache bundle`:
+a release's files packed once into the shared store for the devices to fetch (edge/fleet/bundle.py).
 
     edge cache fetch --config C --engine CACHE     exit 0: installed from the cache; 1: miss or corrupt (build);
                                                    2: a cache or destination that cannot be used (one line)
     edge cache publish --config C --engine CACHE   after the build and its gate passed on a canary of this type
+    edge cache bundle STORE --add NAME=PATH ...    prints the bundle's sha256 last (<STORE>/bundle/<sha256>.tar)
 
 CACHE is a folder (NFS, a synced share) or, for fetch, an https:// URL serving one (user:password in it is sent
 as basic auth, never shown); a plain http:// one only with --digest, the entry's digest publish printed.
@@ -12,13 +14,21 @@ import argparse
 from typing import Any
 
 from edge.cli.common import add_command, add_config_flags, config_from_args
-from edge.errors import EXIT_FAIL, EXIT_OK
+from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from edge.model import engine_cache
     from edge.model.plan import check_inputs
 
+    if args.action == "bundle":
+        from edge.fleet import bundle
+
+        pairs = [tuple(spec.split("=", 1)) for spec in args.add or []]
+        if not pairs or any(len(p) != 2 or not p[1] for p in pairs):
+            raise EdgeError("edge cache bundle: give each file or folder as --add NAME=PATH")
+        print(bundle.pack(args.cache, pairs))
+        return EXIT_OK
     plan = check_inputs(config_from_args(args), None, engine=args.engine, show_progress=False)
     if args.action == "publish":
         engine_cache.publish(plan, args.cache)
@@ -27,9 +37,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("fetch", "publish"),
-                   help="fetch: install the cached artifact (exit 1 on a miss); publish: add the installed one")
+    p.add_argument("action", choices=("fetch", "publish", "bundle"),
+                   help="fetch: install the cached artifact (exit 1 on a miss); publish: add the installed one; "
+                        "bundle: pack a release's files (--add) into the store")
     p.add_argument("cache", help="cache folder, or an https:// URL serving one (fetch only)")
+    p.add_argument("--add", action="append", metavar="NAME=PATH",
+                   help="bundle: a file or folder, under NAME in the bundle (repeat)")
     add_config_flags(p, "model.path")
     p.add_argument("--engine", action="store_true", help="the TensorRT engine rather than the Q/DQ ONNX")
     p.add_argument("--digest", metavar="SHA256", help="fetch: the entry's digest (printed by publish); required "
