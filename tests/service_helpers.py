@@ -138,8 +138,10 @@ def ansible_env(temp, **more):
     """The environment of every ansible-playbook and ansible-lint run: Ansible refuses a locale whose encoding is
     not UTF-8 (a machine's LANG may be C, unset or another encoding), so C.UTF-8; no colour; its temps under `temp`
     (the "remote" one too: with USER naming no account, `~` would not expand and land in the checkout)."""
-    return dict(os.environ, LC_ALL="C.UTF-8", ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(temp),
-                ANSIBLE_REMOTE_TMP=os.path.join(str(temp), "remote"), **more)
+    env = dict(os.environ, LC_ALL="C.UTF-8", ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(temp),
+               ANSIBLE_REMOTE_TMP=os.path.join(str(temp), "remote"))
+    env.update(more)
+    return env
 
 
 def write_config(path, data):
