@@ -97,7 +97,9 @@ def test_rollout_story(fleet, tmp_path):
     builders = [h for h in fleet.hosts if os.path.exists(fleet.release_file(h, "r1", "engines/mobilenet_v3_small"
                                                                              ".int8.gate.json"))]
     assert builders == [ORIN]  # the xavier canary found the same engine identity (ONNX Runtime: no board in it)
-    assert len([n for n in os.listdir(fleet.cache) if n != "rollout"]) == 1
+    # one engine entry beside the shared records and the release's bundle, which the followers fetch from here
+    assert len([n for n in os.listdir(fleet.cache) if n not in ("rollout", "bundle")]) == 1
+    assert len(os.listdir(os.path.join(fleet.cache, "bundle"))) == 1
 
     # 2. A re-run with nothing changed: no restart, nothing changed.
     before = logs(fleet)
