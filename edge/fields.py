@@ -24,11 +24,12 @@ OFFLINE = "offline"  # not read by the daemon (the build chain's keys)
 
 def setting(default: Any, help: str, choices: Sequence[Any] = (), low: Optional[float] = None,
             high: Optional[float] = None, length: int = 0, reload: Optional[str] = None, flag: Optional[str] = None,
-            check: Optional[Callable[[Any, str], Any]] = None) -> Any:
+            check: Optional[Callable[[Any, str], Any]] = None, metavar: str = "") -> Any:
     """One config key. `low`/`high`: inclusive range (of every item of a list); `length`: a list's length;
-    `flag`: the command-line flag that overrides it; `check(value, name)`: a parser that raises EdgeError."""
+    `flag`: the command-line flag that overrides it; `check(value, name)`: a parser that raises EdgeError;
+    `metavar`: the flag's value in --help (default: the key's name in capitals)."""
     meta = {"help": help, "choices": tuple(choices), "range": None if low is None else (low, high),
-            "length": length, "flag": flag, "check": check}
+            "length": length, "flag": flag, "check": check, "metavar": metavar}
     if reload is not None:
         meta["reload"] = reload
     if isinstance(default, list):
@@ -185,7 +186,8 @@ def replace_keys(obj: Any, values: Dict[str, Any]) -> Any:
 
 def add_flags(parser: Any, cls: Any, *keys: str) -> None:
     """The declared flag of each dotted key (type, choices and help from its declaration); dest is the key.
-    A list of numbers is spelled comma-separated (`--batch 1,2,4`); a true-or-false option is a switch.
+    A list of numbers is spelled comma-separated (`--batch 1,2,4`), a list of texts by repeating the flag; a
+    true-or-false option is a switch.
     `parser`: an ArgumentParser or one of its argument groups."""
     declared = {dotted: f for dotted, f, _ in leaves(cls)}
     for dotted in keys:
@@ -199,9 +201,14 @@ def add_flags(parser: Any, cls: Any, *keys: str) -> None:
                                 help=meta["help"].replace("%", "%%"))
             continue
         item = f.type.__args__[0] if getattr(f.type, "__origin__", None) in (list, List) else None
+        if item is str:  # a list of texts is a repeated flag
+            parser.add_argument(meta["flag"], dest=dotted, action="append", metavar=meta["metavar"] or None,
+                                help=meta["help"].replace("%", "%%"))
+            continue
         parser.add_argument(meta["flag"], dest=dotted, type=_comma_list(item) if item else f.type,
                             choices=meta["choices"] or None,
-                            metavar=None if meta["choices"] else dotted.rsplit(".", 1)[-1].upper(), help=text)
+                            metavar=None if meta["choices"] else meta["metavar"] or dotted.rsplit(".", 1)[-1].upper(),
+                            help=text)
 
 
 def _comma_list(item: Any) -> Callable[[str], List[Any]]:
@@ -251,6 +258,8 @@ def as_argv(options: Any) -> List[str]:
         value = lookup(options, dotted)
         if f.type is bool:
             argv += [f.metadata["flag"]] if value else []
+        elif isinstance(value, list) and f.type.__args__[0] is str:
+            argv += [text for item in value for text in (f.metadata["flag"], item)]
         else:
             argv += [f.metadata["flag"], _flag_value(value) if isinstance(value, list) else str(value)]
     return argv

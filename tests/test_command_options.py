@@ -9,20 +9,26 @@ import pytest
 import yaml
 
 from edge.bench import check
+from edge.bench.check import RegressionOptions
 from edge.bench.sweep_options import SweepOptions
+from edge.cli import build, cache, classify, demo, doctor, export, gate, rebuild, release, run
 from edge.cli import check as check_command
-from edge.cli import demo, rebuild, release
 from edge.cli.main import build_parser
 from edge.config import Config, load_config
 from edge.fields import as_argv, leaves, options_from
 from edge.model.capture_options import CaptureOptions
+from edge.model.model_add_options import ModelAddOptions
 from edge.model.rebuild_options import RebuildOptions
 
 from conftest import assert_refused, edge_here
 
-DECLARED = (Config, check.CheckOptions, demo.DemoOptions, RebuildOptions, CaptureOptions, SweepOptions,
-            release.ReleaseOptions)
-NOT_YET = {"export"}  # commands whose numeric options are still argparse's own
+DECLARED = (Config, RegressionOptions, check.CheckOptions, demo.DemoOptions, RebuildOptions, CaptureOptions,
+            SweepOptions, release.ReleaseOptions, build.BuildOptions, build.ArtifactOptions, build.ImportOptions,
+            rebuild.ReloadOptions, export.ExportOptions, cache.CacheOptions, classify.ClassifyOptions,
+            doctor.DoctorOptions, run.RunOptions, gate.ExportFlipsOptions, gate.HistoryOptions, ModelAddOptions)
+# The option strings that are no setting: argparse's own (-h/--help, --version), and --config, which names the file
+# the config's settings are read from (a setting cannot choose the file it is read from).
+NOT_SETTINGS = {"-h", "--help", "--version", "--config"}
 
 
 def _commands(parser, prefix=""):
@@ -34,11 +40,30 @@ def _commands(parser, prefix=""):
                     isinstance(a, argparse._SubParsersAction) for a in sub._actions) else [(prefix + name, sub)]
 
 
+def test_every_option_of_every_command_is_a_declared_setting():
+    """A command writes add_argument by hand only for positionals and subcommands: every other option string (but
+    NOT_SETTINGS) is a `setting`'s flag that edge.fields registered, with the declaration's key as its dest and no
+    default of argparse's own."""
+    declared = {}  # flag -> the keys declaring it
+    for cls in DECLARED:
+        for dotted, f, _ in leaves(cls):
+            if f.metadata.get("flag"):
+                declared.setdefault(f.metadata["flag"], set()).add(dotted)
+    parser = build_parser()
+    options = [(name, a) for name, p in [("edge", parser)] + list(_commands(parser)) for a in p._actions
+               if a.option_strings and not set(a.option_strings) <= NOT_SETTINGS]
+    assert len(options) > 100
+    by_hand = ["{} {}".format(name, "/".join(a.option_strings)) for name, a in options
+               if len(a.option_strings) != 1 or a.dest not in declared.get(a.option_strings[0], ()) or
+               a.default is not None]
+    assert by_hand == []
+
+
 def test_a_numeric_option_with_a_default_is_a_declared_one():
     """A command's number with a default of its own (a second declaration beside the config's or the command's
     options) fails here: it must be a `setting` whose flag argparse got from edge.fields."""
     flags = {f.metadata["flag"] for cls in DECLARED for _, f, _ in leaves(cls) if f.metadata["flag"]}
-    numeric = [(name, action) for name, parser in _commands(build_parser()) if name.split()[0] not in NOT_YET
+    numeric = [(name, action) for name, parser in _commands(build_parser())
                for action in parser._actions if action.option_strings and action.type in (int, float)]
     assert len(numeric) > 20
     undeclared = [(name, a.option_strings[0]) for name, a in numeric
@@ -64,6 +89,20 @@ def _parse(add_arguments, argv):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args([str(a) for a in argv])
+
+
+def test_a_repeated_flag_and_a_switch_read_back_as_declared():
+    """A list of texts is a repeated flag (`--add A --add B`), a switch is true only when given; nothing given is
+    the declared default."""
+    wanted = cache.CacheOptions(add=["model=m.onnx", "labels=m.txt"], digest="ab" * 32)
+    argv = ["fetch", "c"] + as_argv(wanted)
+    assert argv.count("--add") == 2
+    assert options_from(_parse(cache.add_arguments, argv), cache.CacheOptions) == wanted
+    assert options_from(_parse(cache.add_arguments, ["fetch", "c"]), cache.CacheOptions) == cache.CacheOptions()
+    given = options_from(_parse(rebuild.add_arguments, ["--pid", 42, "--systemd", "--dry-run"]),
+                         rebuild.ReloadOptions)
+    assert given == rebuild.ReloadOptions(pid=42, systemd=True, dry_run=True)
+    assert (given.unit, given.no_reload) == (rebuild.DEFAULT_UNIT, False)
 
 
 def test_the_rebuild_job_built_in_code_is_the_one_the_command_line_gives():

@@ -25,6 +25,9 @@ class RegressionOptions:
                                     flag="--regression-pct")
     regression_ms: float = setting(0.2, "... and a latency by more than this many ms", low=0.0, high=1e9,
                                    flag="--regression-ms")
+    compare: str = setting("", "a previous report of this command: flag what got worse (check: per-stage "
+                               "p50/p99; sweep: cells)", flag="--compare", metavar="PATH")
+    fail_on_regression: bool = setting(False, "exit 1 when a regression is flagged", flag="--fail-on-regression")
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class CheckOptions(RegressionOptions):
     plot: str = setting("latency-check.png", "PNG figure, 1200x900 px ('' for none)", flag="--plot")
 
 
-def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None, *, clock_root: str = "/",
+def run_check(cfg: Config, options: CheckOptions, *, clock_root: str = "/",
               out: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> Dict[str, Any]:
     """Run the check with config `cfg` (its runtime.budget_ms applies; options.warmup is its runtime.warmup);
     returns the report.
@@ -64,7 +67,7 @@ def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None
     check_options(options)
     frames, json_path, plot_path = options.frames, options.json or None, options.plot or None
     _check_outputs(json_path, plot_path)
-    prev = load_previous(previous) if previous else None
+    prev = load_previous(options.compare) if options.compare else None
     cfg = with_overrides(cfg, {
         "runtime.frames": frames,
         "runtime.warmup": options.warmup,
@@ -85,7 +88,7 @@ def run_check(cfg: Config, options: CheckOptions, previous: Optional[str] = None
                           duration_s=series.duration_s(), warnings=warnings, telemetry=telemetry.summary(),
                           system=system_info(clocks))
     if prev:
-        report["comparison"] = compare(report["stages_ms"], prev, previous or "", pct=options.regression_pct,
+        report["comparison"] = compare(report["stages_ms"], prev, options.compare, pct=options.regression_pct,
                                        ms=options.regression_ms)
     if plot_path:
         report["figure"] = plot(plot_path, report, series, telemetry.samples, series.t0 or 0.0)

@@ -1,5 +1,6 @@
 """`edge sweep`'s options, declared once (edge.fields): argparse (edge/cli/sweep.py), the bounds check and a caller
-building a sweep in code read this one declaration. The regression thresholds are `edge check`'s (one default)."""
+building a sweep in code read this one declaration. The regression thresholds, --compare and --fail-on-regression
+are `edge check`'s (one default)."""
 
 import os
 from dataclasses import dataclass
@@ -42,8 +43,6 @@ class SweepOptions(RegressionOptions):
     json: str = setting("sweep.json", "JSON report ('' for none)", flag="--json")
     csv: str = setting("sweep.csv", "one row per cell ('' for none)", flag="--csv")
     plot: str = setting("sweep.png", "PNG figure ('' for none)", flag="--plot")
-    compare: str = setting("", "a previous sweep's JSON: flag cells that got worse", flag="--compare")
-    fail_on_regression: bool = setting(False, "exit 1 when a regression is flagged", flag="--fail-on-regression")
 
     def outputs(self) -> List[Any]:
         """(path, what) of each output asked for, the JSON report first: the one a late failure must not cost."""

@@ -7,12 +7,48 @@ so Ctrl-C at any point reaches the command's one error path.
 import argparse
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.errors import EXIT_FAIL, EXIT_OK
-from edge.fields import add_flags, leaves, options_from
+from edge.fields import add_flags, leaves, options_from, setting
 from edge.model.capture_options import CaptureOptions
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """`edge build`'s switches, declared once (edge.fields); `edge rebuild` shares the engine and gate ones."""
+
+    engine: bool = setting(False, "build a TensorRT engine for this GPU (on the device)", flag="--engine")
+    calibrator: bool = setting(False, "with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT "
+                                      "8.5/10 only)", flag="--calibrator")
+    no_progress: bool = setting(False, "no calibration progress bar", flag="--no-progress")
+    needed: bool = setting(False, "build nothing: exit 0 when model.path's engine is missing or does not fit this "
+                                  "board, TensorRT and CUDA, 1 when it fits (systemd/jetson-edge-engine.service)",
+                           flag="--needed")
+    accept_inconclusive: bool = setting(False, "install even when the gate cannot tell (too few images for its "
+                                               "claim); the manifest and the log record it, and it counts as one of "
+                                               "the 10 looks at the regression set", flag="--accept-inconclusive")
+    untrained: bool = setting(False, "the model has untrained (random) weights: the gate is reported, not enforced, "
+                                     "and the artifact is marked untrained (a model without model info is otherwise "
+                                     "gated as trained)", flag="--untrained")
+
+
+@dataclass(frozen=True)
+class ArtifactOptions:
+    """Which installed artifact `edge rollback` (and `edge cache`: --engine) means."""
+
+    engine: bool = setting(False, "the TensorRT engine rather than the Q/DQ ONNX", flag="--engine")
+    artifact: str = setting("", "the installed artifact to roll back (overrides the above)", flag="--artifact")
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """`edge calibrate import`'s option."""
+
+    labels: str = setting("", "the model's labels file (<model>.labels.txt): class folders may be its lines",
+                          flag="--labels")
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -21,11 +57,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     from edge.store.artifact import served_note
 
     cfg = config_from_args(args)
-    if args.needed:
+    opts = options_from(args, BuildOptions)
+    if opts.needed:
         return engine_needed(cfg.model.path)
     started = time.monotonic()
-    plan = check_inputs(cfg, None, engine=args.engine, calibrator=args.calibrator, show_progress=not args.no_progress,
-                        untrained=args.untrained, accept_inconclusive=args.accept_inconclusive)
+    plan = check_inputs(cfg, None, engine=opts.engine, calibrator=opts.calibrator, show_progress=not opts.no_progress,
+                        untrained=opts.untrained, accept_inconclusive=opts.accept_inconclusive)
     print("build: inputs checked in {:.1f} s".format(time.monotonic() - started))
     note = served_note(cfg.model.path, plan.artifact) if cfg.model.path != plan.source else None
     if note:
@@ -60,7 +97,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from edge.model.calibration import class_index_of
         from edge.model.imagenet_set import imagenet1k_wordnet
 
-        relabel = class_index_of(load_labels(args.labels) if args.labels else None, imagenet1k_wordnet, args.src)
+        labels = options_from(args, ImportOptions).labels
+        relabel = class_index_of(load_labels(labels) if labels else None, imagenet1k_wordnet, args.src)
         build = config_from_args(args).build
         import_calibration_set(args.src, args.out, build.min_images, relabel=relabel,
                                regression=os.path.abspath(args.out) == os.path.abspath(build.regression_dir))
@@ -87,8 +125,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from edge.store.artifact import rollback, writing
 
     cfg = config_from_args(args)
-    fmt = format_for(args.engine or bool(args.artifact and args.artifact.endswith(".engine")))
-    target = args.artifact or artifact_path(source_model(cfg.model.path), cfg.build.engines_dir,
+    opts = options_from(args, ArtifactOptions)
+    fmt = format_for(opts.engine or opts.artifact.endswith(".engine"))
+    target = opts.artifact or artifact_path(source_model(cfg.model.path), cfg.build.engines_dir,
                                             cfg.build.precision, fmt)
     with writing(os.path.dirname(os.path.abspath(target)), "edge rollback"):
         rollback(target, verify_kept=fmt.verify)  # what is put back is verified as a build verifies what it installs
@@ -98,24 +137,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, "model.path", "build.method", "build.precision", "build.calibration_dir",
                      "build.regression_dir")
-    p.add_argument("--engine", action="store_true", help="build a TensorRT engine for this GPU")
-    p.add_argument("--calibrator", action="store_true",
-                   help="with --engine: TensorRT's entropy calibrator on the FP32 model (TensorRT 8.5/10 only)")
-    p.add_argument("--no-progress", action="store_true", help="no calibration progress bar")
-    p.add_argument("--needed", action="store_true",
-                   help="build nothing: exit 0 when model.path's engine is missing or does not fit this board, "
-                        "TensorRT and CUDA, 1 when it fits (systemd/jetson-edge-engine.service)")
-    add_gate_arguments(p)
-    p.add_argument("--untrained", action="store_true",
-                   help="the model has untrained (random) weights: the gate is reported, not enforced, and the "
-                        "artifact is marked untrained (a model without model info is otherwise gated as trained)")
-
-
-def add_gate_arguments(p: argparse.ArgumentParser) -> None:
-    """The gate's flag `edge build` and `edge rebuild` share."""
-    p.add_argument("--accept-inconclusive", action="store_true",
-                   help="install even when the gate cannot tell (too few images for its claim); the manifest and "
-                        "the log record it, and it counts as one of the 10 looks at the regression set")
+    add_flags(p, BuildOptions, *(dotted for dotted, _, _ in leaves(BuildOptions)))
 
 
 def _add_calibrate_parser(subparsers: Any) -> None:
@@ -129,7 +151,7 @@ def _add_calibrate_parser(subparsers: Any) -> None:
                                      "A top-1 claim of +-1 pp needs ~2,400-4,700 labelled images (docs/build.md).")
     imp.add_argument("src", help="folder of images; a folder per class makes them labelled")
     imp.add_argument("out", help="new set folder (replaced atomically)")
-    imp.add_argument("--labels", help="the model's labels file (<model>.labels.txt): class folders may be its lines")
+    add_flags(imp, ImportOptions, "labels")
     add_config_flags(imp, "build.min_images")
     cap = sub.add_parser("capture", help="keep every k-th frame of a source, skipping near-duplicates")
     cap.add_argument("out", nargs="?", help="set folder (default build.calibration_dir)")
@@ -145,8 +167,7 @@ def _add_calibrate_parser(subparsers: Any) -> None:
 def _add_rollback_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("rollback", help="swap the installed artifact with the one in <engines>/previous/")
     add_config_flags(p, "model.path")  # the artifact built from it (build.engines_dir, build.precision)
-    p.add_argument("--engine", action="store_true", help="the TensorRT engine rather than the Q/DQ ONNX")
-    p.add_argument("--artifact", help="the installed artifact to roll back (overrides the above)")
+    add_flags(p, ArtifactOptions, "engine", "artifact")
     p.set_defaults(func=cmd_rollback)
 
 

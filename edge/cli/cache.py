@@ -11,29 +11,44 @@ as basic auth, never shown); a plain http:// one only with --digest, the entry's
 """
 
 import argparse
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, List
 
+from edge.cli.build import ArtifactOptions
 from edge.cli.common import add_command, add_config_flags, config_from_args
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError
+from edge.fields import add_flags, options_from, setting
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """`edge cache`'s own flags, declared once (edge.fields); --engine is edge rollback's."""
+
+    add: List[str] = setting([], "bundle: a file or folder, under NAME in the bundle (repeat)", flag="--add",
+                             metavar="NAME=PATH")
+    digest: str = setting("", "fetch: the entry's digest (printed by publish); required over plain http://",
+                          flag="--digest", metavar="SHA256")
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from edge.model import engine_cache
     from edge.model.plan import check_inputs
 
+    opts = options_from(args, CacheOptions)
     if args.action == "bundle":
         from edge.fleet import bundle
 
-        pairs = [tuple(spec.split("=", 1)) for spec in args.add or []]
+        pairs = [tuple(spec.split("=", 1)) for spec in opts.add]
         if not pairs or any(len(p) != 2 or not p[1] for p in pairs):
             raise EdgeError("edge cache bundle: give each file or folder as --add NAME=PATH")
         print(bundle.pack(args.cache, pairs))
         return EXIT_OK
-    plan = check_inputs(config_from_args(args), None, engine=args.engine, show_progress=False)
+    engine = options_from(args, ArtifactOptions).engine
+    plan = check_inputs(config_from_args(args), None, engine=engine, show_progress=False)
     if args.action == "publish":
         engine_cache.publish(plan, args.cache)
         return EXIT_OK
-    return EXIT_OK if engine_cache.fetch(plan, args.cache, digest=args.digest) else EXIT_FAIL
+    return EXIT_OK if engine_cache.fetch(plan, args.cache, digest=opts.digest or None) else EXIT_FAIL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,12 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fetch: install the cached artifact (exit 1 on a miss); publish: add the installed one; "
                         "bundle: pack a release's files (--add) into the store")
     p.add_argument("cache", help="cache folder, or an https:// URL serving one (fetch only)")
-    p.add_argument("--add", action="append", metavar="NAME=PATH",
-                   help="bundle: a file or folder, under NAME in the bundle (repeat)")
+    add_flags(p, CacheOptions, "add")
     add_config_flags(p, "model.path")
-    p.add_argument("--engine", action="store_true", help="the TensorRT engine rather than the Q/DQ ONNX")
-    p.add_argument("--digest", metavar="SHA256", help="fetch: the entry's digest (printed by publish); required "
-                                                       "over plain http://")
+    add_flags(p, ArtifactOptions, "engine")
+    add_flags(p, CacheOptions, "digest")
 
 
 def register(subparsers: Any) -> None:

@@ -22,8 +22,6 @@ from edge.fields import add_flags, leaves, options_from
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p)
     add_flags(p, CheckOptions, *(dotted for dotted, _, _ in leaves(CheckOptions)))
-    p.add_argument("--compare", metavar="PATH", help="a previous report: flag per-stage p50/p99 regressions")
-    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is flagged")
 
 
 def register(subparsers: Any) -> None:
@@ -33,11 +31,11 @@ def register(subparsers: Any) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     options = options_from(args, CheckOptions)
-    report = run_check(config_from_args(args, serves_cameras=True), options, args.compare,
+    report = run_check(config_from_args(args, serves_cameras=True), options,
                        out=lambda s: print(s, flush=True), warn=lambda s: print("edge check: " + s, file=sys.stderr))
     if not verdict(report, options.json or "the report").passed:
         return EXIT_FAIL
-    if args.fail_on_regression and report["comparison"] and report["comparison"]["regressions"]:
+    if options.fail_on_regression and report["comparison"] and report["comparison"]["regressions"]:
         return EXIT_FAIL
     return EXIT_OK
 

@@ -19,10 +19,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.errors import EXIT_OK, EdgeError, first_line
+from edge.fields import add_flags, options_from, setting
 from edge.inputs import read_image
 
 # image files found in a folder that are not read (IMAGE_EXTENSIONS are): named, not silently left out
@@ -30,10 +32,17 @@ OTHER_IMAGE_TYPES = (".gif", ".ico", ".jp2", ".j2k", ".jpx", ".heic", ".heif", "
                      ".exr", ".hdr", ".pfm", ".dng", ".cr2", ".nef", ".raw")
 
 
+@dataclass(frozen=True)
+class ClassifyOptions:
+    """`edge classify`'s own flag, declared once (edge.fields)."""
+
+    json: bool = setting(False, "one JSON line per image instead of the table", flag="--json")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="IMAGE|FOLDER", help="image files, or folders of them")
     add_config_flags(p, "model.path", "backend.kind", "preprocess.device", "runtime.top_k")
-    p.add_argument("--json", action="store_true", help="one JSON line per image instead of the table")
+    add_flags(p, ClassifyOptions, "json")
 
 
 def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str], str]]:
@@ -116,7 +125,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
     from edge.infer.stages import build_stages
 
     stages = build_stages(config_from_args(args))
-    classified, skipped = 0, 0
+    classified, skipped, json_lines = 0, 0, options_from(args, ClassifyOptions).json
     accuracy = Accuracy(stages.postprocess.labels, stages.postprocess.k)
     try:
         if stages.warning:
@@ -136,7 +145,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
                 continue
             top = prediction.as_dict()["top"]
             accuracy.add(folder, prediction.indices)
-            if args.json:
+            if json_lines:
                 print(json.dumps({"file": path, "top": top, "ms": round((time.monotonic() - started) * 1e3, 2)},
                                  allow_nan=False))
             else:
@@ -150,7 +159,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
         raise EdgeError("no image could be read ({} skipped)".format(skipped))
     line = accuracy.line()
     if line:
-        print(line, file=sys.stderr if args.json else sys.stdout)
+        print(line, file=sys.stderr if json_lines else sys.stdout)
     return EXIT_OK
 
 

@@ -46,12 +46,13 @@ def gui_problem(cv2: Any) -> Optional[str]:
 class DemoOptions:
     """`edge demo`'s own flags with their defaults and bounds, declared once (edge.fields)."""
 
+    headless: bool = setting(False, "no window: serve the annotated stream over HTTP", flag="--headless")
     host: str = setting("127.0.0.1", "address to listen on (127.0.0.1: this machine only)", flag="--host")
     port: int = setting(8080, "port for --headless (0: a free one)", low=0, high=65535, flag="--port")
     jpeg_quality: int = setting(80, "JPEG quality of the stream", low=1, high=100, flag="--jpeg-quality")
 
 
-def run_demo(cfg: Config, headless: bool, options: DemoOptions, log: Any = None) -> Dict[str, Any]:
+def run_demo(cfg: Config, options: DemoOptions, log: Any = None) -> Dict[str, Any]:
     """Run the pipeline with the overlay until stopped (Ctrl-C, SIGTERM, q/Esc in the window), runtime.frames, or
     the source's end; returns the final latency report."""
     from edge.service.demo_stream import FrameHub, OverlaySink, open_server  # the frame path: loaded when run
@@ -60,7 +61,7 @@ def run_demo(cfg: Config, headless: bool, options: DemoOptions, log: Any = None)
     from edge.service.signals import StopFlag
 
     cv2: Any = require("cv2")
-    if not headless:
+    if not options.headless:
         problem = gui_problem(cv2)
         if problem:
             raise EdgeError("{}: run with --headless --port 8080 and open http://127.0.0.1:8080/ "
@@ -69,11 +70,11 @@ def run_demo(cfg: Config, headless: bool, options: DemoOptions, log: Any = None)
     cfg = with_overrides(cfg, {"service.metrics.enabled": False})  # the service may hold the port
     trained = bool(read_model_info(cfg.model.path).get("trained"))
     hub = FrameHub({"warning": None if trained else UNTRAINED_WARNING, "source": redact(cfg.source.uri),
-                    "budget_ms": cfg.runtime.budget_ms}) if headless else None
+                    "budget_ms": cfg.runtime.budget_ms}) if options.headless else None
     server = open_server(options.host, options.port, hub) if hub is not None else None
     try:
         with StopFlag() as stop:  # Ctrl-C, SIGTERM: the report, then exit 0
-            sink = OverlaySink(cfg.runtime.budget_ms, trained, hub, window=not headless,
+            sink = OverlaySink(cfg.runtime.budget_ms, trained, hub, window=not options.headless,
                                jpeg_quality=options.jpeg_quality, stop=stop,
                                on_first_frame=lambda: _announce(server, runtime))
             runtime = Runtime(cfg, [sink], log)
@@ -104,7 +105,6 @@ def _announce(server: Any, runtime: Any) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, *PIPELINE_KEYS, "runtime.frames")
-    p.add_argument("--headless", action="store_true", help="no window: serve the annotated stream over HTTP")
     add_flags(p, DemoOptions, *(dotted for dotted, _, _ in leaves(DemoOptions)))
 
 
@@ -114,7 +114,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    run_demo(config_from_args(args, serves_cameras=True), args.headless, options_from(args, DemoOptions))
+    run_demo(config_from_args(args, serves_cameras=True), options_from(args, DemoOptions))
     return EXIT_OK
 
 

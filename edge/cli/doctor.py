@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from edge import __version__
@@ -27,6 +28,7 @@ from edge.board import clock_state, gpu_identity, is_jetson, package_version, te
 from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config, cameras
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, first_line
+from edge.fields import add_flags, options_from, setting
 from edge.service.telemetry import JTOP_SOCKET
 from edge.store.artifact import check_engine
 from edge.uri import redact
@@ -338,7 +340,7 @@ def diagnose(cfg: Config, root: str = "/") -> List[Line]:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
-    if args.as_service:
+    if options_from(args, DoctorOptions).as_service:
         from edge.cli.doctor_service import run_as_service
 
         return run_as_service(sys.argv[2:] if sys.argv[1:2] == ["doctor"] else sys.argv[1:])
@@ -355,10 +357,17 @@ def cmd_doctor(args: argparse.Namespace, out: Callable[[str], None] = print) -> 
     return EXIT_FAIL if failed else EXIT_OK
 
 
+@dataclass(frozen=True)
+class DoctorOptions:
+    """`edge doctor`'s own flag, declared once (edge.fields)."""
+
+    as_service: bool = setting(False, "run the checks as the service runs: its user, groups and sandbox "
+                                      "(systemd-run; as root)", flag="--as-service")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p)
-    p.add_argument("--as-service", action="store_true",
-                   help="run the checks as the service runs: its user, groups and sandbox (systemd-run; as root)")
+    add_flags(p, DoctorOptions, "as_service")
 
 
 def register(subparsers: Any) -> None:

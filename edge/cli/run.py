@@ -6,19 +6,28 @@ systemd (the journal). Then the per-stage table on stderr, ending with what it c
 for another program: service.results.path (docs/service.md#results)."""
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from edge.cli.common import PIPELINE_KEYS, add_command, add_config_flags, config_from_args
 from edge.errors import EXIT_OK
+from edge.fields import add_flags, options_from, setting
 from edge.service.signals import StopFlag  # light: signal and threading only
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """`edge run`'s own flag, declared once (edge.fields)."""
+
+    json: bool = setting(False, "every event as a JSON line on stdout, each missed frame's frame_miss too (always so "
+                                "under systemd, where stdout is the journal); without it: the start, a summary per "
+                                "runtime.report_every frames, errors and the report, then the table on stderr",
+                         flag="--json")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, *PIPELINE_KEYS, "runtime.frames")
-    p.add_argument("--json", action="store_true",
-                   help="every event as a JSON line on stdout, each missed frame's frame_miss too (always so under "
-                        "systemd, where stdout is the journal); without it: the start, a summary per "
-                        "runtime.report_every frames, errors and the report, then the table on stderr")
+    add_flags(p, RunOptions, "json")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -29,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         # SIGHUP re-reads the config file and re-applies the same flags.
         runtime = Runtime(config_from_args(args, serves_cameras=True),
-                          log=JsonLog(quiet=() if args.json else ("frame_miss",)),
+                          log=JsonLog(quiet=() if options_from(args, RunOptions).json else ("frame_miss",)),
                           reload_config=lambda: config_from_args(args, serves_cameras=True))
         run(runtime, stop, table="edge run")
     return EXIT_OK
