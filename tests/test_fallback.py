@@ -2,6 +2,7 @@
 float and records why, and the gate judges the result once; when INT8 is broken everywhere (grey calibration), no
 handful of float layers hides it."""
 
+import json
 import os
 
 import numpy as np
@@ -117,6 +118,11 @@ def test_build_leaves_the_broken_layer_in_float_and_passes(digits, tmp_path, mon
     floats = [r["node"] for r in quantize["float_layers"]]
     assert broken["node"] in floats and len(floats) <= 8
     assert all("why" in r and r["recovers"] > 0 for r in quantize["float_layers"][:1])
+    ranked = quantize["float_layers_ranked"]  # the per-layer damage ranking, every quantised layer, worst first
+    assert [r["node"] for r in ranked[:len(floats)]] == floats and len(ranked) > len(floats)
+    assert [r["recovers"] for r in ranked] == sorted((r["recovers"] for r in ranked), reverse=True)
+    with open(str(tmp_path / "engines" / "digits.int8.gate.json"), encoding="utf-8") as fh:
+        assert json.load(fh)["float_layers_ranked"] == ranked  # in the gate report too
     assert broken["node"] in quantize["excluded_nodes"]
     cost = quantize["float_layers_cost"]
     assert 0 < cost["float_share_of_macs"] < 1 and cost["expected_engine_time_increase_pct"] > 0

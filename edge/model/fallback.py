@@ -24,6 +24,7 @@ from edge.model.placement import drop_unread_pairs, pairs_by_consumer
 FP16_TIME_PER_INT8 = 2.0  # Orin's dense FP16 tensor-core rate is half its INT8 rate (on paper)
 _COMPUTE = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 SWITCH = "edge_float_layer"  # the ranking model's extra input
+RANKED_KEPT = 20  # the most damaging layers of the ranking that the manifest keeps (Polygraphy's debug precision)
 
 
 def quantized_inputs(model: Any) -> Dict[str, List[Tuple[Any, Any]]]:
@@ -75,7 +76,10 @@ def _switchable(emulated: Any, qdq: Any, layers: Sequence[str]) -> Any:
     return emulated
 
 
-def rank_layers(fidelity: Fidelity, qdq: Any) -> List[Dict[str, Any]]:
+Ranking = List[Dict[str, Any]]  # [{"node": layer, "recovers": ...}], most first
+
+
+def rank_layers(fidelity: Fidelity, qdq: Any) -> Ranking:
     """Every quantised compute layer with what leaving it alone in float recovers, most first."""
     pairs = quantized_inputs(qdq)
     layers = [node.name for node in qdq.graph.node
@@ -114,9 +118,10 @@ def expected_cost(fp32_path: str, nodes: Sequence[str]) -> Dict[str, Any]:
 
 
 def search(fidelity: Fidelity, qdq_path: str, thresholds: GateConfig, limit: int, stage: Callable[[str], str],
-           log: Callable[..., None]) -> Tuple[Optional[str], List[Dict[str, Any]], Dict[str, Any]]:
+           log: Callable[..., None]) -> Tuple[Optional[str], Ranking, Dict[str, Any], Ranking]:
     """Leave the most damaging layers in float until the held-out images meet the gate's cosine thresholds:
-    (that model's path or None, the float layers with what each recovers, the last held-out verdict)."""
+    (that model's path or None, the float layers with what each recovers, the last held-out verdict, the ranking of
+    every quantised layer)."""
     onnx = require("onnx")
     qdq = onnx.load(qdq_path)
     ranked = rank_layers(fidelity, qdq)
@@ -134,6 +139,6 @@ def search(fidelity: Fidelity, qdq_path: str, thresholds: GateConfig, limit: int
         if verdict["passed"]:
             path = stage(os.path.splitext(qdq_path)[0] + ".float{}.onnx".format(count))
             onnx.save(model, path)
-            return path, chosen, verdict
+            return path, chosen, verdict, ranked
         count = count * 2 if count * 2 <= limit or count == limit else limit
-    return None, chosen, verdict
+    return None, chosen, verdict, ranked

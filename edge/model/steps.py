@@ -30,7 +30,7 @@ from edge.infer.qdq_emulation import int8_kernels_saturate
 from edge.interrupts import Phase
 from edge.model.auto_method import quantize
 from edge.model.calibration import CalibrationSet, warn_if_few
-from edge.model.fallback import expected_cost, search
+from edge.model.fallback import RANKED_KEPT, expected_cost, search
 from edge.model.fidelity import Fidelity, split
 from edge.model.gate import GateResult, enforce, evaluate, kernel_distance, write_report
 from edge.model.gate_looks import history_entry, history_path, next_look, record_history, record_look
@@ -205,7 +205,8 @@ def step_fallback(plan: BuildPlan, state: BuildState, log: Log) -> None:
     log("fallback: with every quantised layer in INT8, {} held-out calibration images miss the gate's cosine "
         "thresholds (mean {:.4f}, p5 {:.4f}); looking for the layers that break it".format(
             plain["images"], plain["mean_cosine"], plain["p5_cosine"]))
-    path, chosen, verdict = search(fidelity, state.candidate, thresholds, limit, state.stage, log)
+    path, chosen, verdict, ranked = search(fidelity, state.candidate, thresholds, limit, state.stage, log)
+    summary["float_layers_ranked"] = ranked[:RANKED_KEPT]  # the per-layer damage, kept whatever was chosen
     if path is None:
         log("fallback: still short with {} layers in float; the gate judges the INT8 model".format(len(chosen)))
         summary["float_layers_tried"] = {"layers": chosen, "held_out": verdict}
