@@ -180,29 +180,34 @@ def test_the_paired_interval_is_honest_without_discordant_pairs_and_wald_like_wi
 
 # --- the verdict on constructed outcomes --------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def forty(tmp_path_factory):
-    """40 labelled images (class index subfolders 0-3), each a distinct solid colour."""
+def solid_colours(tmp_path_factory, name):
+    """40 labelled images (class index subfolders 0-3), each a distinct solid colour, imported as set `name`."""
     import cv2
 
     from edge.model.calibration import import_calibration_set
 
-    raw = tmp_path_factory.mktemp("forty-raw")
+    raw = tmp_path_factory.mktemp(name + "-raw")
     for i in range(40):
         (raw / str(i % 4)).mkdir(exist_ok=True)
         cv2.imwrite(str(raw / str(i % 4) / "{:02d}.png".format(i)), np.full((32, 32, 3), 5 * i, np.uint8))
-    return import_calibration_set(str(raw), str(tmp_path_factory.mktemp("sets") / "forty"), log=quiet)
+    return import_calibration_set(str(raw), str(tmp_path_factory.mktemp("sets") / name), log=quiet)
 
 
-def by_image(images, outputs):
-    """A CalibrationSet reading `images`' files and models answering `outputs[model][file]` for each image read."""
+@pytest.fixture(scope="module")
+def forty(tmp_path_factory):
+    return solid_colours(tmp_path_factory, "forty")
+
+
+def by_image(images, outputs, *, manifest=False):
+    """A CalibrationSet reading `images`' files (with their manifest: the sizes strata are read from) and models
+    answering `outputs[model][file]` for each image read."""
     current = {}
 
     def read(name, _read=images.read):
         current["name"] = name
         return _read(name)
 
-    s = CalibrationSet(images.root, images.files, images.sha256)
+    s = CalibrationSet(images.root, images.files, images.sha256, images.manifest if manifest else {})
     s.read = read
     return s, [lambda tensor, out=out: out[current["name"]] for out in outputs]
 

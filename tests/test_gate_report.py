@@ -5,10 +5,11 @@ import os
 
 import numpy as np
 import pytest
+from test_gate import by_image, solid_colours
 
 from edge.cli.main import main as edge
 from edge.config import GateConfig, PreprocessConfig
-from edge.model.calibration import CalibrationSet, import_calibration_set, load_calibration_set
+from edge.model.calibration import load_calibration_set
 from edge.model.gate import evaluate, resolve_labels, write_report
 from edge.model.gate_report import markdown, summary_path, write_summary
 from edge.model.gate_report import text as text_of
@@ -19,36 +20,19 @@ HOSTILE = "a|b <script>alert(1)</script>\nrow `x`"
 
 @pytest.fixture(scope="module")
 def regression(tmp_path_factory):
-    """40 labelled images (class index folders 0-3), each a distinct solid colour."""
-    import cv2
-
-    raw = tmp_path_factory.mktemp("raw")
-    for i in range(40):
-        (raw / str(i % 4)).mkdir(exist_ok=True)
-        cv2.imwrite(str(raw / str(i % 4) / "{:02d}.png".format(i)), np.full((32, 32, 3), 5 * i, np.uint8))
-    return import_calibration_set(str(raw), str(tmp_path_factory.mktemp("sets") / "regression"), log=quiet)
+    return solid_colours(tmp_path_factory, "regression")
 
 
 @pytest.fixture(scope="module")
 def report(regression, tmp_path_factory):
     """The gate's report where the candidate turns the first 4 images' right answers wrong, written as a build
     writes it."""
-    current = {}
-
-    def read(name, _read=regression.read):
-        current["name"] = name
-        return _read(name)
-
-    images = CalibrationSet(regression.root, regression.files, regression.sha256, regression.manifest)
-    images.read = read
-    truth = {n: int(n.split("/")[0]) for n in images.files}
-    flipped = set(images.files[:4])
-
-    def model(flip):
-        return lambda tensor: 10 * np.eye(4, dtype=np.float32)[(truth[current["name"]] + (
-            1 if flip and current["name"] in flipped else 0)) % 4]
-
-    result = evaluate(model(False), model(True), images, PreprocessConfig(resize=32, crop=32),
+    truth = {n: int(n.split("/")[0]) for n in regression.files}
+    flipped = set(regression.files[:4])
+    images, (reference, candidate) = by_image(regression, [
+        {n: 10 * np.eye(4, dtype=np.float32)[(truth[n] + (1 if flip and n in flipped else 0)) % 4] for n in truth}
+        for flip in (False, True)], manifest=True)
+    result = evaluate(reference, candidate, images, PreprocessConfig(resize=32, crop=32),
                       GateConfig(min_agreement=0.0, min_mean_cosine=-1.0, min_p5_cosine=-1.0,
                                  max_confident_flip_pct=100.0, max_top1_drop_pp=50.0))
     path = str(tmp_path_factory.mktemp("engines") / "m.int8.gate.json")

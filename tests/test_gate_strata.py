@@ -3,6 +3,7 @@ report's table and claim name the stratum, and a stratum beyond the limit on its
 
 import numpy as np
 import pytest
+from test_gate import by_image
 
 from edge.config import GateConfig, PreprocessConfig
 from edge.model.calibration import CalibrationSet, import_calibration_set
@@ -29,18 +30,10 @@ def two_kinds(tmp_path_factory):
 
 def judge(images, damaged, limit):
     """FP32 right on every image; the candidate wrong on `damaged` (file names)."""
-    current = {}
-
-    def read(name, _read=images.read):
-        current["name"] = name
-        return _read(name)
-
-    s = CalibrationSet(images.root, images.files, images.sha256, images.manifest)
-    s.read = read
     truth = {n: int(n.split("/")[0]) for n in images.files}
-    ref = lambda tensor: 10 * np.eye(10, dtype=np.float32)[None, truth[current["name"]]]  # noqa: E731
-    cand = lambda tensor: 10 * np.eye(10, dtype=np.float32)[  # noqa: E731
-        None, (truth[current["name"]] + 5 * (current["name"] in damaged)) % 10]
+    answers = [{n: (truth[n] + 5 * (damage and n in damaged)) % 10 for n in truth} for damage in (False, True)]
+    s, (ref, cand) = by_image(images, [{n: 10 * np.eye(10, dtype=np.float32)[None, k] for n, k in a.items()}
+                                       for a in answers], manifest=True)
     return evaluate(ref, cand, s, PREPROCESS, GateConfig(
         min_agreement=0.0, min_mean_cosine=-1.0, min_p5_cosine=-1.0, max_confident_flip_pct=100.0,
         max_top1_drop_pp=limit)).report
