@@ -3,7 +3,8 @@
 #   scripts/bootstrap.sh         runtime: cpu, export, service, check extras
 #   scripts/bootstrap.sh --dev   also test tools, the fleet and modelopt extras, tensorrt-stubs, and (as root)
 #                                Debian's systemd, prometheus (promtool), chromium, GStreamer + gst-rtsp-server
-#                                and python3-opencv for the tests that use them
+#                                and python3-opencv for the tests that use them, and the systemd rehearsal's
+#                                Debian root (debootstrap, once per machine: tests/rehearsal/rehearsal.sh base)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +34,7 @@ if [ "${1:-}" = "--dev" ]; then
     command -v systemd-analyze >/dev/null || missing+=(systemd)
     command -v promtool >/dev/null || missing+=(prometheus)
     command -v chromium >/dev/null || missing+=(chromium)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
     # GStreamer, a GStreamer-enabled OpenCV and gst-rtsp-server for tests/test_gstreamer.py (/usr/bin/python3)
     command -v gst-inspect-1.0 >/dev/null && ls /usr/lib/*/girepository-1.0/GstRtspServer-1.0.typelib >/dev/null 2>&1 \
       && /usr/bin/python3 -c 'import cv2, gi, yaml, numpy' 2>/dev/null || missing+=(gstreamer1.0-tools \
@@ -42,5 +44,8 @@ if [ "${1:-}" = "--dev" ]; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
     fi
+    # the systemd rehearsal's Debian root (tests/test_rehearsal.py), debootstrapped once per machine, not per run
+    tests/rehearsal/rehearsal.sh base >/dev/null \
+      || echo "bootstrap: no rehearsal base made (above); tests/test_rehearsal.py makes it, or says why it skips" >&2
   fi
 fi

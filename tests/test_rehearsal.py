@@ -2,7 +2,8 @@
 Debian root booted with systemd 252 as PID 1 (tests/rehearsal/rehearsal.sh; the stubs it owns for what only a
 Jetson has: tests/rehearsal/jetson.py), then the service is driven through what a field engineer does to it.
 
-One root per run (debootstrapped once, ~350 MB), one boot for the cases, a reboot for the last. The cases, in order:
+One root per run (a copy of a Debian base debootstrapped once per machine, ~350 MB: `rehearsal.sh base`, which
+scripts/bootstrap.sh --dev runs), one boot for the cases, a reboot for the last. The cases, in order:
 install from a clone with jtop's service from the venv; without a model the unit stops at once; the first model
 and READY with jtop telemetry; reloads in a row, and one whose load outlasts WatchdogSec, keep it alive with the
 old model serving; `kill -9` restarts it; a config error stops it at once with one line; `doctor --as-service`
@@ -189,13 +190,18 @@ def machine():
         pytest.skip("rehearsal: no CUDA toolkit here, and PyPI's nvcc wheels cannot be downloaded (the stand-in for "
                     "JetPack's nvcc)")
     m = Machine(Path(reuse) if reuse else base / "root", cuda)
-    TIMES["debootstrap and boot"] = m.up()
+    # The run's longest chain of waits and work (started first, conftest.LONGEST): its processes, the booted root's
+    # included, get the CPU before the files that fit around it.
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, nice - 5)
+    TIMES["copy of the base and boot"] = m.up()
     yield m
     m.camera.stop()
     if not reuse:
         m.down()
         if not os.environ.get("EDGE_REHEARSAL_KEEP"):
             shutil.rmtree(str(base), ignore_errors=True)
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
     print("\nrehearsal times (s): " + ", ".join("{} {:.1f}".format(k, v) for k, v in TIMES.items()))
 
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The suite's copy of ../shared/tools/rehearsal.sh (tests/test_rehearsal.py; the same commands).
+# The suite's copy of ../shared/tools/rehearsal.sh (tests/test_rehearsal.py; the same commands, and `base`).
 # A rehearsal machine: a Debian root booted with a real systemd as PID 1 of its own PID and mount namespaces, so an
 # install recipe, a unit (Type=notify, WatchdogSec, ExecReload, the whole sandbox), a restart and a reboot can be run
 # for real on a machine without a Jetson. Needs root. The network is the host's (package registries reachable).
 #
-#   rehearsal.sh up ROOT [SUITE]  debootstrap ROOT if it has no systemd yet (SUITE: bookworm; ~2 min, ~350 MB),
-#                                 boot it, wait until systemd is up; prints the PID of its systemd
+#   rehearsal.sh up ROOT [SUITE]  give ROOT a copy of the base (below) if it has no systemd yet, boot it, wait until
+#                                 systemd is up; prints the PID of its systemd
+#   rehearsal.sh base [SUITE]     debootstrap the base once per machine (SUITE: bookworm; ~1-2 min, ~350 MB) into
+#                                 /var/cache/jetson-edge-rehearsal (root's alone), keyed by what debootstrap is asked
+#                                 for; prints its path (scripts/bootstrap.sh --dev makes it; `up` makes it if missing)
 #   rehearsal.sh run ROOT CMD...  run CMD inside as root (in its namespaces, chroot ROOT, cwd /)
 #   rehearsal.sh down ROOT        power off and wait (its mounts vanish with its mount namespace)
 #
@@ -17,19 +20,42 @@
 # An executable ROOT.preboot (the suite's copy only) runs in the new mount namespace just before systemd starts: the
 # caller's mounts (a fake sysfs, a device tree) are there from the first unit on, at every boot.
 set -euo pipefail
-cmd=${1:?usage: rehearsal.sh up|run|down ROOT ...}; root=$(realpath -m "${2:?ROOT}"); shift 2
+cmd=${1:?usage: rehearsal.sh up|run|down ROOT ... | base [SUITE]}
+if [ "$cmd" = base ]; then root=; else root=$(realpath -m "${2:?ROOT}"); shift; fi
+shift
 pidfile="$root.pid"
 pid() { local p; p=$(cat "$pidfile" 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p"; }
 inside() { nsenter -t "$1" -m -p -r -w "${@:2}"; }
+cache=/var/cache/jetson-edge-rehearsal
+# The base of every root of SUITE ($2), debootstrapped once per machine (log: $1) into a folder named by what
+# debootstrap is asked for; prints its path. Root runs it, so the cache must be root's alone; the base is made whole
+# (a temporary folder, then one rename) under a lock.
+base() (
+  args=(${EDGE_REHEARSAL_ARCH:+--arch="$EDGE_REHEARSAL_ARCH"} --variant=minbase
+    --include=systemd,systemd-sysv,dbus,procps,sudo,git,python3,python3-venv,ca-certificates "$2")
+  dir="$cache/$(printf '%s\n' "${args[@]}" | sha256sum | cut -c1-16)"
+  mkdir -p -m 0700 "$cache"
+  [ "$(stat -c '%u %a' "$cache")" = "0 700" ] || { echo "$cache is not root's alone (0700): not used" >&2; exit 1; }
+  exec 9>"$cache/.lock" && flock 9
+  if [ ! -x "$dir/lib/systemd/systemd" ]; then
+    command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/null
+    mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)
+    rm -rf "$dir.partial"
+    debootstrap "${args[@]}" "$dir.partial" ${mirror:+"$mirror"} >"$1" 2>&1 \
+      || { echo "debootstrap failed: see $1" >&2; exit 1; }
+    mv "$dir.partial" "$dir"
+  fi
+  echo "$dir"
+)
 case $cmd in
+base)
+  base "$cache/debootstrap.log" "${1:-bookworm}"
+  ;;
 up)
   if p=$(pid); then echo "$p"; exit 0; fi
   if [ ! -x "$root/lib/systemd/systemd" ]; then
-    command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/null
-    mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)
-    debootstrap ${EDGE_REHEARSAL_ARCH:+--arch="$EDGE_REHEARSAL_ARCH"} --variant=minbase --include=systemd,systemd-sysv,dbus,procps,sudo,git,python3,python3-venv,ca-certificates \
-      "${1:-bookworm}" "$root" ${mirror:+"$mirror"} >"$root.debootstrap.log" 2>&1 \
-      || { echo "debootstrap failed: see $root.debootstrap.log" >&2; exit 1; }
+    made=$(base "$root.debootstrap.log" "${1:-bookworm}")
+    mkdir -p "$root" && cp -a "$made/." "$root/"
   fi
   # this machine's trust store and pip settings, so pip and apt inside reach the same registries as outside
   cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt" 2>/dev/null || true
@@ -74,5 +100,5 @@ down)
   kill -0 "$p" 2>/dev/null && kill -KILL "$p"
   rm -f "$pidfile"
   ;;
-*) echo "usage: rehearsal.sh up|run|down ROOT ..." >&2; exit 2 ;;
+*) echo "usage: rehearsal.sh up|run|down ROOT ... | base [SUITE]" >&2; exit 2 ;;
 esac
