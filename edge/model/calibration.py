@@ -12,7 +12,6 @@ temporary folder beside the target and is renamed into place: a set is never hal
 whose manifest lists every file in it is ever replaced (anything else may hold the user's files).
 """
 
-import hashlib
 import os
 import re
 import time
@@ -25,6 +24,7 @@ from edge.errors import EdgeError, require
 from edge.inputs import load_json, read_image
 from edge.model.capture_options import DEFAULT_MIN_DIFF
 from edge.model.class_labels import index_of_name, is_index, label_lines
+from edge.store.artifact import sha256_bytes, sha256_file
 from edge.store.fileio import atomic_dir, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -69,11 +69,7 @@ class CalibrationSet:
 
 def set_hash(file_hashes: Dict[str, str]) -> str:
     lines = "".join("{}  {}\n".format(file_hashes[name], name) for name in sorted(file_hashes))
-    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_bytes(lines.encode("utf-8"))
 
 
 def load_calibration_set(path: str, min_images: int = 1, verify: bool = True, what: str = "calibration set",
@@ -95,8 +91,7 @@ def load_calibration_set(path: str, min_images: int = 1, verify: bool = True, wh
         actual = {}
         for name in entries:
             try:
-                with open(os.path.join(path, name), "rb") as fh:
-                    actual[name] = sha256_bytes(fh.read())
+                actual[name] = sha256_file(os.path.join(path, name))
             except OSError:
                 raise EdgeError("{}: listed in {} but missing ({})".format(
                     os.path.join(path, name), MANIFEST, hint)) from None

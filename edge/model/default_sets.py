@@ -11,10 +11,10 @@ from edge.model.calibration import (
     MANIFEST,
     MIN_SIDE,
     CalibrationSet,
-    sha256_bytes,
     write_image,
     write_set_manifest,
 )
+from edge.store.artifact import sha256_bytes
 from edge.store.fileio import atomic_dir
 
 # scikit-image sample photographs (licences quoted in calibration/README.md).

@@ -15,8 +15,9 @@ from typing import Any, Callable, Dict, List
 
 from edge.errors import EdgeError
 from edge.inputs import load_json
-from edge.model.calibration import MANIFEST, load_calibration_set, sha256_bytes, write_image, write_set_manifest
+from edge.model.calibration import MANIFEST, load_calibration_set, write_image, write_set_manifest
 from edge.model.gate_stats import percent
+from edge.store.artifact import sha256_bytes
 from edge.store.fileio import atomic_dir, atomic_write
 
 CLASSES_SHOWN = 20  # per-class rows in the Markdown, worst first
