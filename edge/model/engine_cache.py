@@ -18,6 +18,7 @@ temporary folder of the cache and renames it to its key (folders only).
 """
 
 import base64
+import hashlib
 import http.client
 import json
 import os
@@ -29,16 +30,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from edge.errors import EdgeError, first_line
 from edge.model.plan import BuildPlan, expected_model_info
-from edge.store.artifact import (
-    MAX_ARTIFACT_BYTES,
-    companions,
-    install,
-    read_set,
-    sha256_bytes,
-    sha256_file,
-    verify,
-    writing,
-)
+from edge.store.artifact import MAX_ARTIFACT_BYTES, companions, install, read_set, sha256_file, verify, writing
 from edge.store.fileio import temp_dir
 from edge.uri import redact
 
@@ -48,7 +40,7 @@ _SHA256_CHARS = set("0123456789abcdef")
 
 def identity(expected: Dict[str, Any]) -> str:
     """The cache key of an artifact that must match `expected` (canonical JSON, sha256)."""
-    return sha256_bytes(json.dumps(expected, sort_keys=True, separators=(",", ":")).encode())
+    return hashlib.sha256(json.dumps(expected, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _is_url(cache: str) -> bool:
