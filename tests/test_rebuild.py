@@ -19,6 +19,7 @@ import service_helpers as sh
 import yaml
 
 from edge.cli import rebuild
+from edge.cli.main import main as edge_main
 from edge.model.calibration import import_calibration_set
 
 from conftest import REPO, edge_here
@@ -111,7 +112,7 @@ def leftovers(ws):
 
 
 def rebuild_cli(capsys, *args):
-    rc = rebuild.main([str(a) for a in args])
+    rc = edge_main(["rebuild"] + [str(a) for a in args])
     out, err = capsys.readouterr()
     return rc, out, err
 
