@@ -22,6 +22,7 @@ Throttle signals for the fleet alerts (deploy/prometheus/rules.yml): the current
 has reached the rail's warning limit (INA3221 `currN_max`), where the hardware starts throttling.
 """
 
+import contextlib
 import gc
 import glob
 import os
@@ -317,25 +318,19 @@ class Telemetry:
         except ImportError as exc:
             raise RuntimeError("jetson-stats not installed ({}): pip install 'jetson-edge[jetson]'".format(
                 exc)) from None
-        client = jtop(interval=self.interval_s)
+        self._client = jtop(interval=self.interval_s)
         try:
-            client.start()
+            self._client.start()
         except BaseException:
-            try:
-                client.close()
-            except Exception:
-                pass
+            self._disconnect()
             raise
-        self._client = client
         self.connected += 1
 
     def _disconnect(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 client.close()
-            except Exception:
-                pass
 
     def _failed(self, exc: BaseException, now: float) -> None:
         self._disconnect()
