@@ -137,7 +137,7 @@ def _pid_target(pid: Optional[int], pidfile: Optional[str]) -> int:
                 text = fh.read(64).strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise EdgeError("{}: cannot read pidfile: {}".format(pidfile, first_line(exc))) from None
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise EdgeError("{}: pidfile must hold a process id, got {!r}".format(pidfile, text[:40]))
         pid = int(text)
     assert pid is not None
