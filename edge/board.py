@@ -19,6 +19,7 @@ NV_TEGRA_RELEASE = "etc/nv_tegra_release"  # relative to `root`
 
 
 NOT_A_JETSON = "not a Jetson: clock state unknown"
+CLOCKS_OFF = "jetson_clocks is off: DVFS makes timings noisy (sudo jetson_clocks)"
 
 
 def read_small(path: str) -> Optional[str]:
@@ -241,7 +242,7 @@ def clock_state(root: str = "/") -> Tuple[Dict[str, Any], List[str]]:
     clocks = jetson_clocks_state(root)
     state["jetson_clocks"] = clocks
     if clocks == "off":
-        warnings.append("jetson_clocks is off: DVFS makes timings noisy (sudo jetson_clocks)")
+        warnings.append(CLOCKS_OFF)
     elif clocks == "unknown":
         warnings.append("jetson_clocks state unknown (no cpufreq/devfreq min/max in sysfs)")
     return state, warnings
