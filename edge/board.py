@@ -19,9 +19,11 @@ NV_TEGRA_RELEASE = "etc/nv_tegra_release"  # relative to `root`
 
 
 NOT_A_JETSON = "not a Jetson: clock state unknown"
+CLOCKS_OFF = "jetson_clocks is off: DVFS makes timings noisy (sudo jetson_clocks)"
 
 
-def _read(path: str) -> Optional[str]:
+def read_small(path: str) -> Optional[str]:
+    """A small text file (sysfs, /proc, /etc), stripped; None when it cannot be read."""
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as fh:
             return fh.read(65536).strip()
@@ -36,15 +38,11 @@ def is_jetson(root: str = "/") -> bool:
 
 def read_l4t(root: str = "/") -> Optional[str]:
     """'R36.4.3' from '# R36 (release), REVISION: 4.3, ...'; None when not a Jetson."""
-    try:
-        with open(os.path.join(root, NV_TEGRA_RELEASE), "r", encoding="utf-8", errors="replace") as fh:
-            text = fh.read(4096)
-    except OSError:
-        return None
+    text = read_small(os.path.join(root, NV_TEGRA_RELEASE)) or ""
     match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text)
     if match:
         return "R{}.{}".format(match.group(1), match.group(2))
-    return text.strip().splitlines()[0][:80] if text.strip() else None
+    return text.splitlines()[0][:80] if text else None
 
 
 MIN_TENSORRT = (8, 5)  # JetPack 5.1: the named-tensor API and execute_async_v3
@@ -94,7 +92,7 @@ def device_tree(name: str, root: str = "/") -> Optional[str]:
     """A device-tree property (`model`, `compatible`: NUL-separated) as text; None off a device-tree machine.
     /proc/device-tree is a link to /sys/firmware/devicetree/base, read directly where /proc has no link."""
     for folder in ("proc/device-tree", "sys/firmware/devicetree/base"):
-        text = _read(os.path.join(root, folder, name))
+        text = read_small(os.path.join(root, folder, name))
         if text is not None:
             return text.rstrip("\x00").strip() or None
     return None
@@ -188,11 +186,11 @@ def _nvpmodel(root: str, timeout_s: float = 5.0) -> Tuple[Optional[str], Optiona
     mode_id = next((int(ln) for ln in lines if ln.isdigit()), None)
     if name is None:
         return None, None, None, "nvpmodel -q said nothing usable"
-    return name, mode_id, max_power_mode(power_modes(_read(os.path.join(root, "etc/nvpmodel.conf")) or "")), ""
+    return name, mode_id, max_power_mode(power_modes(read_small(os.path.join(root, "etc/nvpmodel.conf")) or "")), ""
 
 
 def _min_eq_max(folder: str, lo: str, hi: str) -> Optional[bool]:
-    a, b = _read(os.path.join(folder, lo)), _read(os.path.join(folder, hi))
+    a, b = read_small(os.path.join(folder, lo)), read_small(os.path.join(folder, hi))
     if a is None or b is None or not a.isdigit() or not b.isdigit():
         return None
     return int(a) == int(b)
@@ -206,7 +204,7 @@ def jetson_clocks_state(root: str = "/") -> str:
     for name in sorted(os.listdir(cpu_root)) if os.path.isdir(cpu_root) else []:
         freq = os.path.join(cpu_root, name, "cpufreq")
         if name[3:].isdigit() and name.startswith("cpu") and os.path.isdir(freq):
-            if _read(os.path.join(cpu_root, name, "online")) == "0":
+            if read_small(os.path.join(cpu_root, name, "online")) == "0":
                 continue
             cpus.append(_min_eq_max(freq, "scaling_min_freq", "scaling_max_freq"))
     gpus = []
@@ -244,7 +242,7 @@ def clock_state(root: str = "/") -> Tuple[Dict[str, Any], List[str]]:
     clocks = jetson_clocks_state(root)
     state["jetson_clocks"] = clocks
     if clocks == "off":
-        warnings.append("jetson_clocks is off: DVFS makes timings noisy (sudo jetson_clocks)")
+        warnings.append(CLOCKS_OFF)
     elif clocks == "unknown":
         warnings.append("jetson_clocks state unknown (no cpufreq/devfreq min/max in sysfs)")
     return state, warnings

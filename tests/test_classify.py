@@ -102,3 +102,16 @@ def test_an_image_folder_tree_is_scored_top1_and_top5_by_name_or_index(tmp_path)
     proc = run_edge("classify", val, "--config", config, "--model", model, "--json")
     assert proc.returncode == 0 and "accuracy: top-1 100.0% (4/4) top-5 100.0% (4/4)" in proc.stderr
     assert len(proc.stdout.splitlines()) == 7  # every image a JSON line, the accuracy on stderr
+
+
+def test_a_folder_named_by_a_non_ascii_digit_is_not_scored_not_a_traceback(tmp_path):
+    """'²'.isdigit() is true and int('²') fails: a class index is ASCII digits only (edge.model.class_labels)."""
+    from test_model_info import colour_images, colour_model
+
+    model = colour_model(tmp_path / "colours.onnx")
+    val = colour_images(tmp_path / "val")
+    (val / "blue").rename(val / "\u00b2")
+    config = write_config(tmp_path / "edge.yaml", {"preprocess": {"resize": 37, "crop": 32}})
+    proc = run_edge("classify", val, "--config", config, "--model", model, "--top-k", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].endswith("not scored: 2 images in 1 folders that name no class (\u00b2)")

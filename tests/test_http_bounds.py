@@ -184,3 +184,14 @@ def test_metrics_answer_only_to_their_own_names_and_never_http_0_9():
         assert line.startswith("HTTP/1.0 431"), line
     finally:
         sink.close()
+
+
+def test_a_served_request_writes_no_access_line(capfd):
+    """The journal gets no line per scrape (the handlers' log_message is quiet), only real failures."""
+    sink = MetricsSink(30.0)
+    port = sink.serve("127.0.0.1", 0)
+    try:
+        assert get("http://127.0.0.1:{}/metrics".format(port))[0] == 200
+    finally:
+        sink.close()
+    assert "GET /metrics" not in capfd.readouterr().err

@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from edge.infer import cuda_kernel
+from edge.store.artifact import sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.isfile(p)), None)
@@ -50,7 +51,7 @@ def test_prebuilt_kernels_are_current_and_cover_each_driver_family() -> None:
     for entry in entries:
         path = os.path.join(cuda_kernel.CUDA_DIR, entry["file"])
         assert entry["source_sha256"] == cuda_kernel.source_sha256(), "stale: scripts/build_kernel.py --prebuilt"
-        assert entry["sha256"] == cuda_kernel.file_sha256(path)
+        assert entry["sha256"] == sha256_file(path)
         served.setdefault(entry["driver"], set()).update(entry["targets"])
     assert served == FAMILIES
     setup = (ROOT / "setup.py").read_text(encoding="utf-8")

@@ -19,6 +19,8 @@ import service_helpers as sh
 import yaml
 
 from edge.cli import rebuild
+from edge.cli.main import main as edge_main
+from edge.errors import EdgeError
 from edge.model.calibration import import_calibration_set
 
 from conftest import REPO, edge_here
@@ -111,7 +113,7 @@ def leftovers(ws):
 
 
 def rebuild_cli(capsys, *args):
-    rc = rebuild.main([str(a) for a in args])
+    rc = edge_main(["rebuild"] + [str(a) for a in args])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -404,3 +406,11 @@ def test_edge_rebuild_is_registered_and_the_script_calls_it(tmp_path):
     script = subprocess.run([os.path.join(REPO, "scripts", "rebuild_calibration.sh"), "--help"], capture_output=True,
                             encoding="utf-8", errors="replace", timeout=60, cwd=str(tmp_path))
     assert script.returncode == 0 and "--systemd" in script.stdout, script.stderr
+
+
+def test_a_pidfile_of_non_ascii_digits_is_one_line_not_a_traceback(tmp_path):
+    """'²'.isdigit() is true and int('²') fails: a process id is ASCII digits only."""
+    pidfile = tmp_path / "edge.pid"
+    pidfile.write_text("\u00b2\n", encoding="utf-8")
+    with pytest.raises(EdgeError, match="pidfile must hold a process id"):
+        rebuild._pid_target(None, str(pidfile))

@@ -3,14 +3,14 @@ report (edge.bench.check_report) with a verdict, and that verdict read back by t
 (edge/cli/check.py, its command line) and the rebuild's latency step, in the rebuild's own process."""
 
 import io
-import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Tuple
 
+from edge.bench.report import check_outputs
 from edge.config import Config, with_overrides
-from edge.errors import EdgeError, first_line, require
+from edge.errors import EdgeError, first_line
 from edge.fields import check_options, declared_range, setting
-from edge.store.fileio import check_output, write_json_atomic
+from edge.store.fileio import write_json_atomic
 
 MAX_FRAMES = 1000000  # the per-frame series are kept in memory (6 stages x 8 bytes per frame)
 _WARMUP_LOW, _WARMUP_HIGH = declared_range(Config, "runtime.warmup")  # --warmup sets runtime.warmup
@@ -41,6 +41,9 @@ class CheckOptions(RegressionOptions):
     json: str = setting("latency-check.json", "JSON report ('' for none)", flag="--json")
     plot: str = setting("latency-check.png", "PNG figure, 1200x900 px ('' for none)", flag="--plot")
 
+    def outputs(self) -> List[Tuple[str, str]]:
+        return [(p, what) for p, what in ((self.json, "JSON report"), (self.plot, "figure")) if p]
+
 
 def run_check(cfg: Config, options: CheckOptions, *, clock_root: str = "/",
               out: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> Dict[str, Any]:
@@ -66,7 +69,7 @@ def run_check(cfg: Config, options: CheckOptions, *, clock_root: str = "/",
 
     check_options(options)
     frames, json_path, plot_path = options.frames, options.json or None, options.plot or None
-    _check_outputs(json_path, plot_path)
+    check_outputs(options.outputs(), "--json and --plot")
     prev = load_previous(options.compare) if options.compare else None
     cfg = with_overrides(cfg, {
         "runtime.frames": frames,
@@ -98,17 +101,6 @@ def run_check(cfg: Config, options: CheckOptions, *, clock_root: str = "/",
         warn("warning: " + line)
     out(format_report(report))
     return report
-
-
-def _check_outputs(json_path: Optional[str], plot_path: Optional[str]) -> None:
-    """Unwritable outputs are refused before the run, not after it."""
-    for path, what in ((json_path, "JSON report"), (plot_path, "figure")):
-        if path:
-            check_output(path, what)
-    if json_path and plot_path and os.path.abspath(json_path) == os.path.abspath(plot_path):
-        raise EdgeError("{}: --json and --plot name the same file".format(json_path))
-    if plot_path:
-        require("matplotlib")
 
 
 VERDICT_KEYS = ("verdict", "verdict_reason", "budget_ms", "frames", "misses", "miss_rate")

@@ -10,6 +10,7 @@ import numpy as np
 
 from edge import __version__
 from edge.bench import report
+from edge.board import CLOCKS_OFF
 from edge.config import Config
 from edge.infer.latency import STAGES, format_table
 from edge.infer.pipeline import Result, Sink
@@ -138,7 +139,7 @@ def with_jtop_clocks(clocks: Dict[str, Any], warnings: List[str], snap: Any) -> 
         if state != clocks["jetson_clocks"]:
             warnings = [w for w in warnings if not w.startswith("jetson_clocks")]
             if state == "off":
-                warnings.append("jetson_clocks is off: DVFS makes timings noisy (sudo jetson_clocks)")
+                warnings.append(CLOCKS_OFF)
         clocks["jetson_clocks"] = state
     if clocks["nvpmodel"] is None and snap.nvpmodel:
         clocks["nvpmodel"] = snap.nvpmodel

@@ -3,12 +3,13 @@ report back, the numbers it may hold, the one regression rule, and the figure's 
 rows are (check_report: stages; sweep_report: cells)."""
 
 import math
-from typing import Any, Callable, Dict, Optional, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from edge.errors import EdgeError, require
 from edge.fields import show
 from edge.inputs import load_json
-from edge.store.fileio import atomic_write
+from edge.store.fileio import atomic_write, check_output
 
 SCHEMA_VERSION = 1  # of every report edge writes; a report of another version is refused, never misread
 FIGURE_SIZE_IN, FIGURE_DPI = (12.0, 9.0), 100
@@ -32,6 +33,17 @@ def load_previous(path: str, *, tool: str, rows: str, check_row: Optional[Callab
         for key, row in items:
             check_row(path, "{}[{}]".format(rows, key), row)
     return data
+
+
+def check_outputs(outputs: List[Tuple[str, str]], flags: str) -> None:
+    """Before the run: each output (path, what) a file this user can write, no two of them one file (./a.png is
+    a.png), and matplotlib there when a figure is asked for."""
+    for path, what in outputs:
+        check_output(path, what)
+    if len({os.path.realpath(p) for p, _ in outputs}) < len(outputs):
+        raise EdgeError("{} must name different files, got {}".format(flags, ", ".join(p for p, _ in outputs)))
+    if any(what == "figure" for _, what in outputs):
+        require("matplotlib")
 
 
 def finite(value: Any) -> Optional[float]:

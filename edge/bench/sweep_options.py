@@ -2,15 +2,14 @@
 building a sweep in code read this one declaration. The regression thresholds, --compare and --fail-on-regression
 are `edge check`'s (one default)."""
 
-import os
 from dataclasses import dataclass
 from typing import Any, List
 
 from edge.bench.check import RegressionOptions
+from edge.bench.report import check_outputs
 from edge.config import MAX_CAMERAS
-from edge.errors import EdgeError, require
+from edge.errors import EdgeError
 from edge.fields import check_options, setting
-from edge.store.fileio import check_output
 
 MAX_DURATION_S = 86400.0  # --duration's most
 
@@ -55,11 +54,4 @@ def check_sweep(options: SweepOptions) -> None:
     if options.windows > options.max_windows:
         raise EdgeError("--windows and --max-windows: windows <= max-windows, got {} and {}".format(
             options.windows, options.max_windows))
-    outputs = options.outputs()
-    for path, what in outputs:
-        check_output(path, what)
-    if len({os.path.realpath(p) for p, _ in outputs}) < len(outputs):  # ./sw.png is sw.png
-        raise EdgeError("--json, --csv and --plot must name different files, got {}".format(
-            ", ".join(p for p, _ in outputs)))
-    if options.plot:
-        require("matplotlib")
+    check_outputs(options.outputs(), "--json, --csv and --plot")

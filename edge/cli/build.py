@@ -119,8 +119,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    import os
-
     from edge.model.plan import artifact_path, format_for, source_model
     from edge.store.artifact import rollback, writing
 

@@ -26,6 +26,7 @@ from edge.cli.common import add_command, add_config_flags, config_from_args, sta
 from edge.errors import EXIT_OK, EdgeError, first_line
 from edge.fields import add_flags, options_from, setting
 from edge.inputs import read_image
+from edge.model.class_labels import index_of_name, is_index, label_lines
 
 # image files found in a folder that are not read (IMAGE_EXTENSIONS are): named, not silently left out
 OTHER_IMAGE_TYPES = (".gif", ".ico", ".jp2", ".j2k", ".jpx", ".heic", ".heif", ".avif", ".jxl", ".svg", ".psd",
@@ -71,26 +72,26 @@ def image_files(paths: Sequence[str]) -> Iterator[Tuple[str, Optional[str], str]
 
 
 class Accuracy:
-    """Top-1/top-5 of images against the class their folder names (a label, or a class index)."""
+    """Top-1/top-5 of images against the class their folder names (a line of the labels, or a class index: read as
+    edge.model.class_labels reads them)."""
 
     def __init__(self, labels: Sequence[str], k: int):
-        self.index = {label: i for i, label in enumerate(labels)}
+        self.lines = label_lines(labels)
         self.classes = len(labels)
         self.top5_known = k >= min(5, self.classes)  # the top-k printed holds the top 5
         self.images = self.top1 = self.top5 = 0
         self.unknown: Dict[str, int] = {}  # folders that name no class: their images, not scored
 
-    def truth(self, folder: str) -> Optional[int]:
-        if folder in self.index:
-            return self.index[folder]
-        if folder.isdigit() and int(folder) < self.classes:
+    def truth(self, folder: str, where: str) -> Optional[int]:
+        line = index_of_name(folder, self.lines, where)
+        if line is None and is_index(folder) and int(folder) < self.classes:
             return int(folder)
-        return None
+        return line
 
-    def add(self, folder: str, indices: Sequence[int]) -> None:
+    def add(self, folder: str, indices: Sequence[int], where: str) -> None:
         if not folder:
             return
-        truth = self.truth(folder)
+        truth = self.truth(folder, where)
         if truth is None:
             self.unknown[folder] = self.unknown.get(folder, 0) + 1
             return
@@ -144,7 +145,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
                 skipped += 1
                 continue
             top = prediction.as_dict()["top"]
-            accuracy.add(folder, prediction.indices)
+            accuracy.add(folder, prediction.indices, path)
             if json_lines:
                 print(json.dumps({"file": path, "top": top, "ms": round((time.monotonic() - started) * 1e3, 2)},
                                  allow_nan=False))

@@ -21,11 +21,11 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from edge import __version__
 from edge.board import clock_state, gpu_identity, is_jetson, package_version, tensorrt_probe
-from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
+from edge.cli.common import add_command, add_config_flags, config_from_args
 from edge.config import Config, cameras
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError, first_line
 from edge.fields import add_flags, options_from, setting
@@ -373,7 +373,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     add_command(subparsers, "doctor", "check that the configured path can run here, and say what to fix", __doc__,
                 add_arguments, cmd_doctor)
-
-
-def main(argv: Optional[Sequence[str]] = None, prog: str = "edge doctor") -> int:
-    return standalone_main(prog, __doc__, add_arguments, cmd_doctor, argv)

@@ -31,10 +31,10 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from edge.cli.build import BuildOptions
-from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
+from edge.cli.common import add_command, add_config_flags, config_from_args
 from edge.config import Config
 from edge.errors import EXIT_OK, EdgeError, first_line, require
 from edge.fields import add_flags, options_from, setting
@@ -137,7 +137,7 @@ def _pid_target(pid: Optional[int], pidfile: Optional[str]) -> int:
                 text = fh.read(64).strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise EdgeError("{}: cannot read pidfile: {}".format(pidfile, first_line(exc))) from None
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise EdgeError("{}: pidfile must hold a process id, got {!r}".format(pidfile, text[:40]))
         pid = int(text)
     assert pid is not None
@@ -301,8 +301,4 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         return EXIT_OK
     run_rebuild(job, plan, target, log)
     return EXIT_OK
-
-
-def main(argv: Optional[Sequence[str]] = None, prog: str = "edge rebuild") -> int:
-    return standalone_main(prog, __doc__, add_arguments, cmd_rebuild, argv)
 

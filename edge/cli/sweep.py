@@ -17,10 +17,10 @@ fell or whose p99 rose.
 """
 
 import argparse
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from edge.bench.sweep_options import SweepOptions
-from edge.cli.common import add_command, add_config_flags, config_from_args, standalone_main
+from edge.cli.common import add_command, add_config_flags, config_from_args
 from edge.errors import EXIT_FAIL, EXIT_OK, EdgeError
 from edge.fields import add_flags, leaves, options_from
 
@@ -47,7 +47,3 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     add_command(subparsers, "sweep", "batch sizes x cameras: throughput against p99, and the knee", __doc__,
                 add_arguments, cmd_sweep)
-
-
-def main(argv: Optional[Sequence[str]] = None, prog: str = "edge sweep") -> int:
-    return standalone_main(prog, __doc__, add_arguments, cmd_sweep, argv)

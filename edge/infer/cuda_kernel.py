@@ -30,6 +30,7 @@ import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line, require
+from edge.store.artifact import sha256_file
 from edge.store.fileio import temp_dir, write_json_atomic
 
 CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda")
@@ -128,14 +129,9 @@ def build_fatbin(nvcc: Optional[str] = None, out: str = FATBIN, record: str = PR
     return record_prebuilt(entry, out, record)
 
 
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
-
-
 def record_prebuilt(entry: Dict[str, Any], path: str, record: str = PREBUILT) -> Dict[str, Any]:
     """Add (or replace) the entry of one shipped binary in the record, with its hash and the sources' hash."""
-    entry = dict(entry, sha256=file_sha256(path), source_sha256=source_sha256())
+    entry = dict(entry, sha256=sha256_file(path), source_sha256=source_sha256())
     kernels = [k for k in prebuilt(record) if k["file"] != entry["file"]] + [entry]
     write_json_atomic(record, {"kernels": sorted(kernels, key=lambda k: (k["driver"], k["file"]))}, "kernel record")
     return entry

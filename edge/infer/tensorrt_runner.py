@@ -8,7 +8,6 @@ Used by the runtime backend (edge.infer.tensorrt_backend), the build's verificat
 the session's context pushed (`with engine.session:`). tensorrt and pycuda load lazily.
 """
 
-import hashlib
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -17,6 +16,7 @@ from edge.board import tensorrt_probe
 from edge.errors import EXIT_FAIL, EdgeError, require
 from edge.infer.backend import Loaded, Runner
 from edge.infer.cuda_session import CudaSession
+from edge.store.artifact import sha256_bytes
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -112,7 +112,7 @@ class LoadedEngine(Loaded):
         if data is None:
             with open(self.engine_path, "rb") as fh:
                 data = fh.read()
-            self.sha256 = hashlib.sha256(data).hexdigest()
+            self.sha256 = sha256_bytes(data)
         engine: Optional[trt.ICudaEngine] = runtime.deserialize_cuda_engine(data)
         if engine is None:
             raise EdgeError("{}: TensorRT {} cannot deserialise it (built for another TensorRT version or GPU? "

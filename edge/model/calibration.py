@@ -12,7 +12,6 @@ temporary folder beside the target and is renamed into place: a set is never hal
 whose manifest lists every file in it is ever replaced (anything else may hold the user's files).
 """
 
-import hashlib
 import os
 import re
 import time
@@ -25,6 +24,7 @@ from edge.errors import EdgeError, require
 from edge.inputs import load_json, read_image
 from edge.model.capture_options import DEFAULT_MIN_DIFF
 from edge.model.class_labels import index_of_name, is_index, label_lines
+from edge.store.artifact import sha256_bytes, sha256_file
 from edge.store.fileio import atomic_dir, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -69,11 +69,7 @@ class CalibrationSet:
 
 def set_hash(file_hashes: Dict[str, str]) -> str:
     lines = "".join("{}  {}\n".format(file_hashes[name], name) for name in sorted(file_hashes))
-    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_bytes(lines.encode("utf-8"))
 
 
 def load_calibration_set(path: str, min_images: int = 1, verify: bool = True, what: str = "calibration set",
@@ -95,8 +91,7 @@ def load_calibration_set(path: str, min_images: int = 1, verify: bool = True, wh
         actual = {}
         for name in entries:
             try:
-                with open(os.path.join(path, name), "rb") as fh:
-                    actual[name] = sha256_bytes(fh.read())
+                actual[name] = sha256_file(os.path.join(path, name))
             except OSError:
                 raise EdgeError("{}: listed in {} but missing ({})".format(
                     os.path.join(path, name), MANIFEST, hint)) from None
@@ -110,31 +105,40 @@ def load_calibration_set(path: str, min_images: int = 1, verify: bool = True, wh
     return CalibrationSet(root=path, files=sorted(entries), sha256=recorded, manifest=manifest)
 
 
-def write_image(folder: str, name: str, data: bytes) -> None:
-    """One image of a set, readable by every user (the service user reads what root captured)."""
-    path = os.path.join(folder, name)
-    if not os.path.isdir(os.path.dirname(path)):  # a label subfolder
-        os.makedirs(os.path.dirname(path))
-        os.chmod(os.path.dirname(path), 0o755)
-    with open(path, "wb") as fh:
-        fh.write(data)
-    os.chmod(path, 0o644)
+class SetWriter:
+    """The one writer of a set's files, into the temporary folder `atomic_dir` yields: each image with its sha256
+    and size, then the manifest that lists them (`finish`)."""
 
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.hashes: Dict[str, str] = {}
+        self.sizes: Dict[str, Tuple[int, int]] = {}
 
-def write_set_manifest(folder: str, hashes: Dict[str, str], sizes: Dict[str, Tuple[int, int]], source: str,
-                    extra: Dict[str, Any]) -> Dict[str, Any]:
-    manifest = {
-        "version": 1,
-        "source": source,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "count": len(hashes),
-        "sha256": set_hash(hashes),
-        "files": [{"name": n, "sha256": hashes[n], "width": sizes[n][0], "height": sizes[n][1]}
-                  for n in sorted(hashes)],
-    }
-    manifest.update(extra)
-    write_json_atomic(os.path.join(folder, MANIFEST), manifest, "manifest")
-    return manifest
+    def add(self, name: str, data: bytes, size: Tuple[int, int]) -> None:
+        """One image (`size`: width, height), readable by every user (the service user reads what root captured)."""
+        path = os.path.join(self.folder, name)
+        if not os.path.isdir(os.path.dirname(path)):  # a label subfolder
+            os.makedirs(os.path.dirname(path))
+            os.chmod(os.path.dirname(path), 0o755)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        os.chmod(path, 0o644)
+        self.hashes[name], self.sizes[name] = sha256_bytes(data), size
+
+    def finish(self, source: str, extra: Dict[str, Any]) -> Dict[str, Any]:
+        hashes, sizes = self.hashes, self.sizes
+        manifest = {
+            "version": 1,
+            "source": source,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "count": len(hashes),
+            "sha256": set_hash(hashes),
+            "files": [{"name": n, "sha256": hashes[n], "width": sizes[n][0], "height": sizes[n][1]}
+                      for n in sorted(hashes)],
+        }
+        manifest.update(extra)
+        write_json_atomic(os.path.join(self.folder, MANIFEST), manifest, "manifest")
+        return manifest
 
 
 def warn_if_few(count: int, log: Callable[..., None]) -> None:
@@ -183,10 +187,9 @@ def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 
     if every_k < 1 or max_images < 1:
         raise EdgeError("capture: every_k and max_images must be >= 1, got {} and {}".format(every_k, max_images))
     thumbs: List[np.ndarray] = []
-    hashes: Dict[str, str] = {}
-    sizes: Dict[str, Tuple[int, int]] = {}
     seen = duplicates = small = 0
     with atomic_dir(out_dir, MANIFEST, "set") as tmp:
+        kept = SetWriter(tmp)
         for index, frame in enumerate(frames):
             seen += 1
             if index % every_k:
@@ -205,24 +208,20 @@ def capture_calibration_set(frames: Iterable[Any], out_dir: str, every_k: int = 
             ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
             if not ok:
                 raise EdgeError("capture: could not encode frame {} as JPEG".format(index))
-            name = "{:05d}.jpg".format(len(hashes))
-            data = encoded.tobytes()
-            write_image(tmp, name, data)
-            hashes[name] = sha256_bytes(data)
-            sizes[name] = (image.shape[1], image.shape[0])
+            kept.add("{:05d}.jpg".format(len(kept.hashes)), encoded.tobytes(), (image.shape[1], image.shape[0]))
             thumbs.append(thumb)
-            if len(hashes) >= max_images:
+            if len(kept.hashes) >= max_images:
                 break
-        if len(hashes) < min_images:
+        if len(kept.hashes) < min_images:
             raise EdgeError("capture: kept {} images from {} frames ({} near-duplicates), at least {} needed; "
-                            "capture longer or lower --every".format(len(hashes), seen, duplicates, min_images))
-        manifest = write_set_manifest(tmp, hashes, sizes, source, {
+                            "capture longer or lower --every".format(len(kept.hashes), seen, duplicates, min_images))
+        manifest = kept.finish(source, {
             "capture": {"every_k": every_k, "frames_seen": seen, "near_duplicates": duplicates,
                         "too_small": small, "min_diff": min_diff}})
     log("calibration: captured {} images from {} frames into {} ({} near-duplicates skipped)".format(
-        len(hashes), seen, out_dir, duplicates))
-    warn_if_few(len(hashes), log)
-    return CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest)
+        len(kept.hashes), seen, out_dir, duplicates))
+    warn_if_few(len(kept.hashes), log)
+    return CalibrationSet(out_dir, sorted(kept.hashes), manifest["sha256"], manifest)
 
 
 def _to_bgr8(image: np.ndarray) -> np.ndarray:
@@ -341,9 +340,8 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
     for rel in [c for c in candidates if not _utf8(c)]:  # a set's names go into JSON and its set hash as UTF-8
         candidates.remove(rel)
         skipped.setdefault("file name not UTF-8", []).append(os.fsencode(rel).decode("utf-8", "backslashreplace"))
-    hashes: Dict[str, str] = {}
-    sizes: Dict[str, Tuple[int, int]] = {}
     with atomic_dir(out_dir, MANIFEST, "set", keep_out=src_dir) as tmp:
+        kept = SetWriter(tmp)
         for rel in candidates:
             data, image, reason = _decode_candidate(os.path.join(src_dir, rel), rel)
             if image is None or reason is not None:
@@ -362,22 +360,21 @@ def import_calibration_set(src_dir: str, out_dir: str, min_images: int = 32, sou
                 data = encoded.tobytes()
             base, ext = os.path.splitext(_relabelled(rel, relabel))
             n, rel = 1, base + ext
-            while rel in hashes:
+            while rel in kept.hashes:
                 rel = "{}-{}{}".format(base, n, ext)
                 n += 1
-            write_image(tmp, rel, data)
-            hashes[rel] = sha256_bytes(data)
-            sizes[rel] = (bgr.shape[1], bgr.shape[0])
+            kept.add(rel, data, (bgr.shape[1], bgr.shape[0]))
         if skipped:
             log(_summary(skipped, total))
-        if len(hashes) < min_images:
+        if len(kept.hashes) < min_images:
             raise EdgeError("{}: {} usable images, at least {} needed (build.min_images / --min-images)".format(
-                src_dir, len(hashes), min_images))
-        manifest = write_set_manifest(tmp, hashes, sizes, source or os.path.abspath(src_dir),
-                                   {"skipped": {k: sorted(v) for k, v in skipped.items()}})
-    log("calibration: imported {} images into {} (set sha256 {})".format(len(hashes), out_dir, manifest["sha256"][:12]))
-    _advise(list(hashes), regression, log)
-    return CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest)
+                src_dir, len(kept.hashes), min_images))
+        manifest = kept.finish(source or os.path.abspath(src_dir),
+                               {"skipped": {k: sorted(v) for k, v in skipped.items()}})
+    log("calibration: imported {} images into {} (set sha256 {})".format(len(kept.hashes), out_dir,
+                                                                         manifest["sha256"][:12]))
+    _advise(list(kept.hashes), regression, log)
+    return CalibrationSet(out_dir, sorted(kept.hashes), manifest["sha256"], manifest)
 
 
 def _advise(files: List[str], regression: bool, log: Callable[..., None]) -> None:

@@ -2,19 +2,12 @@
 photographs (scripts/make_default_calibration.py)."""
 
 import os
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, List, Tuple
 
 import numpy as np
 
 from edge.errors import EdgeError, require
-from edge.model.calibration import (
-    MANIFEST,
-    MIN_SIDE,
-    CalibrationSet,
-    sha256_bytes,
-    write_image,
-    write_set_manifest,
-)
+from edge.model.calibration import MANIFEST, MIN_SIDE, CalibrationSet, SetWriter
 from edge.store.fileio import atomic_dir
 
 # scikit-image sample photographs (licences quoted in calibration/README.md).
@@ -68,26 +61,22 @@ def make_default_sets(root: str = "calibration", seed: int = 0,
     )
     for folder, photos, stream, max_side in plans:
         rng = np.random.default_rng(stream)
-        hashes: Dict[str, str] = {}
-        sizes: Dict[str, Tuple[int, int]] = {}
         out_dir = os.path.join(root, folder)
         with atomic_dir(out_dir, MANIFEST, "set") as tmp:
+            kept = SetWriter(tmp)
             for photo, count in photos:
                 for i, image in enumerate(_variants(_skimage_photo(photo), count, rng, max_side)):
                     name = "{}-{:02d}.jpg".format(photo, i)
                     ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 88])
                     if not ok:
                         raise EdgeError("could not encode " + name)
-                    data = encoded.tobytes()
-                    write_image(tmp, name, data)
-                    hashes[name] = sha256_bytes(data)
-                    sizes[name] = (image.shape[1], image.shape[0])
+                    kept.add(name, encoded.tobytes(), (image.shape[1], image.shape[0]))
             # A fixed "created" keeps regenerated manifests byte-identical.
-            manifest = write_set_manifest(tmp, hashes, sizes, "scikit-image sample photographs (see README.md)",
-                                       {"generator": "scripts/make_default_calibration.py", "seed": stream,
-                                        "created": "generated"})
-        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in hashes)
+            manifest = kept.finish("scikit-image sample photographs (see README.md)",
+                                   {"generator": "scripts/make_default_calibration.py", "seed": stream,
+                                    "created": "generated"})
+        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in kept.hashes)
         log("calibration: wrote {} ({} images, {:.2f} MB, set sha256 {})".format(
-            out_dir, len(hashes), total / 1e6, manifest["sha256"][:12]))
-        sets.append(CalibrationSet(out_dir, sorted(hashes), manifest["sha256"], manifest))
+            out_dir, len(kept.hashes), total / 1e6, manifest["sha256"][:12]))
+        sets.append(CalibrationSet(out_dir, sorted(kept.hashes), manifest["sha256"], manifest))
     return sets[0], sets[1]

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from edge.errors import EdgeError, first_line
 from edge.model.plan import BuildPlan, expected_model_info
-from edge.store.artifact import MAX_ARTIFACT_BYTES, companions, install, read_set, verify, writing
+from edge.store.artifact import MAX_ARTIFACT_BYTES, companions, install, read_set, sha256_file, verify, writing
 from edge.store.fileio import temp_dir
 from edge.uri import redact
 
@@ -156,8 +156,7 @@ def _verified(staged: list, expected: Dict[str, Any], rebuild: str, digest: Opti
     the artifact and of the labels it records (both required), and every expected key."""
     labels, info, artifact = staged
     if digest is not None:
-        with open(info, "rb") as fh:
-            have = hashlib.sha256(fh.read()).hexdigest()
+        have = sha256_file(info)
         if have != digest:
             raise EdgeError("its model info has sha256 {}, not the pinned --digest {}".format(have, digest))
     model = read_set(artifact, expected=expected, rebuild=rebuild, required_info=True)
@@ -191,7 +190,6 @@ def publish(plan: BuildPlan, cache: str, *, log: Log = print) -> str:
         except OSError:  # another device published the same key first
             if not os.path.isdir(final):
                 raise
-    with open(os.path.join(final, os.path.basename(companions(plan.artifact)[1])), "rb") as fh:
-        digest = hashlib.sha256(fh.read()).hexdigest()
+    digest = sha256_file(os.path.join(final, os.path.basename(companions(plan.artifact)[1])))
     log("engine cache: published {} as {} (digest {})".format(os.path.basename(plan.artifact), final, digest))
     return final

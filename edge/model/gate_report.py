@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List
 
 from edge.errors import EdgeError
 from edge.inputs import load_json
-from edge.model.calibration import MANIFEST, load_calibration_set, sha256_bytes, write_image, write_set_manifest
+from edge.model.calibration import MANIFEST, SetWriter, load_calibration_set
 from edge.model.gate_stats import percent
 from edge.store.fileio import atomic_dir, atomic_write
 
@@ -191,17 +191,15 @@ def export_flips(report_file: str, out_dir: str, log: Callable[..., None] = prin
     if missing:
         raise EdgeError("{}: the report's flipped image {} is not in the regression set {}".format(
             report_file, missing[0], images.root))
-    hashes, sizes = {}, {}
     with atomic_dir(out_dir, MANIFEST, "regression set", keep_out=images.root) as tmp:
+        kept = SetWriter(tmp)
         for name in names:
             with open(images.path(name), "rb") as fh:
                 data = fh.read()
-            if sha256_bytes(data) != entries[name]["sha256"]:
+            kept.add(name, data, (entries[name]["width"], entries[name]["height"]))
+            if kept.hashes[name] != entries[name]["sha256"]:  # the temporary set goes with the error
                 raise EdgeError("{}: changed since the gate report; nothing exported".format(images.path(name)))
-            write_image(tmp, name, data)
-            hashes[name], sizes[name] = entries[name]["sha256"], (entries[name]["width"], entries[name]["height"])
-        manifest = write_set_manifest(tmp, hashes, sizes, "flips of " + os.path.abspath(report_file),
-                                      {"from_set_sha256": images.sha256})
+        manifest = kept.finish("flips of " + os.path.abspath(report_file), {"from_set_sha256": images.sha256})
     labelled = sum("/" in n for n in names)
     log("export-flips: {} flipped images ({} labelled) from {} into {}{}; judge the next build on them with "
         "--regression {}".format(len(names), labelled, report_file, out_dir,

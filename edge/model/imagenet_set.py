@@ -25,6 +25,7 @@ import numpy as np
 from edge.config import BuildConfig
 from edge.errors import EdgeError, require
 from edge.model.calibration import CalibrationSet, import_calibration_set, set_hash
+from edge.store.artifact import sha256_bytes
 from edge.store.fileio import temp_dir
 
 DEFAULT_OUT = BuildConfig().regression_dir  # the set the gate reads by default
@@ -99,10 +100,8 @@ def make_imagenet_set(out_dir: str = DEFAULT_OUT, log: Callable[..., None] = pri
     """Write the set to `out_dir` through `edge calibrate import`'s writer (manifest, atomic folder swap).
 
     Refuses, before writing anything, bytes whose set hash is not SET_SHA256."""
-    import hashlib
-
     files = source_images()
-    digest = set_hash({name: hashlib.sha256(data).hexdigest() for name, data in files.items()})
+    digest = set_hash({name: sha256_bytes(data) for name, data in files.items()})
     if len(files) != IMAGES or digest != SET_SHA256:
         raise EdgeError("labelled ImageNet set: {} images with set sha256 {}, expected {} and {} (the packages' "
                         "files changed: reinstall {})".format(len(files), digest, IMAGES, SET_SHA256, " ".join(

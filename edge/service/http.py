@@ -93,13 +93,13 @@ class DeadlineRequestHandler(BaseHTTPRequestHandler):
             head = b""
         self.rfile = io.BytesIO(head)  # b"" (no head in time, or refused): the handler closes quietly
 
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        pass  # no access log lines in the journal
+
 
 def allowed_hosts(configured: str) -> Sequence[str]:
     """The names a server bound for `configured` answers to besides IP addresses and loopback names."""
     return tuple(n for n in (configured, socket.gethostname()) if n)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
-        pass  # no access log lines in the journal
 
 
 class BoundedThreadingMixIn(ThreadingMixIn):

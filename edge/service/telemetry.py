@@ -22,6 +22,7 @@ Throttle signals for the fleet alerts (deploy/prometheus/rules.yml): the current
 has reached the rail's warning limit (INA3221 `currN_max`), where the hardware starts throttling.
 """
 
+import contextlib
 import gc
 import glob
 import os
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
-from edge.board import is_jetson
+from edge.board import is_jetson, read_small
 from edge.sources.watch import Backoff
 
 JTOP_SOCKET = "/run/jtop.sock"
@@ -164,14 +165,6 @@ def _first_value(mapping: Any) -> Any:
         return None
 
 
-def _read_text(path: str) -> Optional[str]:
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            return fh.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 class LinuxReader:
     """What a plain Linux system tells without jtop: RAM, CPU load/frequency, thermal zones, a devfreq GPU."""
 
@@ -189,7 +182,7 @@ class LinuxReader:
     def temperatures(self) -> Dict[str, float]:
         temps: Dict[str, float] = {}
         for zone in sorted(glob.glob(os.path.join(self.thermal_root, "thermal_zone*"))):
-            name, raw = _read_text(os.path.join(zone, "type")), _read_text(os.path.join(zone, "temp"))
+            name, raw = read_small(os.path.join(zone, "type")), read_small(os.path.join(zone, "temp"))
             try:
                 value = int(raw or "") / 1000.0  # millidegrees
             except ValueError:
@@ -206,7 +199,7 @@ class LinuxReader:
         if self._psutil is not None:
             return self._psutil.virtual_memory().percent / 100.0
         fields: Dict[str, int] = {}
-        for line in (_read_text(self.meminfo) or "").splitlines():
+        for line in (read_small(self.meminfo) or "").splitlines():
             parts = line.split()
             if len(parts) >= 2 and parts[1].isdigit():
                 fields[parts[0].rstrip(":")] = int(parts[1])
@@ -216,11 +209,11 @@ class LinuxReader:
     def _gpu(self) -> Dict[str, Optional[float]]:
         """A Jetson iGPU exposed through devfreq (cur_freq in Hz, device/load in per mille)."""
         for node in sorted(glob.glob(os.path.join(self.devfreq_root, "*"))):
-            name = _read_text(os.path.join(node, "device", "of_node", "name")) or os.path.basename(node)
+            name = read_small(os.path.join(node, "device", "of_node", "name")) or os.path.basename(node)
             if "gpu" not in name.lower():
                 continue
-            freq, load = _read_text(os.path.join(node, "cur_freq")), _read_text(os.path.join(node, "device", "load"))
-            top = _read_text(os.path.join(node, "max_freq"))
+            freq, load = read_small(os.path.join(node, "cur_freq")), read_small(os.path.join(node, "device", "load"))
+            top = read_small(os.path.join(node, "max_freq"))
             return {"gpu_freq_mhz": int(freq) / 1e6 if freq and freq.isdigit() else None,
                     "gpu_freq_max_mhz": int(top) / 1e6 if top and top.isdigit() else None,
                     "gpu_load": int(load) / 1000.0 if load and load.isdigit() else None}
@@ -325,25 +318,19 @@ class Telemetry:
         except ImportError as exc:
             raise RuntimeError("jetson-stats not installed ({}): pip install 'jetson-edge[jetson]'".format(
                 exc)) from None
-        client = jtop(interval=self.interval_s)
+        self._client = jtop(interval=self.interval_s)
         try:
-            client.start()
+            self._client.start()
         except BaseException:
-            try:
-                client.close()
-            except Exception:
-                pass
+            self._disconnect()
             raise
-        self._client = client
         self.connected += 1
 
     def _disconnect(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 client.close()
-            except Exception:
-                pass
 
     def _failed(self, exc: BaseException, now: float) -> None:
         self._disconnect()

@@ -48,6 +48,10 @@ Log = Callable[..., None]
 Verify = Callable[[str], None]
 
 
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def sha256_file(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -153,7 +157,7 @@ def read_set(model_path: str, *, labels: str = "", expected: Optional[Dict[str, 
         raise EdgeError("{}: {}".format(model_path, "not built yet" + tail if rebuild else
                                         "model file not found (create it with: edge export)"))
     info = model_info_at(found, model_path, required_info)
-    sha = hashlib.sha256(data).hexdigest()
+    sha = sha256_bytes(data)
     if required_info and "sha256" not in info:
         raise EdgeError("{}: its model info records no sha256{}".format(model_path, tail))
     if info.get("sha256") not in (None, sha):  # one policy for a stale model info, every format
@@ -180,7 +184,7 @@ def _check_labels(model_path: str, info: Dict[str, Any], text: Optional[bytes]) 
     if "labels_sha256" not in info:
         return ["{}: labels not covered by a sha256 in its model info (installed by an older version); rebuild "
                 "to cover them".format(model_path)] if "sha256" in info and text is not None else []
-    have = None if text is None else hashlib.sha256(text).hexdigest()
+    have = None if text is None else sha256_bytes(text)
     if have != info["labels_sha256"]:
         why = ("its labels are not the ones its model info records" if text is not None else
                "its model info records labels, but they are missing")
@@ -310,7 +314,7 @@ def install(dest: str, *, artifact: str, info: Dict[str, Any], labels: Optional[
         parse_labels(label_bytes, labels)
     info = dict(info, sha256=sha256_file(artifact),
                 labels=os.path.basename(labels_file(dest)) if labels is not None else None,
-                labels_sha256=hashlib.sha256(label_bytes).hexdigest() if label_bytes is not None else None)
+                labels_sha256=sha256_bytes(label_bytes) if label_bytes is not None else None)
     if "artifact" in info:  # a built artifact's info names it (a copy under another name is refused)
         info["artifact"] = os.path.basename(dest)
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)

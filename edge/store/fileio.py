@@ -132,11 +132,7 @@ def _check_out_dir(out_dir: str, what: str) -> None:
     name = os.path.basename(out_dir)
     if len(os.fsencode(name)) > NAME_MAX:
         raise EdgeError("{}: the {}'s folder name is longer than {} bytes".format(out_dir, what, NAME_MAX))
-    probe = os.path.dirname(out_dir)
-    while not os.path.lexists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise EdgeError("{}: cannot write the {} ({} is not a writable folder)".format(out_dir, what, probe))
+    check_folder(out_dir, what)
 
 
 def _commit(tmp: str, out_dir: str, *, manifest: str) -> None:

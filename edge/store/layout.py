@@ -16,6 +16,7 @@ import stat
 from typing import Dict, Optional, Sequence, Tuple
 
 from edge.errors import EdgeError
+from edge.inputs import file_kind
 from edge.store import versions
 from edge.store.durable import fsync_path, remove_path, temp_name
 from edge.store.versions import CURRENT, PREVIOUS, SETS, flip, require_lock
@@ -107,7 +108,7 @@ def check_names(dest: str, names: Sequence[str], what: Sequence[str]) -> None:
                 continue
             if stat.S_ISREG(mode) or _sets_of_link(path, previous):
                 continue
-            raise EdgeError("{}: {} is {}; refusing to use it".format(path, kind, versions.kind_of(mode)))
+            raise EdgeError("{}: {} is {}; refusing to use it".format(path, kind, file_kind(mode)))
     sets = sets_dir(dest)
     if os.path.lexists(sets) and (os.path.islink(sets) or not os.path.isdir(sets)):
         raise EdgeError("{}: is not a folder (a symlink?); refusing to write through it (remove it)".format(sets))

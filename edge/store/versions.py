@@ -39,6 +39,7 @@ import stat
 from typing import Dict, Iterator, List, Optional, Pattern, Tuple
 
 from edge.errors import EdgeError
+from edge.inputs import file_kind
 from edge.store import durable
 from edge.store.durable import fsync_path, held_folder, held_here, is_abandoned, remove_path, temp_name
 
@@ -300,17 +301,13 @@ def sweep(folder: str) -> List[str]:
 
 # --- numbered sets under one `current` ----------------------------------------------------------------------------
 
-def kind_of(mode: int) -> str:
-    return "a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-
-
 def _set_folder(sets: str, number: str) -> str:
     """The set folder `number`: a folder the store wrote, not a link (a loop) or a file."""
     path = os.path.join(sets, number)
     mode = os.lstat(path).st_mode if os.path.lexists(path) else None
     if mode is None or not stat.S_ISDIR(mode):
         raise EdgeError("{}: {}, not a set folder the store wrote; refusing to use it, nothing was removed".format(
-            path, "missing" if mode is None else kind_of(mode) + (" (a loop?)" if stat.S_ISLNK(mode) else "")))
+            path, "missing" if mode is None else file_kind(mode) + (" (a loop?)" if stat.S_ISLNK(mode) else "")))
     return path
 
 
