@@ -68,7 +68,7 @@ class Daemon:
         self.port = port
         config = sh.write_config(tmp_path / "edge-{}.yaml".format(port), {
             "model": {"path": model}, "source": {"uri": "synthetic", "width": 160, "height": 120, "fps": 30},
-            "backend": {"kind": "onnxruntime"}, "preprocess": {"device": "cpu"},
+            "backend": dict(sh.QUIET_ORT, kind="onnxruntime"), "preprocess": {"device": "cpu"},
             "runtime": {"budget_ms": budget_ms, "warmup": 2},
             "service": {"metrics": {"enabled": True, "host": "127.0.0.1", "port": port},
                         "telemetry": {"enabled": True, "interval_s": 0.5}}})

@@ -48,7 +48,7 @@ class Device:
         sh.write_config(os.path.join(folder, "config.yaml"), {
             "model": {"path": os.path.join(folder, "models", os.path.basename(self.model))},
             "source": {"uri": "synthetic", "width": 160, "height": 120, "fps": 20},
-            "backend": {"kind": "onnxruntime"}, "preprocess": {"device": "cpu"},
+            "backend": dict(sh.QUIET_ORT, kind="onnxruntime"), "preprocess": {"device": "cpu"},
             "runtime": {"budget_ms": budget_ms, "warmup": 1},
             "service": {"metrics": {"enabled": True, "host": "127.0.0.1", "port": self.port},
                         "telemetry": {"enabled": False}}})

@@ -276,7 +276,8 @@ def serving(installed: Machine, tiny_classifiers) -> Machine:
               "gstreamer1.0-python3-plugin-loader python3-gst-1.0 >/dev/null")
     m.camera.start()
     m.edit_config(**{"source.uri": m.camera.uri, "source.rtsp_codec": "auto", "source.width": 320, "source.height": 240,
-                     "service.metrics.port": m.metrics_port, "runtime.report_every": 60})
+                     "service.metrics.port": m.metrics_port, "runtime.report_every": 60,
+                     **{"backend." + key: value for key, value in sh.QUIET_ORT.items()}})
     started = time.monotonic()
     m.run("systemctl restart jetson-edge" if m.reused else day_one("cpu"), timeout=900)
     TIMES["cpu block (build + start)"] = time.monotonic() - started
