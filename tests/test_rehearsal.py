@@ -9,7 +9,7 @@ and READY with jtop telemetry; reloads in a row, and one whose load outlasts Wat
 old model serving; `kill -9` restarts it; a config error stops it at once with one line; `doctor --as-service`
 leaves the running service's folders alone; `edge doctor` names each board's maximum power mode (an Orin Nano, an AGX
 Orin, a Xavier NX); `edge rebuild --systemd` end to end against it; a reboot brings it back, and a camera that
-appears 30 s after boot is picked up.
+appears after the service, up without it, said so is picked up.
 
 What it does not prove (no GPU here): the engine block (`edge build --engine` needs a CUDA device) is replaced by
 the docs' CPU block, and pycuda is a stand-in whose driver has no device (the recipe's pip line installs it like
@@ -415,14 +415,12 @@ def test_a_reboot_brings_it_back_and_a_late_camera_is_picked_up(serving: Machine
     m.camera.stop()
     m.down()
     TIMES["reboot (down, up)"] = m.up()
-    booted = time.monotonic()
     assert sh.wait_until(lambda: m.show()["ActiveState"] == "active", 120, 0.5)
     status = m.show()["StatusText"]
     assert status.startswith("degraded: {}: no frame within".format(m.camera.uri)), status
     assert sh.wait_until(lambda: m.show("jtop")["ActiveState"] == "active", 60, 0.5)
     assert m.show("jtop")["NRestarts"] == "0"  # its sysfs was there before it started
-    sh.wait_until(lambda: time.monotonic() - booted >= 30, 40, 0.5)  # the camera comes up 30 s after boot
-    appeared = m.camera.start()
+    appeared = m.camera.start()  # late: after the service, up, said it had no frame
     assert sh.wait_until(lambda: m.events("source_recovered"), 120, 0.5)
     TIMES["late camera pickup"] = time.monotonic() - appeared
     assert sh.wait_until(lambda: "fps" in m.show()["StatusText"], 60, 0.5)
