@@ -88,7 +88,8 @@ def clone(fleet, source, host):
 
 def before_no_wait(base):
     """The playbook before `try --no-wait`: a copy of deploy/ansible with the commit that brought it reversed
-    (gate.yml: `try` waits for its verdict; site.yml: the follower play host_pinned). Returns its site.yml."""
+    (gate.yml: `try` waits for its verdict; site.yml: the follower play host_pinned), in a folder that links the
+    rest of the checkout. Returns its site.yml."""
     gate = "deploy/ansible/roles/jetson_edge/tasks/gate.yml"
     commits = subprocess.run(["git", "log", "--reverse", "--format=%H", "-S'--no-wait'", "--", gate], cwd=HERE,
                              capture_output=True, encoding="utf-8", check=True).stdout.split()
@@ -96,6 +97,10 @@ def before_no_wait(base):
         raise SystemExit("no commit of {} brings '--no-wait' (a checkout without its history?)".format(gate))
     copy = os.path.join(base, "before")
     shutil.copytree(os.path.join(HERE, "deploy", "ansible"), os.path.join(copy, "deploy", "ansible"))
+    for parent, skip in (("", "deploy"), ("deploy", "ansible")):  # what the play reads beside it: systemd/, edge/ ...
+        for name in os.listdir(os.path.join(HERE, parent)):
+            if name != skip and not name.startswith("."):
+                os.symlink(os.path.join(HERE, parent, name), os.path.join(copy, parent, name))
     diff = subprocess.run(["git", "show", "--format=", commits[0], "--", gate], cwd=HERE, capture_output=True,
                           check=True).stdout
     subprocess.run(["patch", "-R", "-p1", "-s", "-d", copy], input=diff, check=True)
