@@ -117,7 +117,7 @@ def before_no_wait(base):
 
 def timed(fleet, release, forks, **extra):
     start = time.monotonic()
-    proc = fleet.play(release, forks=forks, **extra)
+    proc = fleet.play(release, forks=forks, timeout=4 * 3600, **extra)
     wall = time.monotonic() - start
     recap = dict(re.findall(r"^(jetson-\S+)\s+: (ok=.*)$", proc.stdout, re.M))
     if proc.returncode != 0:

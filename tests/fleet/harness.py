@@ -105,10 +105,10 @@ class Fleet:
         argv = [playbook, "-i", self.inventory(offline), site, "-e", "@" + vars_file] + list(args)
         return argv, env
 
-    def play(self, release, *args, **kwargs):
+    def play(self, release, *args, timeout=1200, **kwargs):
         argv, env = self.command(release, *args, **kwargs)
         return subprocess.run(argv, capture_output=True,
-                              encoding="utf-8", errors="replace", cwd=self.base, timeout=1200,
+                              encoding="utf-8", errors="replace", cwd=self.base, timeout=timeout,
                               stdin=subprocess.DEVNULL, env=env)
 
     def start(self, release, *args, **kwargs):
