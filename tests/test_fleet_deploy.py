@@ -287,7 +287,8 @@ def test_a_healthy_stand_in_host_serves_what_the_real_bake_passes_for_the_releas
     for name in ("r1", "r2"):
         (state / "releases" / name).mkdir(parents=True)
         (state / "releases" / name / "config.yaml").write_text(
-            "service:\n  metrics:\n    enabled: true\n    host: 127.0.0.1\n    port: {}\n".format(port))
+            "service:\n  metrics:\n    enabled: true\n    host: 127.0.0.1\n    port: {}\n".format(port),
+            encoding="utf-8")
     (state / "current").symlink_to("releases/r1")
     (tmp_path / "healthy").touch()
     url = "http://127.0.0.1:{}/metrics".format(port)
