@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import yaml
-from service_helpers import ansible_env
+from service_helpers import ansible_env, free_port, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHART = os.path.join(REPO, "deploy", "helm", "jetson-edge")
@@ -273,6 +273,67 @@ def test_the_stand_in_systemctl_keeps_each_units_enable_state(tmp_path):
     assert "UnitFileState=enabled" in run("show", "jetson-edge-release.timer").stdout
     assert run("disable", "jetson-edge-release.timer").returncode == 0
     assert run("is-enabled", "jetson-edge-release.timer").stdout.strip() == "disabled"
+
+
+def test_a_healthy_stand_in_host_serves_what_the_real_bake_passes_for_the_release_current_names(tmp_path):
+    """benchmarks/fleet_runs.py's many hosts run no `edge run`: on a host with <root>/healthy the stand-in service
+    answers /metrics as a healthy daemon of `current` would, and a restart is a new process on the new release."""
+    from edge.fleet import health
+
+    (tmp_path / "bin").mkdir()
+    shutil.copy(os.path.join(REPO, "tests", "fleet", "systemctl"), str(tmp_path / "bin" / "systemctl"))
+    state = tmp_path / "var" / "lib" / "jetson-edge-release"
+    port = free_port()
+    for name in ("r1", "r2"):
+        (state / "releases" / name).mkdir(parents=True)
+        (state / "releases" / name / "config.yaml").write_text(
+            "service:\n  metrics:\n    enabled: true\n    host: 127.0.0.1\n    port: {}\n".format(port),
+            encoding="utf-8")
+    (state / "current").symlink_to("releases/r1")
+    (tmp_path / "healthy").touch()
+    url = "http://127.0.0.1:{}/metrics".format(port)
+
+    def systemctl(action):
+        subprocess.run([str(tmp_path / "bin" / "systemctl"), action, "jetson-edge.service"], check=True, timeout=60)
+
+    systemctl("start")
+    try:
+        bake = health.bake(url, "r1", bake_s=0.5, start_timeout_s=30, max_miss_ratio=0.0, interval_s=0.1,
+                           abort=lambda: None)
+        assert bake.ok, bake.why
+        first = health.scrape(url)
+        (state / "current").unlink()
+        (state / "current").symlink_to("releases/r2")
+        systemctl("restart")
+        assert wait_until(lambda: (health.scrape(url) or first).release == "r2", 30, 0.05)
+        assert health.scrape(url).started != first.started
+    finally:
+        systemctl("stop")
+    assert health.scrape(url) is None
+
+
+def test_the_benchmarks_before_play_is_todays_with_try_waiting_for_its_verdict(tmp_path):
+    """benchmarks/fleet_runs.py's "before": deploy/ansible with the commit that brought `try --no-wait` reversed in
+    a copy (`try` waits for its verdict, no status poll, the follower play host_pinned), nothing else changed."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from fleet_runs import before_no_wait
+    finally:
+        sys.path.remove(os.path.join(REPO, "benchmarks"))
+    if not os.path.isdir(os.path.join(REPO, ".git")) and not os.path.isfile(os.path.join(REPO, ".git")):
+        pytest.skip("no git history in this checkout")
+    copy = os.path.dirname(before_no_wait(str(tmp_path)))
+    with open(os.path.join(copy, "roles", "jetson_edge", "tasks", "gate.yml"), encoding="utf-8") as fh:
+        tried = [t for t in yaml.safe_load(fh) if t.get("name") == "Try"][0]["block"]
+    argv = tried[0]["ansible.builtin.command"]["argv"]
+    assert "'--timeout'" in argv and "--no-wait" not in argv and len(tried) == 1
+    followers = [p for p in yaml.safe_load(open(os.path.join(copy, "site.yml"), encoding="utf-8"))
+                 if p["name"].startswith("Roll out to the rest")][0]
+    assert followers["strategy"] == "host_pinned"
+    changed = subprocess.run(["diff", "-rq", copy, ANSIBLE], capture_output=True, encoding="utf-8").stdout
+    assert sorted(changed.splitlines()) == sorted("Files {} and {} differ".format(os.path.join(copy, rel),
+                                                                                  os.path.join(ANSIBLE, rel))
+                                                  for rel in ("roles/jetson_edge/tasks/gate.yml", "site.yml"))
 
 
 def test_the_settle_unit_and_the_kill_switch_run_the_installed_program_as_root():

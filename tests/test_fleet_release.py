@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -55,13 +56,24 @@ class Device:
         with open(os.path.join(folder, "release.env"), "w", encoding="utf-8") as fh:
             fh.write("EDGE_RELEASE={}\n".format(name))
 
-    def edge(self, *args, timeout=300):
+    def argv(self, *args):
+        """`edge release ARGS` on this device, and its environment (the stand-in systemctl first on PATH)."""
         env = dict(os.environ, PATH=os.path.join(self.root, "bin") + os.pathsep + os.environ["PATH"])
-        wait = ["--timeout", "150"] if args[0] == "try" else []
-        return subprocess.run([sys.executable, "-m", "edge", "release"] + list(args) + wait +
-                              ["--state", self.state, "--by", "alice@ctl"], capture_output=True,
-                              encoding="utf-8", errors="replace",
-                              timeout=timeout, env=env)
+        wait = ["--timeout", "150"] if args[0] == "try" and "--no-wait" not in args else []
+        return [sys.executable, "-m", "edge", "release"] + list(args) + wait + \
+            ["--state", self.state, "--by", "alice@ctl"], env
+
+    def edge(self, *args, timeout=300):
+        argv, env = self.argv(*args)
+        return subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", timeout=timeout, env=env)
+
+    def lines(self, name):
+        """<root>/`name` (the stand-in's service.log, show.log), one entry a line."""
+        path = os.path.join(self.root, name)
+        if not os.path.exists(path):
+            return []
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().splitlines()
 
     def link(self, name):
         path = os.path.join(self.state, name)
@@ -308,6 +320,52 @@ def test_a_settle_restarts_a_daemon_that_serves_another_release_before_it_bakes(
     assert settle.returncode == 0 and "committed r2" in settle.stdout, settle.stdout + settle.stderr
     assert any("restart: the service ran r1, current is r2" in line for line in device.audit())
     assert device.serves("r2") and not os.path.exists(os.path.join(device.store, "rollout", "r2.json"))
+
+
+def test_a_settle_waits_for_the_restart_in_flight_before_it_judges_which_release_is_served(device):
+    """The slow rollout story's race: a dropped connection killed `try` inside its restart, which freed the lock
+    while the restart job still ran; the settle it had queued found the old daemon still answering for r1 and
+    restarted the service a second time ("restart: the service ran r1, current is r2"). It waits for the job."""
+    device.release("r1")
+    assert device.edge("try", "r1").returncode == 0 and device.serves("r1")
+    device.release("r2")
+    restarts = len(device.lines("service.log"))
+    with open(os.path.join(device.root, "hold-at"), "w", encoding="utf-8") as fh:
+        fh.write("restart jetson-edge.service\n")
+    argv, env = device.argv("try", "r2", "--no-wait")
+    trying = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    assert sh.wait_until(lambda: os.path.exists(os.path.join(device.root, "held")), 90, 0.05)
+    os.killpg(trying.pid, signal.SIGKILL)  # the drop: `try` and its systemctl client die, the restart job runs on
+    trying.wait(timeout=30)
+
+    def decided():  # restarted at once, or waiting on the job it saw
+        return any("restart: the service ran" in line for line in device.audit()) or \
+            "jetson-edge.service deactivating" in device.lines("show.log")
+
+    assert sh.wait_until(decided, 90, 0.05) and device.serving() == "r1"  # the old daemon still answers
+    os.unlink(os.path.join(device.root, "hold-at"))
+    assert device.settled() and device.serves("r2")
+    assert not any("restart: the service ran" in line for line in device.audit()), device.audit()
+    assert device.lines("service.log")[restarts:] == ["restart r2"]
+    assert "commit: r2 (1.5 s bake:" in device.audit()[-1]
+
+
+@pytest.mark.parametrize("states, waited", [(["active"], 0.0), (["deactivating", "activating", "active"], 0.3),
+                                            (["reloading", "inactive"], 0.1), (["deactivating"] * 50, 5.0)])
+def test_the_wait_for_a_job_in_flight_is_a_policy_on_a_fake_clock(states, waited):
+    """await_jobs reads the unit's ActiveState on the project's Backoff (0.1 s doubling) until no start, stop,
+    restart or reload of it runs, and no longer than its limit (5 s here): then it returns what it last saw."""
+    from edge.fleet.rollout import await_jobs, job_in_flight
+
+    clock = [0.0]
+    seen = iter(states)
+    last = await_jobs(lambda: next(seen), limit_s=5.0, clock=lambda: clock[0],
+                      sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    assert (last, round(clock[0], 6)) == (states[-1] if waited < 5 else "deactivating", waited)
+    assert job_in_flight("activating", waited_s=4.9, limit_s=5.0)
+    assert not job_in_flight("activating", waited_s=5.0, limit_s=5.0)
+    assert not job_in_flight("failed", waited_s=0.0, limit_s=5.0)
 
 
 def quiet_host(root, running):

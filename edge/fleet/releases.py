@@ -249,12 +249,23 @@ class Device:
         """One line: when, who, what; control characters (a newline, an ESC) in any part are escaped."""
         self.dir.append("audit.log", "{} {} {}\n".format(now(), one_line(by, 200), one_line(text, 4000)))
 
-    def systemctl(self, *args: str) -> None:
+    def systemctl(self, *args: str) -> str:
+        """Its output; a failure raises EdgeError (EXIT_FAIL)."""
         proc = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               encoding="utf-8", errors="replace", timeout=300)
         if proc.returncode != 0:
             raise EdgeError("systemctl {}: {}".format(" ".join(args), one_line((proc.stdout.strip().splitlines() or [
                 "exit {}".format(proc.returncode)])[-1])), EXIT_FAIL)
+        return proc.stdout
+
+    def active_state(self, unit: str) -> str:
+        """The unit's ActiveState (active, activating, deactivating, ...); "" when systemctl cannot tell."""
+        try:
+            shown = self.systemctl("show", unit, "--property=ActiveState")
+        except (EdgeError, OSError, subprocess.TimeoutExpired):
+            return ""
+        return next((line[len("ActiveState="):].strip() for line in shown.splitlines()
+                     if line.startswith("ActiveState=")), "")
 
     def digest(self, release: str) -> str:
         """sha256 of what the release is on every device: its model, its sets and its venv's name (CONTENT)."""

@@ -4,14 +4,16 @@ the same move recording the release failed: the fleet gate's stop)."""
 
 import os
 import time
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line, one_line
 from edge.fleet import health, store
 from edge.fleet.releases import Device, check_name, now, short
 from edge.fleet.statedir import refuse
+from edge.sources.watch import Backoff
 
 LOCK_WAIT_S = 60.0
+JOB_STATES = ("activating", "deactivating", "reloading")  # a start, stop, restart or reload of the unit runs
 
 
 class Switch(NamedTuple):
@@ -230,9 +232,31 @@ def _leave_refused(dev: Device, by: str) -> Optional[str]:
                      dev.digest(running), by)
 
 
+def job_in_flight(active_state: str, *, waited_s: float, limit_s: float) -> bool:
+    """Policy (no clock, no I/O): whether to wait before judging which release the daemon serves. While a job of the
+    service runs, the old daemon may still answer for the release it leaves (a `try` killed inside its restart frees
+    the lock before the restart ends); waited for `limit_s` at most."""
+    return active_state in JOB_STATES and waited_s < limit_s
+
+
+def await_jobs(state: Callable[[], str], *, limit_s: float, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> str:
+    """The unit's ActiveState (`state()`) once no job of it runs, or as it is after `limit_s`."""
+    backoff = Backoff(0.1, 2.0)
+    start = clock()
+    while True:
+        seen = state()
+        waited = clock() - start
+        if not job_in_flight(seen, waited_s=waited, limit_s=limit_s):
+            return seen
+        sleep(min(backoff.next(), limit_s - waited))
+
+
 def _serve_current(dev: Device, by: str) -> bool:
-    """Restart a daemon that answers for another release than `current` (True when it did)."""
+    """Restart a daemon that answers for another release than `current` (True when it did), once the restart in
+    flight, if any, ended."""
     running = dev.link("current") or ""
+    await_jobs(lambda: dev.active_state(dev.settings.service), limit_s=dev.settings.start_timeout_s)
     try:
         served = health.scrape(metrics_url(dev, running))
     except EdgeError:  # no metrics to read: nothing to compare

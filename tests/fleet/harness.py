@@ -91,9 +91,9 @@ class Fleet:
                               "ansible_ssh_common_args": "-o ConnectTimeout=5 -o StrictHostKeyChecking=no"}
         return write_config(os.path.join(self.base, "inventory.yml"), {"jetsons": {"hosts": hosts}})
 
-    def command(self, release, *args, offline=None, forks=10, **extra):
-        """The ansible-playbook command line and environment for `release`; extra keyword arguments are
-        jetson_edge_* variables."""
+    def command(self, release, *args, offline=None, forks=10, site=SITE, **extra):
+        """The ansible-playbook command line and environment for `release` (`site`: another copy of the playbook);
+        extra keyword arguments are jetson_edge_* variables."""
         extra_vars = dict(self.common, jetson_edge_release=release,
                           **{"jetson_edge_" + k: v for k, v in extra.items()})
         vars_file = write_config(os.path.join(self.base, "vars-{}.yml".format(os.getpid())), extra_vars)
@@ -102,13 +102,13 @@ class Fleet:
                           ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_FORKS=str(forks), ANSIBLE_PIPELINING="1",
                           ANSIBLE_CONNECTION_PLUGINS=os.path.join(HERE, "connection_plugins"),
                           EDGE_HARNESS_PYTHON=sys.executable)
-        argv = [playbook, "-i", self.inventory(offline), SITE, "-e", "@" + vars_file] + list(args)
+        argv = [playbook, "-i", self.inventory(offline), site, "-e", "@" + vars_file] + list(args)
         return argv, env
 
-    def play(self, release, *args, **kwargs):
+    def play(self, release, *args, timeout=1200, **kwargs):
         argv, env = self.command(release, *args, **kwargs)
         return subprocess.run(argv, capture_output=True,
-                              encoding="utf-8", errors="replace", cwd=self.base, timeout=1200,
+                              encoding="utf-8", errors="replace", cwd=self.base, timeout=timeout,
                               stdin=subprocess.DEVNULL, env=env)
 
     def start(self, release, *args, **kwargs):
