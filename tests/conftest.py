@@ -69,14 +69,17 @@ def once_per_run(tmp_path_factory, name, make):
     return make_once(str(run_folder(tmp_path_factory) / name), make)
 
 
-# The files that take longest on a loaded 2-core machine, longest first (pytest --durations under
-# ../shared/tools/under_load.sh). pytest-xdist hands each worker a whole file, in this order (pytest.ini keeps it
-# from reordering): started first, no long file is left running alone at the end. Only the order depends on this;
-# a name here that is no test file stops the run (pytest_configure).
-LONGEST = ("test_rehearsal.py", "test_real_weights.py", "test_hostile.py", "test_gstreamer.py", "test_typecheck.py",
-           "test_fleet_deploy.py", "test_rebuild.py", "test_export.py", "test_check.py", "test_calibration.py",
-           "test_artifacts.py", "test_fallback.py", "test_build.py", "test_auto_method.py", "test_quantize.py",
-           "test_gate.py")
+# The files that take longest, longest first (the sum of each file's test times in a quiet run on 2 cores; the
+# fleet files mostly wait on bakes and servers). pytest-xdist hands each worker a whole file, in this order
+# (pytest.ini keeps it from reordering): started first, their waits overlap the others' work and no long file is
+# left running alone at the end. Only the order depends on this; a name here that is no test file stops the run
+# (pytest_configure).
+LONGEST = ("test_rehearsal.py", "test_fleet_release.py", "test_fleet_deploy.py", "test_fleet_prometheus.py",
+           "test_crash_sets.py", "test_hostile.py", "test_real_weights.py", "test_sweep.py", "test_gstreamer.py",
+           "test_fleet_statedir.py", "test_export.py", "test_daemon.py", "test_telemetry.py", "test_build.py",
+           "test_check.py", "test_typecheck.py", "test_rebuild.py", "test_notify.py", "test_calibration.py",
+           "test_demo.py", "test_static.py", "test_artifacts.py", "test_fallback.py", "test_auto_method.py",
+           "test_quantize.py", "test_gate.py")
 
 
 def schedule_problems(names, folder=HERE):
