@@ -133,7 +133,9 @@ class Client(Lines):
     def __init__(self, uri: str, codec: str = "auto", transport: str = "udp"):
         super().__init__("grab", uri, codec, transport)
 
-    def frames(self, n: int, timeout: float = 15.0) -> dict:
+    def frames(self, n: int, timeout: float = 60.0) -> dict:
+        """The n-th next frame line. On a loaded machine a stream's first frame may miss the source's own 10 s start
+        timeout and come after its retry: waited for, not timed."""
         for _ in range(n):
             line = self.wait_for(lambda x: "frame" in x, timeout)
         return line
