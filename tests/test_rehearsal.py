@@ -194,14 +194,16 @@ def machine():
     # included, get the CPU before the files that fit around it.
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     os.setpriority(os.PRIO_PROCESS, 0, nice - 10)
-    TIMES["copy of the base and boot"] = m.up()
-    yield m
-    m.camera.stop()
-    if not reuse:
-        m.down()
-        if not os.environ.get("EDGE_REHEARSAL_KEEP"):
-            shutil.rmtree(str(base), ignore_errors=True)
-    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    try:
+        TIMES["copy of the base and boot"] = m.up()
+        yield m
+        m.camera.stop()
+        if not reuse:
+            m.down()
+            if not os.environ.get("EDGE_REHEARSAL_KEEP"):
+                shutil.rmtree(str(base), ignore_errors=True)
+    finally:  # the worker's later files at the run's priority, also after a skip or a failed boot
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
     print("\nrehearsal times (s): " + ", ".join("{} {:.1f}".format(k, v) for k, v in TIMES.items()))
 
 
