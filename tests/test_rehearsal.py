@@ -2,7 +2,7 @@
 Debian root booted with systemd 252 as PID 1 (tests/rehearsal/rehearsal.sh; the stubs it owns for what only a
 Jetson has: tests/rehearsal/jetson.py), then the service is driven through what a field engineer does to it.
 
-One root per run (a copy of a Debian base debootstrapped once per machine, ~350 MB: `rehearsal.sh base`, which
+One root per run (a copy of a Debian base debootstrapped once per machine, ~430 MB: `rehearsal.sh base`, which
 scripts/bootstrap.sh --dev runs), one boot for the cases, a reboot for the last. The cases, in order:
 install from a clone with jtop's service from the venv; without a model the unit stops at once; the first model
 and READY with jtop telemetry; reloads in a row, and one whose load outlasts WatchdogSec, keep it alive with the

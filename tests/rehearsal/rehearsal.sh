@@ -6,7 +6,7 @@
 #
 #   rehearsal.sh up ROOT [SUITE]  give ROOT a copy of the base (below) if it has no systemd yet, boot it, wait until
 #                                 systemd is up; prints the PID of its systemd
-#   rehearsal.sh base [SUITE]     debootstrap the base once per machine (SUITE: bookworm; ~1-2 min, ~350 MB) into
+#   rehearsal.sh base [SUITE]     debootstrap the base once per machine (SUITE: bookworm; ~1-2 min, ~430 MB) into
 #                                 /var/cache/jetson-edge-rehearsal (root's alone), keyed by what debootstrap is asked
 #                                 for; prints its path (scripts/bootstrap.sh --dev makes it; `up` makes it if missing)
 #   rehearsal.sh run ROOT CMD...  run CMD inside as root (in its namespaces, chroot ROOT, cwd /)
