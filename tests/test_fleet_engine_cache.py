@@ -207,3 +207,64 @@ def test_a_full_disk_here_is_exit_2_naming_the_destination_not_a_miss(canary, tm
         engine_cache.fetch(plan, cache, log=lambda *a: None)
     assert err.value.exit_code == 2 and plan.artifact in str(err.value) and "No space left" in str(err.value)
     assert not os.path.exists(plan.artifact)
+
+
+@pytest.fixture
+def https_cache(canary, tmp_path):
+    """The canary's folder cache served over https on IPv6 loopback ([::1]) behind basic auth (user `fleet`, a
+    password with a reserved character), by a certificate the clients trust through SSL_CERT_FILE. Yields the URL
+    with the user:password in it, the environment, and the Authorization headers the server saw."""
+    import base64
+    import socket
+    import ssl
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=cache",
+                    "-addext", "subjectAltName=IP:::1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    expected = "Basic " + base64.b64encode(b"fleet:S3cret/PW").decode()
+    seen = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=canary[3], **kwargs)
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            if self.headers.get("Authorization") != expected:
+                self.send_error(401)
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    server = Server(("::1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield "https://fleet:S3cret%2FPW@[::1]:{}/".format(server.server_address[1]), {"SSL_CERT_FILE": str(cert)}, seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_follower_fetches_over_https_from_an_ipv6_host_with_its_user_and_password(canary, https_cache, tmp_path,
+                                                                                     model):
+    _, sets, _, _, _ = canary
+    url, env, seen = https_cache
+    config = device(tmp_path, "follower", model, sets)
+    hit = run_edge("cache", "fetch", url, "--config", config, env=env)
+    assert hit.returncode == 0 and "engine cache: hit" in hit.stdout, hit.stdout + hit.stderr
+    verify(plan_of(config).artifact, expected_model_info(plan_of(config)))
+    assert seen and set(seen) == {"Basic " + __import__("base64").b64encode(b"fleet:S3cret/PW").decode()}
+    assert "S3cret" not in hit.stdout + hit.stderr
+    wrong = url.replace("S3cret%2FPW", "nope")
+    refused = run_edge("cache", "fetch", wrong, "--config", device(tmp_path, "other", model, sets), env=env)
+    line = assert_refused(refused, "HTTP 401", "[::1]", code=2)
+    assert "nope" not in refused.stdout + refused.stderr, line
+    assert not os.path.exists(plan_of(device(tmp_path, "other", model, sets)).artifact)
