@@ -209,6 +209,32 @@ def test_a_full_disk_here_is_exit_2_naming_the_destination_not_a_miss(canary, tm
     assert not os.path.exists(plan.artifact)
 
 
+def self_signed(folder, ip):
+    """A certificate for `ip` and its key, written as PEM files into `folder`: (cert, key)."""
+    import datetime
+    import ipaddress
+
+    x509 = pytest.importorskip("cryptography.x509", reason="cryptography comes with ansible-core (Python 3.10+)")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cache")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    paths = folder / "cert.pem", folder / "key.pem"
+    paths[0].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
 @pytest.fixture
 def https_cache(canary, tmp_path):
     """The canary's folder cache served over https on IPv6 loopback ([::1]) behind basic auth (user `fleet`, a
@@ -217,12 +243,8 @@ def https_cache(canary, tmp_path):
     import base64
     import socket
     import ssl
-    import subprocess
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=cache",
-                    "-addext", "subjectAltName=IP:::1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    cert, key = self_signed(tmp_path, "::1")
     expected = "Basic " + base64.b64encode(b"fleet:S3cret/PW").decode()
     seen = []
 
@@ -243,7 +265,10 @@ def https_cache(canary, tmp_path):
     class Server(http.server.ThreadingHTTPServer):
         address_family = socket.AF_INET6
 
-    server = Server(("::1", 0), Handler)
+    try:
+        server = Server(("::1", 0), Handler)
+    except OSError as exc:  # a machine without IPv6 loopback
+        pytest.skip("no IPv6 loopback here: {}".format(exc))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(cert), str(key))
     server.socket = context.wrap_socket(server.socket, server_side=True)
