@@ -171,7 +171,7 @@ def recorded(monkeypatch):
     events = []
     for name in ("rename", "replace"):
         real = getattr(os, name)
-        monkeypatch.setattr(os, name, lambda a, b, real=real: (real(a, b), events.append(
+        monkeypatch.setattr(os, name, lambda a, b, real=real, **at: (real(a, b, **at), events.append(
             ("rename", os.path.dirname(os.path.abspath(b))))
             if sys._getframe(1).f_globals["__name__"] == versions.__name__ else None)[0])
     real_exchange = durable.exchange

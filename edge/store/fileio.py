@@ -2,8 +2,9 @@
 `read_regular` + `image_size`.
 
 A write goes to a temporary file created exclusively (O_EXCL, no link followed) beside the target, is fsynced,
-then renamed over it, and the folder fsynced: a reader sees the old file or the new one, never half of one. Only a regular file (or
-nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
+then renamed over it, and the folder is fsynced: a reader sees the old file or the new one, never half of one.
+Only a regular file (or nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is
+refused. Root's release state writes relative to the descriptor of its checked folder (`dir_fd`).
 
 A folder written whole (`atomic_dir`: a calibration set) is made under a temporary name, fsynced, and put in place
 of the old one in one step by edge.store.versions (`replace_folder`; what a killed writer left is settled first:
@@ -31,10 +32,9 @@ NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
 
 def check_output(path: str, what: str = "output", *, dir_fd: Optional[int] = None) -> None:
     """Refuse, before any work is done, an output path that is not a regular file or cannot be written (`dir_fd`:
-    its folder, opened and checked already: `path` is looked up there alone)."""
+    its folder, opened and checked already, where its name alone is looked up)."""
     try:
-        st = os.lstat(path) if dir_fd is None else os.stat(os.path.basename(path), dir_fd=dir_fd,
-                                                           follow_symlinks=False)
+        st = os.stat(path if dir_fd is None else os.path.basename(path), dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
     except OSError as exc:
@@ -73,34 +73,31 @@ def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "f
     """Write `path` through `write_fn(binary file)`; the old file (if any) stays until the new one is complete.
     `dir_fd`: the folder of `path` opened already, walked without following a link (root's release state,
     edge.fleet.statedir): every name resolves relative to it alone."""
-    if dir_fd is None:
-        path = os.path.abspath(path)
+    path = os.path.abspath(path) if dir_fd is None else path
     check_output(path, what, dir_fd=dir_fd)
-    parent, name = os.path.split(path)
     if dir_fd is None:
-        os.makedirs(parent, exist_ok=True)
-    at = {} if dir_fd is None else {"dir_fd": dir_fd}
-    target = path if dir_fd is None else name
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    target = path if dir_fd is None else os.path.basename(path)
     try:
-        mode = stat.S_IMODE(os.stat(target, follow_symlinks=False, **at).st_mode)  # a replaced file keeps them
+        mode = stat.S_IMODE(os.stat(target, dir_fd=dir_fd, follow_symlinks=False).st_mode)  # kept when replaced
     except FileNotFoundError:
         mode = 0o644
-    tmp = temp_name(parent if dir_fd is None else "", "." + name + ".", ".tmp")
+    tmp = temp_name(os.path.dirname(target), "." + os.path.basename(path) + ".", ".tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600,
-                     **at)
+                     dir_fd=dir_fd)
         with os.fdopen(fd, "wb") as fh:
             write_fn(fh)
             fh.flush()
             os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         check_output(path, what, dir_fd=dir_fd)  # still a regular file (or nothing) right before the rename
-        os.replace(tmp, target, **({} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}))
+        os.replace(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp, **at)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
-    fsync_path(parent) if dir_fd is None else os.fsync(dir_fd)
+    fsync_path(os.path.dirname(path)) if dir_fd is None else os.fsync(dir_fd)
 
 
 def write_json_atomic(path: str, data: Any, what: str = "JSON file", *, dir_fd: Optional[int] = None) -> None:
