@@ -24,9 +24,8 @@ Folders replaced in place (calibration sets: a path users configure, ship and co
 folder is exchanged with the old one (renameat2), or, where the filesystem cannot, the old one is renamed into a
 held folder aside first; `recover_folder` puts an old set a crash left aside back.
 
-Every writer of a link-switched folder holds `lock(folder)` (fleet releases too: `wait_s`): a 0600 lock file of the
-writer's own, which no other user can open; a refusal (`Busy`) names the holder's pid. Taking it, `sweep` removes
-what a killed writer left.
+Every writer of a link-switched folder (fleet releases too) holds `lock(folder)`: a 0600 lock file of its own that no
+other user can open; a refusal (`Busy`) names the holder's pid. Taking it, `sweep` removes what a killed writer left.
 """
 
 import atexit
@@ -63,21 +62,24 @@ def flip(folder: str, name: str, *, target: Optional[str], dir_fd: Optional[int]
     """Point the link `folder/name` at `target` in one rename (None: remove the link), then fsync `folder`.
     `dir_fd`: `folder` opened already, walked without following a link (root's release state, edge.fleet.statedir):
     every name resolves relative to it alone, and only a link (or nothing) is replaced there."""
-    at, path = ({}, os.path.join(folder, name)) if dir_fd is None else ({"dir_fd": dir_fd}, name)
-    mode = None if dir_fd is None else _mode(name, dir_fd)
+    path = os.path.join(folder, name) if dir_fd is None else name
+    try:
+        mode = None if dir_fd is None else os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        mode = None
     if mode is not None and not stat.S_ISLNK(mode):
         raise EdgeError("{}: not a link; refused, nothing was changed".format(os.path.join(folder, name)))
     if target is None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path, **at)
+            os.unlink(path, dir_fd=dir_fd)
     else:
         tmp = temp_name(folder if dir_fd is None else "", ".link-")
-        os.symlink(target, tmp, **at)
+        os.symlink(target, tmp, dir_fd=dir_fd)
         try:
-            os.replace(tmp, path, **({} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}))
+            os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, **at)
+                os.unlink(tmp, dir_fd=dir_fd)
             raise
     fsync_path(folder) if dir_fd is None else os.fsync(dir_fd)
 
@@ -95,13 +97,6 @@ def read_link(path: str, spelled: Pattern[str], *, dir_fd: Optional[int] = None)
         raise EdgeError("{}: {}, not a link as the store writes it; refused, nothing was removed".format(
             path, "a link to {!r}".format(target) if target is not None else "not a link"))
     return target
-
-
-def _mode(name: str, dir_fd: int) -> Optional[int]:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return None
 
 
 def move(src: str, dest: str) -> None:
@@ -240,21 +235,17 @@ def _take(path: str, command: str, wait_s: float) -> int:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as exc:
-            why = "a symbolic link, not a lock file; refused (remove it)" if exc.errno == errno.ELOOP else \
-                "cannot take the lock ({})".format(exc.strerror)
-            raise EdgeError("{}: {}".format(path, why)) from None
+            why = "a symbolic link; refused" if exc.errno == errno.ELOOP else exc.strerror
+            raise EdgeError("{}: cannot take the lock ({})".format(path, why)) from None
         try:
             if _locked(path, fd, command, wait_s):
                 return fd
-        except Busy:
+        except EdgeError as exc:
             os.close(fd)
-            if time.monotonic() >= deadline:
+            if not isinstance(exc, Busy) or time.monotonic() >= deadline:
                 raise
             time.sleep(POLL_S)
             continue
-        except EdgeError:
-            os.close(fd)
-            raise
         except BaseException:  # a signal: the file goes, unless another writer holds it
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
