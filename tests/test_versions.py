@@ -8,11 +8,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 from store_helpers import state_of
 
 from edge.errors import EdgeError
+from edge.fleet.releases import Device
 from edge.store import artifact as af
 from edge.store import durable, versions
 
@@ -169,7 +171,7 @@ def recorded(monkeypatch):
     events = []
     for name in ("rename", "replace"):
         real = getattr(os, name)
-        monkeypatch.setattr(os, name, lambda a, b, real=real: (real(a, b), events.append(
+        monkeypatch.setattr(os, name, lambda a, b, real=real, **at: (real(a, b, **at), events.append(
             ("rename", os.path.dirname(os.path.abspath(b))))
             if sys._getframe(1).f_globals["__name__"] == versions.__name__ else None)[0])
     real_exchange = durable.exchange
@@ -323,3 +325,101 @@ def test_a_flip_through_a_folder_descriptor_replaces_a_link_and_nothing_else(tmp
         assert sorted(os.listdir(str(tmp_path))) == ["committed"]
     finally:
         os.close(fd)
+
+
+HOLD = ("import sys; from edge.store import versions\nwith versions.lock(sys.argv[1], 'edge rollback'):\n"
+        "    print('held', flush=True); sys.stdin.readline()\nprint('let go', flush=True); sys.stdin.read()")
+
+
+def holder(folder):
+    """Another process holding `folder`'s lock until a line comes on its stdin (then it says 'let go')."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            encoding="utf-8")
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def let_go(proc):
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "let go"
+
+
+def fake_clock(monkeypatch, on_wait=lambda: None):
+    """edge.store.versions' clock and sleep on a fake clock (any other caller keeps the real ones): each wait moves
+    it on and calls `on_wait`. Returns the waits."""
+    now, waits = [0.0], []
+    real_sleep, real_clock = time.sleep, time.monotonic
+
+    def ours():
+        return sys._getframe(2).f_globals["__name__"] == versions.__name__
+
+    def sleep(s):
+        if not ours():
+            return real_sleep(s)
+        waits.append(s)
+        now[0] += s
+        return on_wait()
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(time, "monotonic", lambda: now[0] if ours() else real_clock())
+    return waits
+
+
+def test_a_waiting_lock_is_taken_once_its_holder_lets_go(tmp_path, monkeypatch):
+    """The fleet's release changes wait for the folder's one lock (`wait_s`), polling it: the first wait finds it
+    another process's; once that one lets go, the next try takes it, with this pid in the lock file."""
+    proc = holder(tmp_path)
+    try:
+        waits = fake_clock(monkeypatch, on_wait=lambda: let_go(proc) if len(waits) == 1 else None)
+        with versions.lock(str(tmp_path), "a release change", wait_s=60):
+            with open(str(tmp_path / versions.LOCK), encoding="utf-8") as fh:
+                assert fh.read() == "{}\n".format(os.getpid())
+        assert waits == [versions.POLL_S]
+    finally:
+        proc.communicate("", timeout=60)
+    assert not os.path.lexists(str(tmp_path / versions.LOCK))
+
+
+def test_a_waiting_lock_gives_up_after_wait_s_naming_the_holder(tmp_path, monkeypatch):
+    proc = holder(tmp_path)
+    try:
+        waits = fake_clock(monkeypatch)
+        with pytest.raises(versions.Busy) as busy:
+            with versions.lock(str(tmp_path), "edge release try", wait_s=1.0):
+                pass
+        assert "pid {}".format(proc.pid) in str(busy.value) and "edge release try waited 1 s" in str(busy.value)
+        assert sum(waits) == pytest.approx(1.0) and set(waits) == {versions.POLL_S}
+        with pytest.raises(versions.Busy, match="waits for none"):  # no wait: refused at once, as before
+            with versions.lock(str(tmp_path), "edge rollback"):
+                pass
+        assert len(waits) == 5
+    finally:
+        proc.communicate("", timeout=60)
+
+
+def test_the_release_state_lock_is_the_versions_lock(tmp_path, monkeypatch):
+    """A release change (edge.fleet.releases.Device.lock) and an `edge rollback`-style writer of the same folder
+    take one lock: each waits for or is refused by the other, naming its pid, and the lock file goes with its
+    holder. A lock file that is not this user's 0600 one is refused by both."""
+    state = tmp_path / "state"
+    os.makedirs(str(state / "releases"))
+    proc = holder(state)
+    try:
+        with Device(str(state)).lock(0) as locked:
+            assert not locked
+        waits = fake_clock(monkeypatch, on_wait=lambda: let_go(proc))
+        with Device(str(state)).lock(60) as locked:
+            assert locked and waits == [versions.POLL_S]
+            probe = subprocess.run([sys.executable, "-c", "import sys; from edge.store import versions\ntry:\n"
+                                    "    with versions.lock(sys.argv[1], 'edge rollback'): pass\n"
+                                    "except versions.Busy as busy:\n    sys.exit(str(busy))", str(state)],
+                                   capture_output=True, encoding="utf-8", timeout=60)
+            assert_refused(probe, state, "pid {}".format(os.getpid()), "edge rollback waits for none", code=1)
+    finally:
+        proc.communicate("", timeout=60)
+    assert sorted(os.listdir(str(state))) == ["releases"]
+    with open(str(state / versions.LOCK), "w", encoding="utf-8"):
+        pass
+    os.chmod(str(state / versions.LOCK), 0o644)
+    refused_in_one_line(lambda: Device(str(state)).lock(0).__enter__(), state / versions.LOCK, "mode 644")

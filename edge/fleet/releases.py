@@ -21,13 +21,13 @@ Every step is ordered so that a power cut anywhere leaves `current` on the old o
 
 The settle unit runs as root, so the state is root's alone (/var/lib/jetson-edge-release, 0755; the service user
 reads it and writes only each release's engines/ and kernels/). Every file in it is opened through
-edge/fleet/statedir.py (no link followed, no folder another user can write), and every name read from it is
-checked: a planted link or a forged name is refused in one line, never followed.
+edge/fleet/statedir.py (no link followed, no folder another user can write; the lock is edge.store.versions', on
+the path statedir checked), and every name read from it is checked: a planted link or a forged name is refused in
+one line, never followed.
 """
 
 import contextlib
 import datetime
-import fcntl
 import hashlib
 import json
 import os
@@ -36,7 +36,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -283,23 +282,16 @@ class Device:
 
     @contextlib.contextmanager
     def lock(self, wait_s: float) -> Iterator[bool]:
-        """One changer at a time (try, settle, withdraw); yields False when `wait_s` passed first."""
-        fd = self.dir.open_file(".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        yield False
-                        return
-                    time.sleep(0.2)
-            versions.drop_temp_links(self.state, self.dir.fd)  # what a changer killed inside a flip left
+        """One changer at a time (try, settle, withdraw): the state's versions.lock (this checked path: no folder on it
+        another user can write), waited for up to `wait_s`; yields False when it was not free by then."""
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(versions.lock(self.dir.path, "a release change", wait_s=wait_s))
+            except versions.Busy:
+                yield False
+                return
+            versions.sweep(self.dir.path)  # what a changer killed inside a flip or a write left
             yield True
-        finally:
-            os.close(fd)
 
     def prune(self, by: str) -> List[str]:
         """Remove releases (and venvs no kept release and no installed program uses) beyond current, previous,

@@ -5,7 +5,7 @@ its releases, and the shared store's rollout records.
 checks that each folder is owned by root or by the user running edge and writable by its owner only (a
 root-owned sticky folder such as /tmp may sit above). Every file inside is then opened relative to that folder's
 descriptor with O_NOFOLLOW: a link, FIFO or device planted where a file is expected is refused in one line naming
-the path, never followed. Writes are atomic (a temporary name created O_EXCL, fsynced, renamed in the folder).
+the path, never followed. Writes are edge.store.fileio's, relative to the folder's descriptor (`dir_fd`).
 """
 
 import contextlib
@@ -18,7 +18,7 @@ from typing import Any, List, Optional
 
 from edge.errors import EdgeError, one_line
 from edge.inputs import file_kind
-from edge.store.durable import temp_name
+from edge.store.fileio import write_json_atomic
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LINK_ERRORS = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)
@@ -128,28 +128,10 @@ class StateDir:
             raise EdgeError("{}: the {} is not JSON: {}".format(self.where(name), what, one_line(str(exc), 120))) \
                 from None
 
-    def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
-        """Replace `name` by one rename in this folder; only a regular file (or nothing) is replaced."""
-        st = self.lstat(name)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise refuse(self.where(name), "it is {}, not a regular file".format(file_kind(st.st_mode)))
-        tmp = os.path.basename(temp_name("", "." + name + ".", ".tmp"))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=self.fd)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fchmod(fh.fileno(), mode)
-                os.fsync(fh.fileno())
-            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self.fd)
-            raise
-        os.fsync(self.fd)
-
     def write_json(self, name: str, value: Any) -> None:
-        self.write(name, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        """Replace `name` by one rename in this folder (edge.store.fileio's writer, relative to this descriptor);
+        only a regular file (or nothing) is replaced."""
+        write_json_atomic(self.where(check_member(name, self.path)), value, "state file", dir_fd=self.fd)
 
     def append(self, name: str, line: str) -> None:
         """Append one line to a regular file (made if missing), flushed to the disk."""

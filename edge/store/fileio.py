@@ -2,8 +2,9 @@
 `read_regular` + `image_size`.
 
 A write goes to a temporary file created exclusively (O_EXCL, no link followed) beside the target, is fsynced,
-then renamed over it: a reader sees the old file or the new one, never half of one. Only a regular file (or
-nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is refused.
+then renamed over it, and the folder is fsynced: a reader sees the old file or the new one, never half of one.
+Only a regular file (or nothing) is ever replaced; a device node, FIFO, directory or symlink at the target is
+refused. Root's release state writes relative to the descriptor of its checked folder (`dir_fd`).
 
 A folder written whole (`atomic_dir`: a calibration set) is made under a temporary name, fsynced, and put in place
 of the old one in one step by edge.store.versions (`replace_folder`; what a killed writer left is settled first:
@@ -21,7 +22,7 @@ from typing import IO, Any, Callable, Iterator, Optional, Set
 
 from edge.errors import EXIT_FAIL, EdgeError, first_line
 from edge.inputs import file_kind, load_json
-from edge.store.durable import fsync_tree, held_folder, temp_name
+from edge.store.durable import fsync_path, fsync_tree, held_folder, temp_name
 from edge.store.versions import recover_folder, replace_folder, temp_prefix
 from edge.uri import redact
 
@@ -29,10 +30,11 @@ NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
 
 
 
-def check_output(path: str, what: str = "output") -> None:
-    """Refuse, before any work is done, an output path that is not a regular file or cannot be written."""
+def check_output(path: str, what: str = "output", *, dir_fd: Optional[int] = None) -> None:
+    """Refuse, before any work is done, an output path that is not a regular file or cannot be written (`dir_fd`:
+    its folder, opened and checked already, where its name alone is looked up)."""
     try:
-        st = os.lstat(path)
+        st = os.stat(path if dir_fd is None else os.path.basename(path), dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
     except OSError as exc:
@@ -40,7 +42,8 @@ def check_output(path: str, what: str = "output") -> None:
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise EdgeError("{}: cannot write the {}: it is {}, not a regular file".format(
             path, what, file_kind(st.st_mode)))
-    check_folder(path, what)
+    if dir_fd is None:
+        check_folder(path, what)
 
 
 def check_folder(path: str, what: str) -> None:
@@ -65,38 +68,42 @@ def temp_dir(parent: str, prefix: str) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "file") -> None:
-    """Write `path` through `write_fn(binary file)`; the old file (if any) stays until the new one is complete."""
-    path = os.path.abspath(path)
-    check_output(path, what)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
+def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "file", *,
+                 dir_fd: Optional[int] = None) -> None:
+    """Write `path` through `write_fn(binary file)`; the old file (if any) stays until the new one is complete.
+    `dir_fd`: the folder of `path` opened already, walked without following a link (root's release state,
+    edge.fleet.statedir): every name resolves relative to it alone."""
+    path = os.path.abspath(path) if dir_fd is None else path
+    check_output(path, what, dir_fd=dir_fd)
+    if dir_fd is None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    target = path if dir_fd is None else os.path.basename(path)
     try:
-        mode = stat.S_IMODE(os.lstat(path).st_mode)  # a replaced file keeps its permissions
+        mode = stat.S_IMODE(os.stat(target, dir_fd=dir_fd, follow_symlinks=False).st_mode)  # kept when replaced
     except FileNotFoundError:
         mode = 0o644
-    tmp = temp_name(parent, "." + os.path.basename(path) + ".", ".tmp")
+    tmp = temp_name(os.path.dirname(target), "." + os.path.basename(path) + ".", ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600,
+                     dir_fd=dir_fd)
         with os.fdopen(fd, "wb") as fh:
             write_fn(fh)
             fh.flush()
+            os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        check_output(path, what)  # still a regular file (or nothing) right before the rename
-        os.replace(tmp, path)
+        check_output(path, what, dir_fd=dir_fd)  # still a regular file (or nothing) right before the rename
+        os.replace(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
+    fsync_path(os.path.dirname(path)) if dir_fd is None else os.fsync(dir_fd)
 
 
-def write_json_atomic(path: str, data: Any, what: str = "JSON file") -> None:
+def write_json_atomic(path: str, data: Any, what: str = "JSON file", *, dir_fd: Optional[int] = None) -> None:
     """Sorted, indented JSON, written whole or not at all (`atomic_write`)."""
     text = redact(json.dumps(data, indent=2, sort_keys=True)) + "\n"  # no password in any stored file
-    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")), what)
+    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")), what, dir_fd=dir_fd)
 
 
 def check_replaceable(out_dir: str, manifest: str) -> None:

@@ -24,8 +24,8 @@ Folders replaced in place (calibration sets: a path users configure, ship and co
 folder is exchanged with the old one (renameat2), or, where the filesystem cannot, the old one is renamed into a
 held folder aside first; `recover_folder` puts an old set a crash left aside back.
 
-Every writer of a link-switched folder holds `lock(folder)`: a 0600 lock file of the writer's own, which no other
-user can open; a refusal names the holder's pid. Taking it, `sweep` removes what a killed writer left.
+Every writer of a link-switched folder (fleet releases too) holds `lock(folder)`: a 0600 lock file of its own that no
+other user can open; a refusal (`Busy`) names the holder's pid. Taking it, `sweep` removes what a killed writer left.
 """
 
 import atexit
@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import stat
+import time
 from typing import Dict, Iterator, List, Optional, Pattern, Tuple
 
 from edge.errors import EdgeError
@@ -51,8 +52,8 @@ MODE = 0o644  # every file of a set: the service user reads what root built
 _NUMBER = re.compile(r"^\d{4,9}$")
 _UP_NUMBER = re.compile(r"^\.\./(\d{4,9})$")  # a set's `previous`
 _TEMP = re.compile(r"^\..+[.-][0-9a-f]{16}(\.staged|\.tmp)?$")  # edge.store.durable.temp_name's, in a folder
-_TEMP_LINK = re.compile(r"^\.link-[0-9a-f]{16}$")  # flip's
 _held: Dict[str, List[int]] = {}  # folder -> [lock fd, depth]: the lock is re-entrant within a process
+POLL_S = 0.2  # a waiting `lock` tries again this often
 
 
 # --- the switch itself: links and renames -------------------------------------------------------------------------
@@ -61,21 +62,24 @@ def flip(folder: str, name: str, *, target: Optional[str], dir_fd: Optional[int]
     """Point the link `folder/name` at `target` in one rename (None: remove the link), then fsync `folder`.
     `dir_fd`: `folder` opened already, walked without following a link (root's release state, edge.fleet.statedir):
     every name resolves relative to it alone, and only a link (or nothing) is replaced there."""
-    at, path = ({}, os.path.join(folder, name)) if dir_fd is None else ({"dir_fd": dir_fd}, name)
-    mode = None if dir_fd is None else _mode(name, dir_fd)
+    path = os.path.join(folder, name) if dir_fd is None else name
+    try:
+        mode = None if dir_fd is None else os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        mode = None
     if mode is not None and not stat.S_ISLNK(mode):
         raise EdgeError("{}: not a link; refused, nothing was changed".format(os.path.join(folder, name)))
     if target is None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path, **at)
+            os.unlink(path, dir_fd=dir_fd)
     else:
         tmp = temp_name(folder if dir_fd is None else "", ".link-")
-        os.symlink(target, tmp, **at)
+        os.symlink(target, tmp, dir_fd=dir_fd)
         try:
-            os.replace(tmp, path, **({} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}))
+            os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, **at)
+                os.unlink(tmp, dir_fd=dir_fd)
             raise
     fsync_path(folder) if dir_fd is None else os.fsync(dir_fd)
 
@@ -93,19 +97,6 @@ def read_link(path: str, spelled: Pattern[str], *, dir_fd: Optional[int] = None)
         raise EdgeError("{}: {}, not a link as the store writes it; refused, nothing was removed".format(
             path, "a link to {!r}".format(target) if target is not None else "not a link"))
     return target
-
-
-def drop_temp_links(folder: str, dir_fd: int) -> None:
-    """Under the folder's own lock: the temporary links a killed `flip` left in `folder` (opened as `dir_fd`)."""
-    for name in [n for n in os.listdir(dir_fd) if _TEMP_LINK.match(n) and stat.S_ISLNK(_mode(n, dir_fd) or 0)]:
-        flip(folder, name, target=None, dir_fd=dir_fd)
-
-
-def _mode(name: str, dir_fd: int) -> Optional[int]:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return None
 
 
 def move(src: str, dest: str) -> None:
@@ -190,12 +181,16 @@ def recover_folder(dest: str, *, previous: Optional[str] = None) -> List[str]:
 
 # --- the lock -----------------------------------------------------------------------------------------------------
 
+class Busy(EdgeError):
+    """The lock is another process's (after `wait_s`): one line naming its pid."""
+
+
 @contextlib.contextmanager
-def lock(folder: str, command: str) -> Iterator[None]:
-    """The one lock of a link-switched folder, held by every writer (build, rebuild, rollback, cache fetch, export)
-    for its whole run: an flock on `folder`/.lock, a 0600 file of this user's that only exists while held, so no
-    other user can open it. Taken already: one line naming the holder's pid (exit 2). Re-entrant within a process.
-    A filesystem without flock (some network mounts) runs unlocked."""
+def lock(folder: str, command: str, *, wait_s: float = 0.0) -> Iterator[None]:
+    """The one lock of a link-switched folder, held by every writer (build, rebuild, rollback, cache fetch, export,
+    a fleet release change) for its whole run: an flock on `folder`/.lock, a 0600 file of this user's that only
+    exists while held, so no other user can open it. Held by another process for `wait_s` seconds (0: at once):
+    `Busy`. Re-entrant within a process. A filesystem without flock (some network mounts) runs unlocked."""
     key = os.path.realpath(folder)
     if key in _held or held_here(folder):  # a temporary folder of this process's (a candidate's) is its own
         _held.setdefault(key, [-1, 0])[1] += 1
@@ -206,7 +201,7 @@ def lock(folder: str, command: str) -> Iterator[None]:
             if _held[key] == [-1, 0]:
                 del _held[key]
         return
-    fd = _take(os.path.join(folder, LOCK), command)
+    fd = _take(os.path.join(folder, LOCK), command, wait_s)
     _held[key] = [fd, 1]
     try:
         yield
@@ -233,18 +228,24 @@ def _release(path: str, fd: int) -> None:
     os.close(fd)
 
 
-def _take(path: str, command: str) -> int:
+def _take(path: str, command: str, wait_s: float) -> int:
+    """The lock file at `path`, flock'ed; tried again every POLL_S while another process holds it, for `wait_s`."""
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as exc:
-            raise EdgeError("{}: cannot take the lock ({})".format(path, exc.strerror)) from None
+            why = "a symbolic link; refused" if exc.errno == errno.ELOOP else exc.strerror
+            raise EdgeError("{}: cannot take the lock ({})".format(path, why)) from None
         try:
-            if _locked(path, fd, command):
+            if _locked(path, fd, command, wait_s):
                 return fd
-        except EdgeError:
+        except EdgeError as exc:
             os.close(fd)
-            raise
+            if not isinstance(exc, Busy) or time.monotonic() >= deadline:
+                raise
+            time.sleep(POLL_S)
+            continue
         except BaseException:  # a signal: the file goes, unless another writer holds it
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -256,9 +257,9 @@ def _take(path: str, command: str) -> int:
         os.close(fd)
 
 
-def _locked(path: str, fd: int, command: str) -> bool:
+def _locked(path: str, fd: int, command: str, wait_s: float) -> bool:
     """Take the flock on `fd` (the lock file at `path`): True, with this pid written in it, or False when its
-    last holder unlinked it meanwhile; held by another: one line naming its pid."""
+    last holder unlinked it meanwhile; held by another: `Busy`, naming its pid."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         raise EdgeError("{}: a lock file of uid {} with mode {:o}, not this user's 0600 one; refusing it (remove it)"
@@ -268,9 +269,9 @@ def _locked(path: str, fd: int, command: str) -> bool:
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
-            raise EdgeError("{}: in use by another edge command (pid {}: a build, rebuild, rollback, cache fetch or "
-                            "export); {} waits for none: try again once it has ended".format(
-                                os.path.dirname(path), holder, command)) from None
+            raise Busy("{}: in use by another edge command (pid {}); {} {}: try again once it has ended".format(
+                os.path.dirname(path), holder, command, "waited {:g} s".format(wait_s) if wait_s else
+                "waits for none")) from None
     try:
         if not os.path.samestat(st, os.lstat(path)):
             return False
