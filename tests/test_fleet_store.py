@@ -44,3 +44,42 @@ def test_a_file_that_is_not_a_record_is_refused_in_one_line(tmp_path, text):
         store.read(str(tmp_path), "r7")
     line = str(refused.value)
     assert "\n" not in line and "r7.json" in line
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder store mounted read only (an NFS export mounted ro): `make(with_records)` fills it, then mounts it
+    over itself read only. Needs root's mount (the suite runs as root); skipped where it cannot mount."""
+    import subprocess
+
+    folder = tmp_path / "nfs"
+    mounted = []
+
+    def make(with_records):
+        folder.mkdir()
+        if with_records:
+            store.write(str(folder), RECORD)
+        for args in (["--bind", str(folder), str(folder)], ["-o", "remount,ro,bind", str(folder)]):
+            done = subprocess.run(["mount"] + args, capture_output=True, encoding="utf-8", errors="replace")
+            if done.returncode != 0:
+                pytest.skip("cannot mount here: " + done.stderr.strip())
+            mounted[:] = [folder]
+        return str(folder)
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.parametrize("with_records", [False, True])
+def test_a_read_only_store_is_read_and_its_write_is_refused_naming_the_path(read_only, with_records):
+    from conftest import assert_refused, run_edge
+
+    folder = read_only(with_records)
+    assert store.read(folder, "r7") == (RECORD if with_records else None)
+    where = os.path.join(folder, "rollout") if not with_records else os.path.join(folder, "rollout", "r7.json")
+    with pytest.raises((EdgeError, OSError), match="Read-only file system") as raised:
+        store.write(folder, dict(RECORD, why="again"))
+    assert where in str(raised.value), raised.value  # the store's path, not a temporary name
+    lease = run_edge("release", "lease", "r8", "--store", folder, "--run", "ci-1")
+    assert_refused(lease, os.path.join(folder, "rollout"), "Read-only file system")

@@ -151,8 +151,8 @@ class Device:
         try:
             at = self.dir
             for part in parts:
-                if make and at.lstat(part) is None:
-                    os.mkdir(part, 0o755, dir_fd=at.fd)
+                if make:
+                    at.make_dir(part)
                 at = at.sub(part)
                 opened.append(at)
             yield at

@@ -147,8 +147,6 @@ class StateDir:
             fd = os.open(check_member(name, self.path), flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
                          dir_fd=self.fd)
         except OSError as exc:
-            if exc.errno not in _LINK_ERRORS:
-                raise
             raise self._refused(name, exc) from None
         try:
             self._check_file(fd, name)
@@ -156,6 +154,14 @@ class StateDir:
             os.close(fd)
             raise
         return fd
+
+    def make_dir(self, name: str) -> None:
+        """The folder `name`, made (0755) when missing; a failure names it."""
+        if self.lstat(name) is None:
+            try:
+                os.mkdir(check_member(name, self.path), 0o755, dir_fd=self.fd)
+            except OSError as exc:
+                raise self._refused(name, exc) from None
 
     def unlink(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):

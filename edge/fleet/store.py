@@ -76,8 +76,7 @@ def records(store: str) -> Iterator[StateDir]:
     except FileNotFoundError:
         raise EdgeError("{}: the shared engine cache folder does not exist".format(store)) from None
     with top:
-        if top.lstat(FOLDER) is None:
-            os.mkdir(FOLDER, 0o755, dir_fd=top.fd)
+        top.make_dir(FOLDER)
         with top.sub(FOLDER) as folder:
             yield folder
 

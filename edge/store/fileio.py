@@ -93,9 +93,11 @@ def atomic_write(path: str, write_fn: Callable[[IO[bytes]], Any], what: str = "f
             os.fsync(fh.fileno())
         check_output(path, what, dir_fd=dir_fd)  # still a regular file (or nothing) right before the rename
         os.replace(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
+        if isinstance(exc, OSError) and exc.errno and exc.filename in (None, tmp):  # named as the target
+            raise OSError(exc.errno, exc.strerror, path) from None
         raise
     fsync_path(os.path.dirname(path)) if dir_fd is None else os.fsync(dir_fd)
 
