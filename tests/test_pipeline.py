@@ -4,7 +4,6 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import service_helpers as sh
 from service_helpers import ControlledBackend, JsonLines, json_lines, write_config
@@ -20,37 +19,6 @@ from edge.sources.source import SourceEnded, open_capture
 from edge.store.artifact import labels_path
 
 from conftest import REPO, run_edge
-
-
-def test_topk_matches_numpy_softmax():
-    logits = np.random.default_rng(0).normal(size=(1, 10)).astype(np.float32)
-    pred = TopK(["c{}".format(i) for i in range(10)], k=3)(logits)
-    probs = np.exp(logits[0] - logits[0].max())
-    probs /= probs.sum()
-    order = np.argsort(-probs)[:3]
-    assert pred.indices == list(order)
-    assert pred.labels == ["c{}".format(i) for i in order]
-    assert np.allclose(pred.scores, probs[order], atol=1e-6)
-
-
-def test_topk_refuses_a_non_finite_output_and_takes_the_largest_finite_ones():
-    labels = ["c{}".format(i) for i in range(1000)]
-    huge = np.full((1, 1000), 3e38, np.float32)  # their float32 sum overflows; every value is finite
-    huge[0, 7] = 3.4e38
-    assert TopK(labels)(huge).indices[0] == 7
-    for bad in (np.nan, np.inf, -np.inf):
-        logits = huge.copy()
-        logits[0, 500] = bad
-        with pytest.raises(ValueError, match=r"non-finite model output \(1 of 1000 values"):
-            TopK(labels)(logits)
-
-
-def test_onnxruntime_backend_runs_the_exported_model(small_model):
-    with OnnxRuntimeBackend(small_model) as backend:
-        assert backend.input_shape == (1, 3, 224, 224)
-        logits = backend.infer(np.zeros((1, 3, 224, 224), np.float32))
-        assert logits.shape == (1, 1000) and np.isfinite(logits).all()
-        assert backend.describe()["precision"] == "fp32"
 
 
 def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
