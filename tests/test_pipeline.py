@@ -1,12 +1,10 @@
-"""The batch-1 pipeline and `edge run` end to end on a real ONNX Runtime session and real video files."""
+"""edge.infer.pipeline: the batch-1 pipeline times every stage, counts a failed frame and raises after too many in a
+row, on a real ONNX Runtime session and real video files (`edge run` end to end: test_cli_run.py)."""
 
-import signal
-import subprocess
-import sys
 
 import pytest
 import service_helpers as sh
-from service_helpers import ControlledBackend, JsonLines, json_lines, write_config
+from service_helpers import ControlledBackend
 
 from edge.config import SourceConfig, load_config
 from edge.infer.latency import LatencyRecorder
@@ -17,8 +15,6 @@ from edge.infer.preprocess import CpuPreprocessor
 from edge.infer.stages import Stages
 from edge.sources.source import SourceEnded, open_capture
 from edge.store.artifact import labels_path
-
-from conftest import REPO, run_edge
 
 
 def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
@@ -70,45 +66,3 @@ def test_too_many_consecutive_failures_raise(small_model, video_file):
             pipeline.process(reader.get())
     finally:
         reader.stop()
-
-
-def test_edge_run_on_a_video_file(small_model, video_file):
-    proc = run_edge("run", "--model", small_model, "--source", video_file, "--frames", 20,
-                    "--backend", "onnxruntime", "--preprocess", "cpu")
-    assert proc.returncode == 0, proc.stderr
-    lines = json_lines(proc.stdout)
-    assert lines[0]["event"] == "start" and lines[0]["backend"] == "onnxruntime"
-    report = lines[-1]
-    assert report["event"] == "report" and report["frames"] == 20
-    stages = report["stages_ms"]  # each frame's capture -> result contains its forward pass, which takes time
-    assert stages["end_to_end"]["p99"] >= stages["infer"]["p99"] > 0
-    # random weights: every line says so, and so does the human report
-    assert all("UNTRAINED" in line["warning"] for line in lines)
-    assert "UNTRAINED WEIGHTS" in proc.stderr and "end_to_end" in proc.stderr
-
-
-def test_edge_run_auto_falls_back_to_cpu_and_says_why(small_model, video_file):
-    proc = run_edge("run", "--model", small_model, "--source", video_file, "--frames", 3)
-    assert proc.returncode == 0, proc.stderr
-    start = json_lines(proc.stdout)[0]
-    assert start["backend"] == "onnxruntime" and start["preprocess"] == "cpu"
-    assert start["chosen_because"]
-
-
-def test_sigint_finishes_with_a_report(small_model, tmp_path):
-    config = write_config(tmp_path / "run.yaml", {
-        "model": {"path": small_model}, "source": {"uri": "synthetic"}, "backend": {"kind": "onnxruntime"},
-        "preprocess": {"device": "cpu"}, "runtime": {"report_every": 1, "warmup": 1}})
-    proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
-    try:
-        out = JsonLines(proc)
-        out.wait_for("summary", timeout=60)  # a timed frame is through (a summary line per frame)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
-        out.thread.join(10)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, proc.stderr.read()
-    report = out.records[-1]
-    assert report["event"] == "report" and report["ended_by"] == "signal 2" and report["frames"] > 0
