@@ -159,7 +159,8 @@ run() {
   fi
   step suite_with_a_gpu 300 "$py" -m pytest -p no:cacheprovider -q -n 4 tests/test_doctor.py tests/test_kernel_aot.py \
     tests/test_gpu_check.py \
-    tests/device/test_selection.py tests/device/test_simulated.py
+    tests/device/test_selection.py tests/device/test_simulated.py tests/device/test_cuda_preprocess.py \
+    tests/device/test_tensorrt_backend.py tests/device/test_cuda_session.py
   step benchmark 240 "$py" benchmarks/gpu_preprocess.py --frames 300 --json "$work/bench.json"
   step edge_run 180 "$0" _edge_run
   local status=passed

@@ -76,10 +76,10 @@ def once_per_run(tmp_path_factory, name, make):
 # (pytest_configure).
 LONGEST = ("test_rehearsal.py", "test_fleet_release.py", "test_fleet_deploy.py", "test_fleet_prometheus.py",
            "test_crash_sets.py", "test_hostile.py", "test_real_weights.py", "test_sweep.py", "test_gstreamer.py",
-           "test_fleet_statedir.py", "test_export.py", "test_daemon.py", "test_telemetry.py", "test_build.py",
-           "test_check.py", "test_typecheck.py", "test_rebuild.py", "test_notify.py", "test_calibration.py",
-           "test_demo.py", "test_static.py", "test_artifacts.py", "test_fallback.py", "test_auto_method.py",
-           "test_quantize.py", "test_gate.py")
+           "test_fleet_statedir.py", "test_export.py", "test_daemon.py", "test_cli_run.py", "test_telemetry.py",
+           "test_build.py", "test_check.py", "test_typecheck.py", "test_rebuild.py", "test_notify.py",
+           "test_calibration.py", "test_demo.py", "test_static.py", "test_artifact.py", "test_fallback.py",
+           "test_auto_method.py", "test_quantize.py", "test_gate.py")
 
 
 def schedule_problems(names, folder=HERE):

@@ -18,10 +18,13 @@ test of one of these kinds is missing here, or an entry names no test.
 GRAPH_ONLY = "the digits model's graph or files only: no assertion on the numbers it computes"
 
 TRAINED = {
-    "test_quantize.py::*": GRAPH_ONLY + " (Q/DQ placement, the validator's refusals)",
+    "test_quantize.py::*": GRAPH_ONLY + " (the Q/DQ model's pairs, the sensitive nodes)",
+    "test_placement.py::*": GRAPH_ONLY + " (Q/DQ placement)",
+    "test_plan.py::*": GRAPH_ONLY + " (a build's inputs checked before any work)",
+    "test_qdq_rules.py::*": GRAPH_ONLY + " (the validator's refusals)",
     "test_fallback.py::test_without_quantization_removes_exactly_the_pairs_in_front_of_a_layer": GRAPH_ONLY,
     "test_fallback.py::test_expected_cost_counts_the_float_layers_share_of_the_work": GRAPH_ONLY + " (MAC counts)",
-    "test_fallback.py::test_fidelity_reads_the_held_out_calibration_images_only": GRAPH_ONLY + " (which files)",
+    "test_fidelity.py::test_fidelity_reads_the_held_out_calibration_images_only": GRAPH_ONLY + " (which files)",
     "test_fallback.py::test_the_one_session_ranking_equals_leaving_each_layer_in_float_on_its_own":
         "compares two computations of the same numbers (one session against one model per layer), to 5e-6",
     "test_fallback.py::test_build_leaves_the_broken_layer_in_float_and_passes":

@@ -11,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import onnx
 import yaml
 
 from edge.config import CameraConfig, RuntimeConfig, load_config
@@ -18,9 +19,11 @@ from edge.infer.onnxruntime_backend import OnnxRuntimeBackend
 from edge.infer.preprocess import CpuPreprocessor
 from edge.service.log import JsonLog
 from edge.service.loop import run
+from edge.service.runtime import Runtime
 from edge.service.signals import StopFlag
 from edge.sources.cameras import Cameras
 from edge.sources.source import Capture, SyntheticCapture
+from edge.store.artifact import sha256_file
 
 
 class NotifyListener:
@@ -397,3 +400,22 @@ def wait_until(predicate, timeout=10.0, interval=0.02):
             return True
         time.sleep(interval)
     return False
+
+
+def run_in_process(cfg, log, **runtime_kwargs):
+    """edge.service.loop.run on a Runtime of `cfg` logging to `log`: (its final report, the runtime)."""
+    runtime = Runtime(cfg, log=log, **runtime_kwargs)
+    return run(runtime, StopFlag()), runtime
+
+
+def distinct_copy(model, dest_dir, stem):
+    """The same network with a different doc string: a 'new model' with another sha256."""
+    path = copy_model(model, dest_dir, stem)
+    m = onnx.load(path)
+    m.doc_string = "re-exported " + stem
+    onnx.save(m, path)
+    info = json.load(open(path[:-5] + ".json", encoding="utf-8"))
+    info["sha256"] = sha256_file(path)  # its own model info (a stale one is refused at load)
+    with open(path[:-5] + ".json", "w", encoding="utf-8") as fh:
+        json.dump(info, fh)
+    return path

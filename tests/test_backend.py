@@ -3,7 +3,7 @@ type, what was loaded another: the frame path's methods exist only on the loaded
 
 import numpy as np
 import pytest
-from test_model_load import tiny_model
+from test_onnxruntime_backend import tiny_model
 
 from edge.errors import EdgeError
 from edge.infer.onnxruntime_backend import OnnxRuntimeBackend

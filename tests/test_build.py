@@ -17,7 +17,7 @@ from edge.errors import EdgeError, one_line
 from edge.model import quantize
 from edge.model.calibration import import_calibration_set, load_calibration_set
 from edge.model.export import sha256_file
-from edge.model.plan import artifact_status, check_inputs, source_model
+from edge.model.plan import artifact_status
 from edge.model.qdq_rules import validate_qdq
 from edge.store import artifact as artifact_files
 from edge.store.artifact import read_model_info
@@ -180,26 +180,6 @@ def test_a_failed_build_leaves_the_installed_artifact_untouched(built, digits, s
         assert "has 10 images, at least 32 needed" in str(err.value)
 
 
-def test_inputs_are_checked_up_front_naming_the_field(digits, tmp_path):
-    def refused(match, engine=False, calibrator=False, **overrides):
-        cfg = load_config(digits_build_config(tmp_path, digits), overrides)
-        with pytest.raises(EdgeError, match=match):
-            check_inputs(cfg, engine=engine, calibrator=calibrator)
-
-    refused(r"input shape \[1, 3, 64, 64\] does not match preprocess.crop 224", **{"preprocess.resize": 256,
-                                                                                  "preprocess.crop": 224})
-    refused("build.precision fp16 .*need --engine", **{"build.precision": "fp16"})
-    refused(r"calibration set \(build.calibration_dir in .*edge.yaml\) not found",
-            **{"build.calibration_dir": str(tmp_path / "nowhere")})
-    refused(r"regression set \(build.regression_dir", **{"build.regression_dir": str(tmp_path / "nowhere")})
-    refused("source model not found", **{"model.path": str(tmp_path / "missing.onnx")})
-    refused("--calibrator: TensorRT calibration applies to INT8 engines only", calibrator=True)
-    refused("no TensorRT runtime", engine=True)
-    assert source_model("engines/m.int8.engine") == "engines/m.onnx"
-    assert source_model("engines/m.onnx") == "engines/m.onnx"
-    refused(r"build.target_tensorrt 'eight' in .*edge.yaml: expected MAJOR.MINOR", **{"build.target_tensorrt": "eight"})
-
-
 def test_a_model_whose_every_weighted_layer_stays_float_is_refused_naming_the_setting(tmp_path):
     """A Conv -> Gemm net: build.exclude_sensitive keeps the first Conv and the classifier in float, which leaves
     nothing to quantise; the build says so before calibrating, not as a Q/DQ check failure after it."""
@@ -221,26 +201,6 @@ def test_a_model_whose_every_weighted_layer_stays_float_is_refused_naming_the_se
     with pytest.raises(EdgeError, match="two.onnx: every weighted layer .* set build.exclude_sensitive: false"):
         quantize.quantize_qdq(path, str(tmp_path / "two.int8.onnx"), None, None, log=quiet)
     assert not os.path.exists(str(tmp_path / "two.int8.onnx"))
-
-
-def test_the_target_tensorrt_limits_the_opset_before_any_work(digits, tmp_path):
-    """TensorRT 8.5/8.6 parse opset 17 at most: an opset-18 export is refused up front for JetPack 5, not by the
-    device's parser after calibration."""
-    import onnx
-
-    model = onnx.load(digits.onnx)
-    model.opset_import[0].version = 18
-    newer = str(tmp_path / "digits18.onnx")
-    onnx.save(model, newer)
-    info = json.load(open(os.path.splitext(digits.onnx)[0] + ".json", encoding="utf-8"))
-    info["sha256"] = sha256_file(newer)  # the model info of the edited model (a stale one is refused first)
-    (tmp_path / "digits18.json").write_text(json.dumps(info), encoding="utf-8")
-    shutil.copyfile(os.path.splitext(digits.onnx)[0] + ".labels.txt", str(tmp_path / "digits18.labels.txt"))
-    cfg = load_config(digits_build_config(tmp_path, digits), {"build.target_tensorrt": "8.5"})
-    with pytest.raises(EdgeError, match=r"digits18.onnx: opset 18, INT8 Q/DQ for TensorRT 8.5 needs 13-17"):
-        check_inputs(cfg, newer)
-    plan = check_inputs(load_config(digits_build_config(tmp_path, digits), {"build.target_tensorrt": "10.3"}), newer)
-    assert plan.target_tensorrt == "10.3"
 
 
 def test_untrained_model_builds_with_gate_recorded_but_not_enforced(tiny_classifiers, tmp_path, capsys):

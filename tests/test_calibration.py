@@ -16,8 +16,6 @@ import pytest
 from edge.errors import EdgeError
 from edge.model import calibration as cal
 from edge.model.calibration import MANIFEST, capture_calibration_set, import_calibration_set, load_calibration_set
-from edge.model.default_sets import make_default_sets
-from edge.model.trt_cache import read_trt_calibration_cache
 
 from conftest import assert_refused, edge_here, run_edge, write_video
 
@@ -159,56 +157,6 @@ def test_capture_refuses_bad_frames_and_too_few_images(tmp_path):
     with pytest.raises(EdgeError, match="kept 1 images from 10 frames"):
         capture_calibration_set(still, str(tmp_path / "b"), every_k=1, min_images=2, log=lambda *a: None)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and leftovers(str(tmp_path)) == []
-
-
-def test_shipped_default_sets_are_valid_small_disjoint_and_reproducible(tmp_path):
-    default = load_calibration_set(os.path.join(REPO, "calibration", "default"), min_images=32)
-    regression = load_calibration_set(os.path.join(REPO, "calibration", "regression"))
-    assert len(default) == 64 and len(regression) == 100
-    hashes = lambda s: {e["sha256"] for e in s.manifest["files"]}  # noqa: E731
-    assert not hashes(default) & hashes(regression)
-    total = 0
-    for s in (default, regression):
-        for e in s.manifest["files"]:
-            assert max(e["width"], e["height"]) <= 640
-            total += os.path.getsize(s.path(e["name"]))
-    assert total < 3e6
-    assert os.path.isfile(os.path.join(REPO, "calibration", "README.md"))
-    new_default, new_regression = make_default_sets(str(tmp_path), log=lambda *a: None)
-    for shipped, new in ((default, new_default), (regression, new_regression)):
-        assert new.files == shipped.files
-        for name in shipped.files[::7]:  # same pixels up to libjpeg differences between OpenCV builds
-            a, b = shipped.read(name).astype(int), new.read(name).astype(int)
-            assert a.shape == b.shape and np.abs(a - b).mean() < 1.0, name
-
-
-def write_trt_calibration_cache(path, amax, trt_version, algorithm="EntropyCalibration2"):
-    """`{tensor: amax}` as TensorRT writes its cache: scale = amax / 127 as big-endian float32 hex."""
-    lines = ["TRT-{}-{}".format(int(trt_version), algorithm)]
-    lines += ["{}: {}".format(name, struct.pack(">f", float(amax[name]) / 127.0).hex()) for name in sorted(amax)]
-    with open(path, "w", encoding="ascii") as fh:
-        fh.write("\n".join(lines) + "\n")
-
-
-def test_trt_calibration_cache_round_trip(tmp_path):
-    amax = {"input": 2.64, "/features/features.0/features.0.0/Conv_output_0": 11.5, "logits": 0.001}
-    path = str(tmp_path / "model.cache")
-    write_trt_calibration_cache(path, amax, 8601)
-    text = open(path, encoding="utf-8").read().splitlines()
-    assert text[0] == "TRT-8601-EntropyCalibration2"
-    assert "input: " + struct.pack(">f", 2.64 / 127).hex() in text
-    version, algorithm, scales = read_trt_calibration_cache(open(path, "rb").read())
-    assert (version, algorithm) == (8601, "EntropyCalibration2")
-    for name, value in amax.items():
-        assert scales[name] == np.float32(value / 127)
-    # A cache as TensorRT writes it (layer names with spaces and colons, unpadded lowercase hex).
-    native = b"TRT-100300-EntropyCalibration2\ninput: 3c010a14\n(Unnamed Layer* 3) [Activation]_output: 3d7ba1e2\n"
-    version, _, scales = read_trt_calibration_cache(native)
-    assert version == 100300
-    assert scales["input"] == struct.unpack(">f", bytes.fromhex("3c010a14"))[0]
-    assert scales["(Unnamed Layer* 3) [Activation]_output"] == struct.unpack(">f", bytes.fromhex("3d7ba1e2"))[0]
-    with pytest.raises(ValueError, match="not a TensorRT calibration cache"):
-        read_trt_calibration_cache(b'{"input": [0, 1]}\n')
 
 
 def _exif_rotated_jpeg(image, orientation):

@@ -2,7 +2,6 @@
 caller building the options in code (the rebuild's job, its latency check) read the same declaration."""
 
 import argparse
-import dataclasses
 
 import numpy as np
 import pytest
@@ -186,11 +185,3 @@ def test_calibrate_import_obeys_build_min_images(tmp_path):
     assert not out.exists()
     assert edge_here("calibrate", "import", src, out, "--config", config, "--min-images", 3).returncode == 0
     assert sorted(p.name for p in out.iterdir() if p.suffix == ".png") == ["0.png", "1.png", "2.png"]
-
-
-def test_the_capture_flags_share_one_declaration_with_each_commands_default():
-    capture = {f.name: f for f in dataclasses.fields(CaptureOptions)}
-    again = {f.name: f for f in dataclasses.fields(RebuildOptions)}
-    for name in capture:
-        assert capture[name].metadata == again[name].metadata, name  # help, bounds and flag: the same
-    assert (CaptureOptions().capture_frames, RebuildOptions().capture_frames) == (0, 3000)

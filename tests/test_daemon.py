@@ -1,33 +1,16 @@
-"""`edge run` as a daemon: fault injection and recovery, per-frame logging, signals (SIGTERM, SIGHUP)."""
+"""`edge run` as a daemon: cameras that fail and recover, inference that fails, and signals (SIGTERM, SIGHUP) end
+to end."""
 
-import json
-import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 
-import numpy as np
-import onnx
-import pytest
 import service_helpers as sh
 
-from edge.errors import EdgeError
-from edge.service.frame_log import FrameLogSink
-from edge.service.loop import run
-from edge.service.runtime import Runtime
-from edge.service.signals import StopFlag
-from edge.service.telemetry import Telemetry
 from edge.store.artifact import sha256_file
 
-from conftest import REPO, run_edge
-
-
-def run_in_process(cfg, log, **runtime_kwargs):
-    runtime = Runtime(cfg, log=log, **runtime_kwargs)
-    return run(runtime, StopFlag()), runtime
-
+from conftest import REPO
 
 # -- sources that fail -------------------------------------------------------------------------------------
 
@@ -35,7 +18,7 @@ def test_camera_that_disappears_and_comes_back_is_reconnected(small_model):
     camera = sh.DropoutCapture(good=30, down_s=0.8)
     log = sh.ListLog()
     cfg = sh.service_config(small_model, **{"runtime.frames": 60})
-    report, runtime = run_in_process(cfg, log, capture_factory=lambda source: camera)
+    report, runtime = sh.run_in_process(cfg, log, capture_factory=lambda source: camera)
     assert report["ended_by"] == "frames" and report["frames"] == 60  # no crash, no restart
     assert report["faults"] == 1 and report["reconnects"] == 1
     assert camera.opens >= 3  # the first open, failed reopenings while it was away, the good one
@@ -54,7 +37,7 @@ def test_camera_whose_reads_and_reopens_raise_is_retried_with_backoff(small_mode
     camera = sh.RaisingCapture(bad_opens=3, good=5)
     log = sh.ListLog()
     cfg = sh.service_config(small_model, **{"runtime.frames": 30, "source.timeout_s": 2.0})
-    report, _ = run_in_process(cfg, log, capture_factory=lambda source: camera)
+    report, _ = sh.run_in_process(cfg, log, capture_factory=lambda source: camera)
     assert report["frames"] == 30 and report["faults"] == 1 and report["reconnects"] == 1
     assert "No such device" in log.events("source_fault")[0]["error"]
     assert [e["retry_in_s"] for e in log.events("source_reconnect_failed")] == [0.1, 0.2, 0.2]
@@ -78,7 +61,7 @@ def test_a_read_hung_in_the_driver_is_abandoned_and_a_fresh_capture_used(small_m
     sh.HangingCapture.instances = []
     log = sh.ListLog()
     cfg = sh.service_config(small_model, **{"runtime.frames": 60, "source.timeout_s": 0.4})
-    report, runtime = run_in_process(cfg, log, capture_factory=lambda source: sh.HangingCapture(good=20))
+    report, runtime = sh.run_in_process(cfg, log, capture_factory=lambda source: sh.HangingCapture(good=20))
     first = sh.HangingCapture.instances[0]
     assert report["frames"] == 60 and report["faults"] == 1
     assert len(sh.HangingCapture.instances) == 2
@@ -89,165 +72,19 @@ def test_a_read_hung_in_the_driver_is_abandoned_and_a_fresh_capture_used(small_m
     assert sh.wait_until(lambda: first.closed, 5)  # ...the abandoned reader closes it once the read returns
 
 
-def stalled_for(runtime):
-    busy = runtime.source.cameras[0].reader.view().busy_since
-    return time.monotonic() - busy if busy is not None else 0.0
-
-
-def test_stop_is_served_quickly_while_the_source_is_down(small_model):
-    sh.HangingCapture.instances = []
-    cfg = sh.service_config(small_model, **{"source.timeout_s": 120.0})
-    runtime = Runtime(cfg, log=sh.ListLog(), capture_factory=lambda source: sh.HangingCapture(good=20))
-    stop, thread, out = sh.run_in_thread(runtime)
-    try:
-        assert sh.wait_until(lambda: runtime.source is not None and stalled_for(runtime) > 0.3, 60)
-        stop.request("test stop")
-        thread.join(timeout=60)  # served within a slice of the wait, not after source.timeout_s (120 s)
-        assert not thread.is_alive()
-    finally:
-        sh.HangingCapture.instances[0].release.set()
-        stop.request("cleanup")
-        thread.join(timeout=5)
-    assert out["report"]["ended_by"] == "test stop" and out["report"]["source_timeouts"] == 0
-
-
-def test_a_file_without_loop_ends_normally(small_model, video_file, tmp_path):
-    cfg = sh.write_config(tmp_path / "cfg.yaml", {"source": {"uri": video_file, "loop": False, "fps": 30},
-                                                  "runtime": {"warmup": 2}, "backend": sh.QUIET_ORT,
-                                                  "service": {"telemetry": {"enabled": False}}})
-    proc = run_edge("run", "--config", cfg, "--model", small_model, "--backend", "onnxruntime",
-                    "--preprocess", "cpu")
-    assert proc.returncode == 0, proc.stderr
-    report = sh.json_lines(proc.stdout)[-1]
-    assert report["event"] == "report" and report["ended_by"] == "end of source"
-    assert report["faults"] == 0 and report["reconnects"] == 0  # a file is not a camera: no reconnects
-    assert 0 < report["frames"] <= 30
-
-
 # -- frames that fail or miss --------------------------------------------------------------------------------
 
 def test_inference_errors_are_logged_counted_and_the_loop_continues(small_model):
     backend = sh.ControlledBackend(small_model, fail_every=4)
     log = sh.ListLog()
     cfg = sh.service_config(small_model, **{"runtime.frames": 30, "runtime.warmup": 0})
-    report, _ = run_in_process(cfg, log, stages_factory=sh.stages_with(backend))
+    report, _ = sh.run_in_process(cfg, log, stages_factory=sh.stages_with(backend))
     errors = log.events("frame_error")
     assert report["frames"] == 30 and report["errors"] == len(errors) >= 9
     first = errors[0]
     assert first["error_type"] == "RuntimeError" and "injected inference failure" in first["error"]
     assert first["frame"] == 4 and first["status"] == "error" and first["consecutive"] == 1
     assert first["level"] == "warning"
-
-
-def _bad_shape_model(path):
-    """A valid ONNX model that loads (on the blank input load runs, sqrt(-x*x) is 0) but gives NaN on every real
-    frame (any pixel off the mean makes -x*x negative): every frame fails in top-k."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])
-    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2])
-    weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
-    nodes = [helper.make_node("Mul", ["input", "input"], ["square"]), helper.make_node("Neg", ["square"], ["neg"]),
-             helper.make_node("Sqrt", ["neg"], ["root"]),
-             helper.make_node("ReduceMean", ["root"], ["mean"], axes=[2, 3], keepdims=0),
-             helper.make_node("MatMul", ["mean", "w"], ["logits"])]
-    graph = helper.make_graph(nodes, "bad", [inp], [out], initializer=[weight])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    (path.parent / (path.stem + ".labels.txt")).write_text("a\nb\n", encoding="utf-8")
-    return str(path)
-
-
-def test_the_report_stays_the_last_line_whatever_a_thread_says_after_it(small_model):
-    """The telemetry and source threads can still speak while the runtime closes (a jtop connection that fails
-    as the service stops): the report stays the last line."""
-    log = sh.ListLog()
-    report, runtime = run_in_process(sh.service_config(small_model, **{"runtime.frames": 3}), log)
-    late = threading.Thread(target=runtime.event, args=("telemetry_degraded",),
-                            kwargs={"level": "warning", "reason": "jtop: said late"})
-    late.start()
-    late.join()
-    assert report["frames"] == 3 and log.records[-1]["event"] == "report"
-    assert not log.events("telemetry_degraded")
-
-
-def test_repeated_failures_exit_1_with_one_error_line(tmp_path):
-    model = _bad_shape_model(tmp_path / "bad.onnx")
-    cfg = sh.write_config(tmp_path / "cfg.yaml", {"runtime": {"max_consecutive_errors": 3},
-                                                  "source": {"width": 96, "height": 72}, "backend": sh.QUIET_ORT,
-                                                  "service": {"telemetry": {"enabled": False}}})
-    proc = run_edge("run", "--config", cfg, "--model", model, "--backend", "onnxruntime", "--preprocess", "cpu")
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("edge run: error: 4 consecutive frames failed, last: ")
-    lines = sh.json_lines(proc.stdout)
-    assert [r["event"] for r in lines].count("frame_error") == 3  # the 4th is the exit line itself
-    report = lines[-1]
-    assert report["event"] == "report" and report["ended_by"] == "too many errors" and report["level"] == "error"
-
-
-def test_a_miss_names_the_stage_that_overran_and_the_telemetry(small_model, monkeypatch):
-    """Every 10th inference sleeps 0.4 s against a 250 ms budget: those misses name `infer`, however loaded the
-    machine (a loaded frame may miss too, and then names its own stage)."""
-    monkeypatch.setattr(Telemetry, "wants_jtop", lambda self: False)  # as off-Jetson: another worker's test may
-    # be running jetson-stats' service (tests/service_jtop.py), whose first sample comes later than Linux's
-    backend = sh.ControlledBackend(small_model, slow_every=10, slow_s=0.4)
-    log = sh.ListLog()
-    cfg = sh.service_config(small_model, **{"runtime.frames": 50, "runtime.budget_ms": 250.0,
-                                            "service.telemetry.enabled": True, "runtime.report_every": 25})
-    report, runtime = run_in_process(cfg, log, stages_factory=sh.stages_with(backend))
-    misses = log.events("frame_miss")
-    suppressed = frame_log(runtime).lines.suppressed_total
-    assert len(misses) + suppressed == report["misses"]  # each miss logged, or counted beyond the rate limit
-    slow = [m for m in misses if m["stage_ms"]["infer"] >= 400]
-    assert len(slow) >= 4
-    for m in slow:
-        assert m["worst_stage"] == "infer" and m["end_to_end_ms"] > 250 and m["budget_ms"] == 250.0
-        assert m["worst_stage_over_p50_ms"] == pytest.approx(m["stage_ms"]["infer"] - m["worst_stage_p50_ms"], abs=0.01)
-        assert m["telemetry"]["source"] == "linux" and "ram_fraction" in m["telemetry"]
-        assert m["top1"]["label"] and 0 < m["top1"]["score"] <= 1  # what the missed frame was classified as
-    assert not log.events("frame_ok")  # ok frames are not logged one by one
-    summaries = log.events("summary")
-    assert [s["frames"] for s in summaries] == [25, 50] and "telemetry" in summaries[0]
-    assert sum(c["frames"] for c in summaries[0]["top_classes"]) <= 25 and report["top_classes"][0]["frames"] > 0
-
-
-def test_edge_run_prints_each_miss_only_with_json_or_in_the_journal(small_model):
-    """Command 1 on a loaded machine: every frame misses a 0.001 ms budget. Without --json, stdout has the start,
-    summaries and the report (no frame_miss line), with one `overload` warning saying why every result is late, and
-    the table on stderr says what was classified."""
-    args = ("run", "--model", small_model, "--source", "synthetic", "--frames", 20, "--budget-ms", 0.001,
-            "--backend", "onnxruntime", "--preprocess", "cpu")
-    plain, verbose = run_edge(*args), run_edge(*args, "--json")
-    journal = run_edge(*args, env={"JOURNAL_STREAM": "8:1"})
-    for proc in (plain, verbose, journal):
-        assert proc.returncode == 0, proc.stderr
-    events = [r["event"] for r in sh.json_lines(plain.stdout)]  # a loaded machine may add a source_timeout
-    assert events[0] == "start" and events[-1] == "report" and "frame_miss" not in events, events
-    overload = [r for r in sh.json_lines(plain.stdout) if r["event"] == "overload"]
-    assert len(overload) == 1 and "over the 0.001 ms budget" in overload[0]["reason"], events
-    report = sh.json_lines(plain.stdout)[-1]
-    assert report["misses"] == 20 and sum(c["frames"] for c in report["top_classes"]) == 20
-    assert "classified (top-1): {} ".format(report["top_classes"][0]["label"]) in plain.stderr
-    for proc in (verbose, journal):
-        misses = [r for r in sh.json_lines(proc.stdout) if r["event"] == "frame_miss"]
-        assert misses and all(m["top1"]["label"] for m in misses)
-
-
-def frame_log(runtime):
-    return next(sink for sink in runtime.sinks if isinstance(sink, FrameLogSink))
-
-
-def test_a_flood_of_misses_is_rate_limited_and_counted(small_model):
-    log = sh.ListLog()
-    cfg = sh.service_config(small_model, **{"runtime.frames": 80, "runtime.budget_ms": 0.001,
-                                            "source.fps": 200.0})
-    report, runtime = run_in_process(cfg, log)
-    lines = log.events("frame_miss")
-    suppressed = frame_log(runtime).lines.suppressed_total
-    assert report["misses"] == 80
-    assert len(lines) < 80 and len(lines) + suppressed == 80
-    assert sum(m["suppressed"] for m in lines) <= suppressed
 
 
 # -- signals -------------------------------------------------------------------------------------------------
@@ -335,34 +172,10 @@ def maps_library(pid, name):
         return False
 
 
-def test_stop_flag_serves_signals_inside_and_restores_the_handlers_it_replaced():
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    before = [signal.getsignal(s) for s in signals]
-    with StopFlag() as stop:
-        os.kill(os.getpid(), signal.SIGHUP)
-        assert sh.wait_until(stop.reload.is_set, 30) and not stop.stopped
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert sh.wait_until(lambda: stop.stopped, 30) and stop.reason == "signal 15"
-    assert [signal.getsignal(s) for s in signals] == before
-
-
-def _distinct_copy(model, dest_dir, stem):
-    """The same network with a different doc string: a 'new model' with another sha256."""
-    path = sh.copy_model(model, dest_dir, stem)
-    m = onnx.load(path)
-    m.doc_string = "re-exported " + stem
-    onnx.save(m, path)
-    info = json.load(open(path[:-5] + ".json", encoding="utf-8"))
-    info["sha256"] = sha256_file(path)  # its own model info (a stale one is refused at load)
-    with open(path[:-5] + ".json", "w", encoding="utf-8") as fh:
-        json.dump(info, fh)
-    return path
-
-
 def test_sighup_swaps_to_a_new_model_and_keeps_the_old_one_when_the_new_one_fails(small_model, tmp_path):
     engines = tmp_path / "engines"
-    a = _distinct_copy(small_model, engines, "a")
-    b = _distinct_copy(small_model, engines, "b")
+    a = sh.distinct_copy(small_model, engines, "a")
+    b = sh.distinct_copy(small_model, engines, "b")
     broken = engines / "broken.onnx"
     broken.write_bytes(b"this is not an onnx model")
     (engines / "broken.labels.txt").write_text("x\n", encoding="utf-8")
@@ -410,25 +223,3 @@ def test_sighup_swaps_to_a_new_model_and_keeps_the_old_one_when_the_new_one_fail
     assert proc.returncode == 0, proc.stderr.read()
     assert report["event"] == "report" and report["reloads"] == {"ok": 1, "failed": 2}
     assert report["errors"] == 0 and report["ended_by"] == "signal 15"
-
-
-def test_reload_in_process_swaps_the_backend_object(small_model, tmp_path):
-    b = _distinct_copy(small_model, tmp_path, "b")
-    configs = iter([sh.service_config(b), sh.service_config(str(tmp_path / "missing.onnx"))])
-    with Runtime(sh.service_config(small_model), log=sh.ListLog(), reload_config=lambda: next(configs)) as rt:
-        frames = rt.frames(StopFlag())
-        rt.process(next(frames))
-        old = rt.stages.backend
-        assert rt.reload()
-        assert rt.stages.backend is not old and old.session is None  # the old one was closed
-        assert [r.status in ("ok", "miss") for r in rt.process(next(frames))] == [True]  # one camera: a batch of one
-        assert not rt.reload()
-        assert rt.stages.model_path == b and rt.reloads == {"ok": 1, "failed": 1}
-
-
-def test_run_turns_too_many_errors_into_an_exit_code_1_edge_error(small_model):
-    backend = sh.ControlledBackend(small_model, fail_every=1)
-    cfg = sh.service_config(small_model, **{"runtime.max_consecutive_errors": 2})
-    with pytest.raises(EdgeError) as info:
-        run_in_process(cfg, sh.ListLog(), stages_factory=sh.stages_with(backend))
-    assert info.value.exit_code == 1 and "3 consecutive frames failed" in str(info.value)

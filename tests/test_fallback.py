@@ -155,25 +155,6 @@ def test_expected_cost_counts_the_float_layers_share_of_the_work(digits):
     assert fallback.expected_cost(digits.onnx, [])["expected_engine_time_increase_pct"] == 0
 
 
-def test_fidelity_reads_the_held_out_calibration_images_only(digits, digits_qdq, monkeypatch):
-    read = []
-    images = load_calibration_set(digits.calibration)
-    calibrate_on, held_out = fidelity.split(images)
-    assert len(held_out) == 32 and len(calibrate_on) == 32 and not set(held_out.files) & set(calibrate_on.files)
-    monkeypatch.setattr(held_out, "read", lambda name: read.append(name) or np.zeros((64, 64, 3), np.uint8))
-    fidelity.Fidelity(digits.onnx, held_out, digits.preprocess)
-    assert read == held_out.files
-
-
-def test_the_held_out_split_grows_with_the_set():
-    from edge.model.calibration import CalibrationSet
-
-    for count, held in ((10, 5), (64, 32), (128, 64), (500, 125)):
-        images = CalibrationSet("x", ["{:04d}.jpg".format(i) for i in range(count)], "0" * 64)
-        calibrate_on, held_out = fidelity.split(images)
-        assert len(held_out) == held and len(calibrate_on) == count - held
-
-
 def test_the_one_session_ranking_equals_leaving_each_layer_in_float_on_its_own(digits, digits_qdq):
     images = fidelity.split(load_calibration_set(digits.calibration))[1]
     model = onnx.load(digits_qdq)

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.config import PreprocessConfig, load_config
+from edge.config import PreprocessConfig
 from edge.infer.preprocess import CpuPreprocessor, FastPreprocessor
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
@@ -40,14 +40,3 @@ def test_small_frames_get_the_exact_filter(size):
 def test_refuses_what_is_no_bgr_frame():
     with pytest.raises(ValueError):
         FastPreprocessor(PreprocessConfig())(np.zeros((720, 1280), np.uint8))
-
-
-def test_the_service_preprocesses_fast_unless_told_exact(tiny_classifiers):
-    from edge.infer.stages import build_stages
-
-    for choice, kind in (({}, FastPreprocessor), ({"preprocess.cpu": "exact"}, CpuPreprocessor)):
-        stages = build_stages(load_config(None, dict({"model.path": tiny_classifiers[0]}, **choice)))
-        try:
-            assert type(stages.preprocess) is kind and stages.preprocess_name == "cpu"
-        finally:
-            stages.close()

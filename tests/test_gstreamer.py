@@ -8,6 +8,7 @@ imported from the checkout), and the server is tests/rtsp_server.py under the sa
 drive both and assert on what the client reports. A venv made with --system-site-packages would need pytest
 and edge's dependencies installed a second time; a subprocess needs only the apt packages
 (scripts/bootstrap.sh --dev installs them as root; docs/cameras.md). Skipped, with the reason, without them.
+The pipelines' strings (Jetson's hardware blocks, their software twins) are checked here without GStreamer.
 """
 
 import json
@@ -21,6 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import service_helpers as sh
+
+from edge.errors import EdgeError
+from edge.sources.gstreamer import APPSINK, JETSON, SOFTWARE, csi_pipeline, rtsp_pipeline, usb_pipelines
 
 from conftest import REPO
 
@@ -320,3 +324,30 @@ def test_a_password_uri_leaks_from_no_command_while_the_stream_is_up(server, sma
             if name != "edge.yaml":
                 with open(os.path.join(root, name), "rb") as fh:
                     assert PASSWORD.encode() not in fh.read(), name
+
+
+def test_jetson_pipelines_use_the_hardware_blocks_and_keep_only_the_newest_frame():
+    csi = csi_pipeline(0, 1280, 720, 30)
+    assert csi.startswith("nvarguscamerasrc sensor-id=0 ! video/x-raw(memory:NVMM),width=1280,height=720,"
+                          "framerate=30/1,format=NV12 ! nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! ")
+    rtsp = rtsp_pipeline("rtsp://10.0.0.2/stream", "auto", True, JETSON)
+    assert rtsp.startswith("rtspsrc location=\"rtsp://10.0.0.2/stream\" latency=0 drop-on-latency=true protocols=tcp "
+                           "! parsebin ! nvv4l2decoder enable-max-performance=1 ! nvvidconv ! ")
+    assert "! rtph265depay ! h265parse ! nvv4l2decoder " in rtsp_pipeline("rtsp://x", "h265", False, JETSON)
+    assert "protocols" not in rtsp_pipeline("rtsp://x", "h265", False, JETSON)
+    (mjpg, first), (yuyv, second) = usb_pipelines("/dev/video1", 1280, 720, 30, JETSON)
+    assert (mjpg, yuyv) == ("MJPG", "YUYV")
+    assert first.startswith("v4l2src device=/dev/video1 ! image/jpeg,width=1280,height=720,framerate=30/1 ! "
+                            "nvv4l2decoder enable-max-performance=1 mjpeg=1 ! nvvidconv ! ")
+    assert "! video/x-raw,format=YUY2,width=1280,height=720,framerate=30/1 ! videoconvert ! " in second
+    assert all(p.endswith(" ! " + APPSINK) for p in (csi, rtsp, first, second))
+
+
+def test_software_pipelines_are_the_same_builders_with_software_elements():
+    assert "! rtph264depay ! h264parse ! avdec_h264 ! videoconvert ! " in rtsp_pipeline("rtsp://x", "h264", False,
+                                                                                        SOFTWARE)
+    assert "! parsebin ! decodebin ! videoconvert ! " in rtsp_pipeline("rtsp://x", "auto", False, SOFTWARE)
+    assert "! image/jpeg,width=640,height=480,framerate=15/1 ! jpegdec ! videoconvert ! " in usb_pipelines(
+        "/dev/video0", 640, 480, 15, SOFTWARE)[0][1]
+    with pytest.raises(EdgeError, match=r"^csi://0: a CSI camera needs a Jetson"):
+        csi_pipeline(0, 640, 480, 15, SOFTWARE)

@@ -1,13 +1,10 @@
-"""The batch-1 pipeline and `edge run` end to end on a real ONNX Runtime session and real video files."""
+"""edge.infer.pipeline: the batch-1 pipeline times every stage, counts a failed frame and raises after too many in a
+row, on a real ONNX Runtime session and real video files (`edge run` end to end: test_cli_run.py)."""
 
-import signal
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 import service_helpers as sh
-from service_helpers import ControlledBackend, JsonLines, json_lines, write_config
+from service_helpers import ControlledBackend
 
 from edge.config import SourceConfig, load_config
 from edge.infer.latency import LatencyRecorder
@@ -18,39 +15,6 @@ from edge.infer.preprocess import CpuPreprocessor
 from edge.infer.stages import Stages
 from edge.sources.source import SourceEnded, open_capture
 from edge.store.artifact import labels_path
-
-from conftest import REPO, run_edge
-
-
-def test_topk_matches_numpy_softmax():
-    logits = np.random.default_rng(0).normal(size=(1, 10)).astype(np.float32)
-    pred = TopK(["c{}".format(i) for i in range(10)], k=3)(logits)
-    probs = np.exp(logits[0] - logits[0].max())
-    probs /= probs.sum()
-    order = np.argsort(-probs)[:3]
-    assert pred.indices == list(order)
-    assert pred.labels == ["c{}".format(i) for i in order]
-    assert np.allclose(pred.scores, probs[order], atol=1e-6)
-
-
-def test_topk_refuses_a_non_finite_output_and_takes_the_largest_finite_ones():
-    labels = ["c{}".format(i) for i in range(1000)]
-    huge = np.full((1, 1000), 3e38, np.float32)  # their float32 sum overflows; every value is finite
-    huge[0, 7] = 3.4e38
-    assert TopK(labels)(huge).indices[0] == 7
-    for bad in (np.nan, np.inf, -np.inf):
-        logits = huge.copy()
-        logits[0, 500] = bad
-        with pytest.raises(ValueError, match=r"non-finite model output \(1 of 1000 values"):
-            TopK(labels)(logits)
-
-
-def test_onnxruntime_backend_runs_the_exported_model(small_model):
-    with OnnxRuntimeBackend(small_model) as backend:
-        assert backend.input_shape == (1, 3, 224, 224)
-        logits = backend.infer(np.zeros((1, 3, 224, 224), np.float32))
-        assert logits.shape == (1, 1000) and np.isfinite(logits).all()
-        assert backend.describe()["precision"] == "fp32"
 
 
 def make_pipeline(model, video, backend=None, max_errors=50, loop=True):
@@ -102,45 +66,3 @@ def test_too_many_consecutive_failures_raise(small_model, video_file):
             pipeline.process(reader.get())
     finally:
         reader.stop()
-
-
-def test_edge_run_on_a_video_file(small_model, video_file):
-    proc = run_edge("run", "--model", small_model, "--source", video_file, "--frames", 20,
-                    "--backend", "onnxruntime", "--preprocess", "cpu")
-    assert proc.returncode == 0, proc.stderr
-    lines = json_lines(proc.stdout)
-    assert lines[0]["event"] == "start" and lines[0]["backend"] == "onnxruntime"
-    report = lines[-1]
-    assert report["event"] == "report" and report["frames"] == 20
-    stages = report["stages_ms"]  # each frame's capture -> result contains its forward pass, which takes time
-    assert stages["end_to_end"]["p99"] >= stages["infer"]["p99"] > 0
-    # random weights: every line says so, and so does the human report
-    assert all("UNTRAINED" in line["warning"] for line in lines)
-    assert "UNTRAINED WEIGHTS" in proc.stderr and "end_to_end" in proc.stderr
-
-
-def test_edge_run_auto_falls_back_to_cpu_and_says_why(small_model, video_file):
-    proc = run_edge("run", "--model", small_model, "--source", video_file, "--frames", 3)
-    assert proc.returncode == 0, proc.stderr
-    start = json_lines(proc.stdout)[0]
-    assert start["backend"] == "onnxruntime" and start["preprocess"] == "cpu"
-    assert start["chosen_because"]
-
-
-def test_sigint_finishes_with_a_report(small_model, tmp_path):
-    config = write_config(tmp_path / "run.yaml", {
-        "model": {"path": small_model}, "source": {"uri": "synthetic"}, "backend": {"kind": "onnxruntime"},
-        "preprocess": {"device": "cpu"}, "runtime": {"report_every": 1, "warmup": 1}})
-    proc = subprocess.Popen([sys.executable, "-m", "edge", "run", "--config", config], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
-    try:
-        out = JsonLines(proc)
-        out.wait_for("summary", timeout=60)  # a timed frame is through (a summary line per frame)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
-        out.thread.join(10)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, proc.stderr.read()
-    report = out.records[-1]
-    assert report["event"] == "report" and report["ended_by"] == "signal 2" and report["frames"] > 0

@@ -126,38 +126,6 @@ def test_an_impossible_model_info_is_refused(bad):
         model_preprocess(PreprocessConfig(), {"preprocess": bad}, "m.onnx", "c.yaml")
 
 
-def test_build_stages_feeds_the_model_its_own_constants(small_model, tmp_path):
-    """Every command's stages (CPU preprocessor, and the config the CUDA one would get) use the model info's."""
-    import json
-    import shutil
-
-    from edge.config import load_config
-    from edge.errors import EdgeError
-    from edge.infer.stages import build_stages, create_stages
-
-    model = str(tmp_path / "m.onnx")
-    shutil.copy(small_model, model)
-    shutil.copy(small_model[:-5] + ".labels.txt", str(tmp_path / "m.labels.txt"))
-    info = json.load(open(small_model[:-5] + ".json", encoding="utf-8"))
-    info["preprocess"] = EFFNET
-    (tmp_path / "m.json").write_text(json.dumps(info), encoding="utf-8")
-    seen = []
-
-    def factory(cfg):
-        seen.append(cfg.preprocess)
-        return create_stages(cfg)
-
-    stages = build_stages(load_config(None, {"model.path": model, "preprocess.device": "cpu"}), factory)
-    try:
-        assert seen[0].mean == EFFNET["mean"] and stages.preprocess.cfg.std == EFFNET["std"]
-        frame = np.full((240, 320, 3), 127, np.uint8)
-        assert np.allclose(stages.preprocess(frame), 0.0, atol=1e-6)  # (127 - 127) / 128
-    finally:
-        stages.close()
-    with pytest.raises(EdgeError, match="'preprocess.mean' is .* trained with"):
-        build_stages(load_config(None, {"model.path": model, "preprocess.mean": [0.5, 0.5, 0.5]}))
-
-
 def test_memory_stays_bounded_over_frames_of_many_sizes():
     """A folder of photographs of distinct sizes (issue 19 item 14: 30 photos peaked at 1.19 GB): the per-size
     plans are bounded, measured as the memory NumPy holds (tracemalloc), and the output stays exact."""

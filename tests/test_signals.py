@@ -5,6 +5,8 @@ Each signal is waited for through the flag's events."""
 import os
 import signal
 
+import service_helpers as sh
+
 from edge.service.signals import StopFlag
 
 
@@ -39,3 +41,14 @@ def test_without_with_only_a_request_stops():
     stop.request("source ended")
     stop.request("too many errors")
     assert stop.stopped and stop.reason == "source ended" and stop.signal is None
+
+
+def test_stop_flag_serves_signals_inside_and_restores_the_handlers_it_replaced():
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = [signal.getsignal(s) for s in signals]
+    with StopFlag() as stop:
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert sh.wait_until(stop.reload.is_set, 30) and not stop.stopped
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert sh.wait_until(lambda: stop.stopped, 30) and stop.reason == "signal 15"
+    assert [signal.getsignal(s) for s in signals] == before

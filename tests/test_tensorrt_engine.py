@@ -1,16 +1,13 @@
-"""TensorRT options of the GPU path, against the API's own names (no GPU): an engine built on TensorRT 8.x leaves out
-the cuBLAS and cuDNN tactics (each execution context would load those libraries: hundreds of MB on a Jetson, twice
-during a reload) but keeps cuBLASLt (MobileNetV3's Gemm head), and records what it allowed; the workspace is capped
-by the board's memory; the runner takes TensorRT 10's INT64 and UINT8 I/O tensors."""
+"""edge.model.tensorrt_engine's options, against TensorRT's own names (no GPU): an engine built on TensorRT 8.x leaves
+out the cuBLAS and cuDNN tactics (each execution context would load those libraries: hundreds of MB on a Jetson,
+twice during a reload) but keeps cuBLASLt (MobileNetV3's Gemm head), and records what it allowed; the workspace is
+capped by the board's memory."""
 
-import sys
 import types
 from typing import Any, List
 
-import numpy as np
 import pytest
 
-from edge.errors import EdgeError
 from edge.model.tensorrt_engine import build_workspace_mb, limit_tactic_sources
 
 # TensorRT's TacticSource values (8.5 to 10.x: CUBLAS 0, CUBLAS_LT 1, CUDNN 2, EDGE_MASK_CONVOLUTIONS 3, JIT 4)
@@ -44,19 +41,3 @@ def test_tensorrt_8_builds_without_cublas_and_cudnn_but_with_cublaslt(major: int
 def test_the_workspace_is_at_most_an_eighth_of_the_boards_memory(configured: int, ram_mb: Any,
                                                                  expected: int) -> None:
     assert build_workspace_mb(configured, ram_mb) == expected
-
-
-@pytest.mark.parametrize("names,dtype,expected", [
-    (("FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8", "INT64"), "INT64", np.int64),  # TensorRT 10
-    (("FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8", "INT64"), "UINT8", np.uint8),
-    (("FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8"), "FLOAT", np.float32),  # TensorRT 8.5: no INT64
-])
-def test_runner_maps_every_io_type_the_tensorrt_has(monkeypatch: pytest.MonkeyPatch, names: Any, dtype: str,
-                                                    expected: Any) -> None:
-    from edge.infer.tensorrt_runner import np_dtype
-
-    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(
-        DataType=types.SimpleNamespace(**{n: "DataType." + n for n in names})))
-    assert np_dtype("DataType." + dtype) == np.dtype(expected)
-    with pytest.raises(EdgeError, match="unsupported TensorRT I/O data type DataType.FP8"):
-        np_dtype("DataType.FP8")

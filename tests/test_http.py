@@ -1,6 +1,7 @@
-"""Connection floods against the two HTTP servers (issue 19 item 16), with real sockets on 127.0.0.1: threads stay
-bounded, a request head has a total deadline however slowly it drips, and a real client is served once the
-flood's connections have used up their deadline. Counts are small and bounded; nothing waits a fixed time."""
+"""edge.service.http: connection floods against the two HTTP servers (issue 19 item 16), with real sockets on
+127.0.0.1: threads stay bounded, a request head has a total deadline however slowly it drips, and a real client is
+served once the flood's connections have used up their deadline. Counts are small and bounded; nothing waits a fixed
+time."""
 
 import socket
 import threading

@@ -1,8 +1,9 @@
-"""Batches on TensorRT without a GPU (not marked jetson: runs in CI), on the stand-ins of test_simulated.py: the
-build asks for one optimisation profile per served size (min = opt = max), the backend runs each size on its own
-execution context (profile 0, batch 1, stays the runner's), rows from the CUDA preprocessor are copied in before it
-writes the next frame, a batch of 3 runs padded on the size-4 profile, one CUDA graph per size, and everything is
-freed. CUDA semantics and TensorRT's own checks are the device suite's (test_batch_device.py)."""
+"""edge.infer.tensorrt_batch: batches on TensorRT without a GPU (not marked jetson: runs in CI), on the stand-ins
+of test_simulated.py: the build asks for one optimisation profile per served size (min = opt = max), the backend
+runs each size on its own execution context (profile 0, batch 1, stays the runner's), rows from the CUDA
+preprocessor are copied in before it writes the next frame, a batch of 3 runs padded on the size-4 profile, one CUDA
+graph per size, and everything is freed. CUDA semantics and TensorRT's own checks are the device suite's
+(test_batch_device.py)."""
 
 import sys
 from typing import Any

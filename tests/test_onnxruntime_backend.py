@@ -1,5 +1,6 @@
-"""A model the pipeline cannot feed is refused at load, in one line naming it (exit 2, so systemd does not restart
-into the same failure), and what the service reports serving is the bytes it loaded."""
+"""edge.infer.onnxruntime_backend: ONNX Runtime runs the exported model. A model the pipeline cannot feed is refused
+at load, in one line naming it (exit 2, so systemd does not restart into the same failure), and what the service
+reports serving is the bytes it loaded."""
 
 import hashlib
 
@@ -69,3 +70,10 @@ def test_the_reported_sha256_is_of_the_bytes_loaded(tmp_path):
         assert backend.sha256 != hashlib.sha256((tmp_path / "m.onnx").read_bytes()).hexdigest()
         assert backend.infer(np.ones((1, 3, 8, 8), np.float32)).shape == (1, 3)
 
+
+def test_onnxruntime_backend_runs_the_exported_model(small_model):
+    with OnnxRuntimeBackend(small_model) as backend:
+        assert backend.input_shape == (1, 3, 224, 224)
+        logits = backend.infer(np.zeros((1, 3, 224, 224), np.float32))
+        assert logits.shape == (1, 1000) and np.isfinite(logits).all()
+        assert backend.describe()["precision"] == "fp32"
