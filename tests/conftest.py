@@ -74,7 +74,7 @@ def once_per_run(tmp_path_factory, name, make):
 # (pytest.ini keeps it from reordering): started first, their waits overlap the others' work and no long file is
 # left running alone at the end. Only the order depends on this; a name here that is no test file stops the run
 # (pytest_configure).
-LONGEST = ("test_rehearsal.py", "test_fleet_release.py", "test_fleet_deploy.py", "test_fleet_prometheus.py",
+LONGEST = ("test_rehearsal.py", "test_fleet_releases.py", "test_fleet_deploy.py", "test_fleet_prometheus.py",
            "test_crash_sets.py", "test_hostile.py", "test_real_weights.py", "test_sweep.py", "test_gstreamer.py",
            "test_fleet_statedir.py", "test_export.py", "test_daemon.py", "test_cli_run.py", "test_telemetry.py",
            "test_build.py", "test_check.py", "test_typecheck.py", "test_rebuild.py", "test_notify.py",

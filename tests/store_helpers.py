@@ -1,5 +1,5 @@
 """Helpers of the tests of what the store writes (tests/test_versions.py, test_artifact.py, test_crash_sets.py,
-test_fleet_release.py): a folder's whole state, to assert that nothing changed, what a writer left behind, and the
+test_fleet_releases.py): a folder's whole state, to assert that nothing changed, what a writer left behind, and the
 real CLI killed at chosen moments (tests/crash_driver.py)."""
 
 import hashlib

@@ -1,5 +1,5 @@
 """edge.cli.release (`edge release`): the lease's arguments are checked before the shared store is touched, in one
-line, exit 2. (The releases themselves: test_fleet_release.py.)"""
+line, exit 2. (The releases themselves: test_fleet_releases.py.)"""
 
 import os
 
