@@ -77,6 +77,26 @@ def run_torch_baseline(net, video, frames):
     return np.array(times)
 
 
+def run_model_alone(model, frames, idle_s=0.030):
+    """The served ONNX Runtime session alone on one input: back to back, and after `idle_s` of idling as between two
+    camera frames; interleaved, so machine noise hits both alike. Returns (back_to_back, after_idle) in ms."""
+    import onnxruntime as ort
+
+    from edge.infer.onnxruntime_backend import session_options
+
+    session = ort.InferenceSession(model, session_options(ort, 0, True), providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: np.random.default_rng(0).random((1, 3, 224, 224), np.float32)}
+    times = {0.0: [], idle_s: []}
+    for i in range(frames + 10):
+        for idle in times:
+            time.sleep(idle)
+            start = time.monotonic()
+            session.run(None, feed)
+            if i >= 10:
+                times[idle].append((time.monotonic() - start) * 1e3)
+    return np.array(times[0.0]), np.array(times[idle_s])
+
+
 def preprocess_fidelity(bgr):
     import torchvision.transforms as T
     from PIL import Image
@@ -106,15 +126,19 @@ def main():
     edge = {"preprocess": [], "infer": [], "end_to_end": []}
     steady = []  # end_to_end with ONNX Runtime's thread spinning off
     baseline = []
+    alone, after_idle = [], []
     for r in range(args.rounds):
         for name, samples in run_edge_pipeline(model_path, video, args.frames).items():
             edge[name].append(samples)
         steady.append(run_edge_pipeline(model_path, video, args.frames, spinning=False)["end_to_end"])
         baseline.append(run_torch_baseline(net, video, args.frames))
+        for runs, samples in zip((alone, after_idle), run_model_alone(model_path, args.frames)):
+            runs.append(samples)
         print("round {}/{} done".format(r + 1, args.rounds), flush=True)
     pre, inf, e2e = (percentiles(np.concatenate(edge[k])) for k in ("preprocess", "infer", "end_to_end"))
     base = percentiles(np.concatenate(baseline))
     calm = percentiles(np.concatenate(steady))
+    hot, idle = (percentiles(np.concatenate(runs)) for runs in (alone, after_idle))
     cap = cv2.VideoCapture(video)
     ok, frame = cap.read()
     cap.release()
@@ -122,14 +146,16 @@ def main():
     print("\nMobileNetV3-Large, 1280x720 file source, {} rounds x {} frames, ms (p50 / p90 / p99)".format(
         args.rounds, args.frames))
     for name, p in (("preprocess", pre), ("infer", inf), ("end_to_end", e2e), ("e2e, no spin", calm),
-                    ("torch baseline", base)):
-        print("  {:<15} {:7.3f} {:7.3f} {:7.3f}".format(name, p[50], p[90], p[99]))
+                    ("torch baseline", base), ("model alone", hot), ("  after 30 ms idle", idle)):
+        print("  {:<18} {:7.3f} {:7.3f} {:7.3f}".format(name, p[50], p[90], p[99]))
     print("\ntarget                                          measured")
     print("  e2e p50 / (pre p50 + infer p50)  <= 1.10      {:.3f}".format(e2e[50] / (pre[50] + inf[50])))
     print("  e2e p99                          <= 10 ms     {:.2f} ms".format(e2e[99]))
     print("  e2e p99 / p50                    <= 1.3       {:.3f}".format(e2e[99] / e2e[50]))
     print("  torch baseline p50 / e2e p50     >= 3.5       {:.2f}".format(base[50] / e2e[50]))
     print("  preprocess p50                   <= 0.5 ms    {:.3f} ms".format(pre[50]))
+    print("  (ceiling: baseline / model alone {:.2f}; after a camera's idle gap {:.2f})".format(
+        base[50] / hot[50], base[50] / idle[50]))
     print("  preprocess mean |diff| vs torchvision <= 0.02 {:.4f}".format(preprocess_fidelity(frame)))
     print("with backend.intra_op_spinning: false")
     print("  e2e p99 / p50                    <= 1.3       {:.3f}".format(calm[99] / calm[50]))
