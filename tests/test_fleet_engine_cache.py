@@ -75,6 +75,27 @@ def test_publish_keys_the_artifact_by_its_identity(canary):
     assert [n for n in os.listdir(cache) if n.startswith(".")] == []  # no temporary folder left
 
 
+def test_a_published_entry_is_on_the_disk_before_its_name_is(canary, tmp_path, monkeypatch):
+    """A power cut after the publish's rename must not leave an entry whose files are still in the page cache."""
+    from edge.store import durable, versions
+
+    _, _, config, _, _ = canary
+    events = []
+    fsync, rename = durable.fsync_path, os.rename
+    for module in (durable, versions):  # fsync_tree's, and move's
+        monkeypatch.setattr(module, "fsync_path", lambda path: (events.append(("fsync", path)), fsync(path))[1])
+    monkeypatch.setattr(os, "rename", lambda src, dest: (events.append(("rename", src, dest)), rename(src, dest))[1])
+    cache = str(tmp_path / "cache")
+    os.mkdir(cache)
+    final = engine_cache.publish(plan_of(config), cache, log=lambda *a: None)
+    renamed = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == final]
+    assert len(renamed) == 1, events
+    staged = events[renamed[0]][1]
+    synced_before = {e[1] for e in events[:renamed[0]] if e[0] == "fsync"}
+    assert {os.path.join(staged, n) for n in os.listdir(final)} | {staged} <= synced_before, events
+    assert ("fsync", cache) in events[renamed[0]:], events
+
+
 def test_hit_from_a_folder_installs_the_verified_artifact(canary, tmp_path, model):
     _, sets, config, cache, _ = canary
     logged = []

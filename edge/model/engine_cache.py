@@ -31,7 +31,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from edge.errors import EdgeError, first_line
 from edge.model.plan import BuildPlan, expected_model_info
 from edge.store.artifact import MAX_ARTIFACT_BYTES, companions, install, read_set, sha256_file, verify, writing
+from edge.store.durable import fsync_tree
 from edge.store.fileio import temp_dir
+from edge.store.versions import move
 from edge.uri import redact
 
 Log = Callable[..., None]
@@ -185,8 +187,9 @@ def publish(plan: BuildPlan, cache: str, *, log: Log = print) -> str:
                 shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
                 os.chmod(os.path.join(tmp, os.path.basename(path)), 0o644)
         os.chmod(tmp, 0o755)
+        fsync_tree(tmp)  # a power cut leaves the entry whole or absent
         try:
-            os.rename(tmp, final)
+            move(tmp, final)
         except OSError:  # another device published the same key first
             if not os.path.isdir(final):
                 raise
