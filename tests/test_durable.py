@@ -2,6 +2,7 @@
 a leftover; one whose writer died is; a name is handed out without creating anything; two paths swap in one step or
 say they cannot; removal never follows a link."""
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -9,12 +10,17 @@ import sys
 from edge.store import durable
 
 
+def is_abandoned(path):
+    with durable.abandoned(path) as left:
+        return left
+
+
 def test_a_held_folder_is_a_leftover_only_once_its_writer_has_ended(tmp_path):
     work = str(tmp_path / ".work")
     with durable.held_folder(work):
         assert os.path.isdir(work) and durable.held_here(work)
-        assert not durable.is_abandoned(work)  # this process's flock: a sweep leaves it alone
-    assert not durable.held_here(work) and durable.is_abandoned(work)
+        assert not is_abandoned(work)  # this process's flock: a sweep leaves it alone
+    assert not durable.held_here(work) and is_abandoned(work)
 
 
 def test_a_folder_held_by_another_living_process_is_not_abandoned(tmp_path):
@@ -25,11 +31,35 @@ def test_a_folder_held_by_another_living_process_is_not_abandoned(tmp_path):
                               encoding="utf-8")
     try:
         assert holder.stdout.readline() == "held\n"
-        assert not durable.is_abandoned(work) and not durable.held_here(work)
+        assert not is_abandoned(work) and not durable.held_here(work)
     finally:
         holder.stdin.close()
         holder.wait(30)
-    assert durable.is_abandoned(work)  # its writer ended: a crash's leftover from now on
+    assert is_abandoned(work)  # its writer ended: a crash's leftover from now on
+
+
+def test_a_sweep_between_a_writers_mkdir_and_its_flock_neither_removes_its_folder_nor_leaves_it_unheld(
+        tmp_path, monkeypatch):
+    """Two writers of one set (edge calibrate import twice): the second's sweep finds the first's new folder before
+    the first holds it. The sweep holds what it removes, so the writer waits, sees its folder gone and makes it
+    again; and a sweep's probe never leaves the writer without its flock."""
+    work = str(tmp_path / ".set.tmp-0123456789abcdef")
+    flock, swept = fcntl.flock, []
+
+    def sweep_first(fd, how):
+        if not swept:  # the other writer's sweep, right between this one's mkdir and its flock
+            monkeypatch.setattr(fcntl, "flock", flock)
+            with durable.abandoned(work) as left:
+                swept.append(left)
+                if left:
+                    durable.remove_path(work)
+        return flock(fd, how)
+
+    monkeypatch.setattr(fcntl, "flock", sweep_first)
+    with durable.held_folder(work):
+        assert swept == [True]  # it was taken for a leftover and removed...
+        assert os.path.isdir(work) and not is_abandoned(work)  # ...and the writer holds a folder of that name
+    assert is_abandoned(work)
 
 
 def test_a_link_or_a_missing_path_is_never_followed(tmp_path):
@@ -38,10 +68,10 @@ def test_a_link_or_a_missing_path_is_never_followed(tmp_path):
     (target / "keep.txt").write_text("mine\n", encoding="utf-8")
     link = tmp_path / ".work"
     link.symlink_to(target)
-    assert durable.is_abandoned(str(link))  # a link is never a writer's: removable as the link it is
+    assert is_abandoned(str(link))  # a link is never a writer's: removable as the link it is
     durable.remove_path(str(link))
     assert not os.path.lexists(str(link)) and (target / "keep.txt").read_text(encoding="utf-8") == "mine\n"
-    assert not durable.is_abandoned(str(tmp_path / "gone"))
+    assert not is_abandoned(str(tmp_path / "gone"))
     durable.remove_path(str(tmp_path / "gone"))  # absent is fine
 
 

@@ -1,6 +1,6 @@
 """File operations a crash must not undo or confuse: data flushed to the disk (`fsync_path`, `fsync_tree`), two
 paths swapped in one step (`exchange`), and temporary folders flock'ed by the process writing them
-(`held_folder`), so a sweep (`is_abandoned`) removes only what a killed writer left."""
+(`held_folder`), so a sweep (`abandoned`) removes only what a killed writer left."""
 
 import contextlib
 import ctypes
@@ -18,14 +18,22 @@ _AT_FDCWD = -100
 
 @contextlib.contextmanager
 def held_folder(path: str) -> Iterator[None]:
-    """Make the folder `path` and hold an flock on it while the block runs: a sweep (`is_abandoned`) leaves it
-    alone until its writer has ended, however it ended."""
-    os.mkdir(path, 0o700)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    """Make the folder `path` and hold an flock on it while the block runs: a sweep (`abandoned`) leaves it alone
+    until its writer has ended, however it ended. A sweep that took the new folder between its mkdir and the flock
+    holds the flock while it removes it: the writer waits for that, then makes it again."""
+    while True:
+        os.mkdir(path, 0o700)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        with contextlib.suppress(OSError):  # a filesystem without flock: such a folder is never swept
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while a sweep probes or removes it
+        try:
+            if os.path.samestat(os.fstat(fd), os.lstat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # swept before it was held: made again
     _HELD.add(os.path.realpath(path))
     try:
-        with contextlib.suppress(OSError):  # a filesystem without flock: such a folder is never swept
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
     finally:
         _HELD.discard(os.path.realpath(path))
@@ -37,17 +45,23 @@ def held_here(path: str) -> bool:
     return os.path.realpath(path) in _HELD
 
 
-def is_abandoned(path: str) -> bool:
-    """True when no living writer holds the temporary folder (or file) `path`: it is a crash's leftover."""
+@contextlib.contextmanager
+def abandoned(path: str) -> Iterator[bool]:
+    """True when no living writer holds the temporary folder (or file) `path`: a crash's leftover, flock'ed by the
+    caller until the block ends, so that no writer takes it while the caller moves or removes it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        return os.path.islink(path)  # gone (nothing to do), or a link: never ours to follow
+        yield os.path.islink(path)  # gone (nothing to do), or a link: never ours to follow
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            held = False
+        else:
+            held = True
+        yield held
     finally:
         os.close(fd)
 

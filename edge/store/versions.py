@@ -42,7 +42,7 @@ from typing import Dict, Iterator, List, Optional, Pattern, Tuple
 from edge.errors import EdgeError
 from edge.inputs import file_kind
 from edge.store import durable
-from edge.store.durable import fsync_path, held_folder, held_here, is_abandoned, remove_path, temp_name
+from edge.store.durable import abandoned, fsync_path, held_folder, held_here, remove_path, temp_name
 
 SETS = ".sets"
 CURRENT = "current"
@@ -165,17 +165,16 @@ def recover_folder(dest: str, *, previous: Optional[str] = None) -> List[str]:
     for kind in ("keep", "old", "tmp"):  # an old folder first: it may be the only copy
         for name in (n for n in names if n.startswith(temp_prefix(dest, kind))):
             path, home = os.path.join(parent, name), dest
-            if not is_abandoned(path):
-                continue
-            if os.path.lexists(dest):
-                if kind == "keep" and previous is None:
+            with abandoned(path) as left:  # held while it is settled: no writer takes it meanwhile
+                if not left or (os.path.lexists(dest) and kind == "keep" and previous is None):
                     continue
-                home = previous if kind == "keep" and not os.path.lexists(previous or dest) else ""
-            if kind != "tmp" and os.path.isdir(os.path.join(path, "set")) and home:
-                move(os.path.join(path, "set"), home)
-                done.append("{}: restored from {} (a writer was killed between its renames)".format(home, name))
-            remove_path(path)
-            done.append("{}: removed (left by a killed writer)".format(path))
+                if os.path.lexists(dest):
+                    home = previous if kind == "keep" and not os.path.lexists(previous or dest) else ""
+                if kind != "tmp" and os.path.isdir(os.path.join(path, "set")) and home:
+                    move(os.path.join(path, "set"), home)
+                    done.append("{}: restored from {} (a writer was killed between its renames)".format(home, name))
+                remove_path(path)
+                done.append("{}: removed (left by a killed writer)".format(path))
     return done
 
 
@@ -294,9 +293,12 @@ def sweep(folder: str) -> List[str]:
     for base in (folder, os.path.join(folder, PREVIOUS)):
         for name in sorted(os.listdir(base)) if os.path.isdir(base) and not os.path.islink(base) else []:
             path = os.path.join(base, name)
-            if _TEMP.match(name) and (os.path.isfile(path) or os.path.islink(path) or is_abandoned(path)):
-                remove_path(path)
-                removed.append(os.path.relpath(path, folder))
+            if not _TEMP.match(name):
+                continue
+            with abandoned(path) as left:
+                if left or os.path.isfile(path):
+                    remove_path(path)
+                    removed.append(os.path.relpath(path, folder))
     return removed
 
 
