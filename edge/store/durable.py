@@ -31,6 +31,9 @@ def held_folder(path: str) -> Iterator[None]:
                 break
         except FileNotFoundError:
             pass
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)  # swept before it was held: made again
     _HELD.add(os.path.realpath(path))
     try:
